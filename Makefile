@@ -1,0 +1,48 @@
+# Crucible: the few commands a person needs. See README.md "Commands".
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test test-slow lint fmt bench install clean-var
+
+$(STAMP): pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required (set PYTHON=/path/to/python3.11)"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch first, in its own step: its CPU wheel is pinned; anything else would pull a CUDA build.
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+## make run: bring up web (ASGI on 127.0.0.1:8000), Celery worker + beat, a local Ray head, and PostgreSQL/Redis
+## (the ones at DATABASE_URL/REDIS_URL if they answer, embedded ones otherwise). Ctrl-C stops everything.
+run: $(STAMP)
+	$(PY) -m controlplane.devstack up
+
+## make test: lint, type checks, import boundaries, migrations check, then the whole test suite.
+test: $(STAMP) lint
+	$(PY) -m pytest -m "not slow and not gpu"
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m "slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy workers
+	$(VENV)/bin/lint-imports
+	$(PY) manage.py makemigrations --check --dry-run
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: $(STAMP)
+	$(PY) bench/ingest_vs_mlflow.py
+
+clean-var:
+	rm -rf var

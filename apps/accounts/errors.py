@@ -1,0 +1,37 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import exceptions
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+
+def _flatten(detail: Any, prefix: str = "") -> list[str]:
+    if isinstance(detail, dict):
+        out: list[str] = []
+        for key, value in detail.items():
+            out += _flatten(value, f"{prefix}.{key}" if prefix else str(key))
+        return out
+    if isinstance(detail, list):
+        out = []
+        for item in detail:
+            out += _flatten(item, prefix)
+        return out
+    return [f"{prefix}: {detail}" if prefix and prefix != "non_field_errors" else str(detail)]
+
+
+def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    """Every API error is JSON: `detail` is one readable line, `fields` maps each bad field to its messages."""
+    if isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, exceptions.ValidationError):
+        fields = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        response.data = {"detail": "; ".join(_flatten(fields)), "fields": fields}
+    elif isinstance(response.data, dict) and "detail" in response.data:
+        response.data = {"detail": str(response.data["detail"])}
+    return response

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.permissions import SAFE_METHODS, BasePermission
+
+from apps.accounts.models import ApiToken, Capability
+
+
+def request_capabilities(request: Any) -> frozenset[str]:
+    user = request.user
+    if not user or not user.is_authenticated:
+        return frozenset()
+    caps = user.capabilities
+    if isinstance(request.auth, ApiToken):
+        caps = caps & frozenset(request.auth.scopes)
+    return caps
+
+
+class HasCapability(BasePermission):
+    """Default policy: reads need `read`; writes need the view's `write_capability` (default `launch`).
+
+    A view narrows it with `required_capabilities = {"GET": ..., "POST": ...}` or per-action in `capability_map`.
+    """
+
+    message = "your role or token scope does not allow this"
+
+    def has_permission(self, request: Any, view: Any) -> bool:
+        needed = required_capability(request, view)
+        if needed is None:
+            return True
+        return needed in request_capabilities(request)
+
+
+def required_capability(request: Any, view: Any) -> str | None:
+    action = getattr(view, "action", None)
+    capability_map: dict[str, str | None] = getattr(view, "capability_map", {})
+    if action in capability_map:
+        return capability_map[action]
+    if request.method in SAFE_METHODS:
+        return getattr(view, "read_capability", Capability.READ)
+    return getattr(view, "write_capability", Capability.LAUNCH)

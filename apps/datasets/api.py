@@ -1,0 +1,104 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.shortcuts import get_object_or_404
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.datasets.models import Dataset, DatasetVersion
+from apps.datasets.services import dataset_create, dataset_version_create
+
+
+class DatasetVersionSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField()
+    dataset = serializers.StringRelatedField()
+
+    class Meta:
+        model = DatasetVersion
+        fields = [
+            "id",
+            "dataset",
+            "number",
+            "row_count",
+            "size_bytes",
+            "content_hash",
+            "validation_report",
+            "notes",
+            "created_by",
+            "created_at",
+        ]
+
+
+class DatasetSerializer(serializers.ModelSerializer):
+    owner = serializers.StringRelatedField()
+    latest_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Dataset
+        fields = ["id", "name", "kind", "description", "owner", "created_at", "latest_version"]
+        read_only_fields = ["owner", "created_at"]
+        extra_kwargs = {"name": {"validators": []}}
+
+    def get_latest_version(self, obj: Dataset) -> int | None:
+        versions = getattr(obj, "prefetched_versions", None)
+        return versions[0].number if versions else None
+
+
+class UploadSerializer(serializers.Serializer):
+    file = serializers.FileField()
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class DatasetViewSet(viewsets.ModelViewSet):
+    serializer_class = DatasetSerializer
+    parser_classes = [JSONParser, MultiPartParser, FormParser]
+    http_method_names = ["get", "post", "head", "options"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        from django.db.models import Prefetch
+
+        return Dataset.objects.select_related("owner").prefetch_related(
+            Prefetch("versions", queryset=DatasetVersion.objects.order_by("-number"), to_attr="prefetched_versions")
+        )
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = dataset_create(owner=self.request.user, **serializer.validated_data)
+
+    @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser, FormParser])
+    def versions(self, request: Request, pk: str | None = None) -> Response:
+        """GET lists versions; POST (multipart `file`) validates the whole file and adds the next version."""
+        dataset = get_object_or_404(Dataset, pk=pk)
+        if request.method == "GET":
+            page = self.paginate_queryset(dataset.versions.select_related("dataset", "created_by").order_by("-number"))
+            return self.get_paginated_response(DatasetVersionSerializer(page, many=True).data)
+        upload = UploadSerializer(data=request.data)
+        upload.is_valid(raise_exception=True)
+        handle = upload.validated_data["file"]
+        if handle.size > settings.DATASET_MAX_BYTES:
+            raise ValidationError(
+                {
+                    "file": [
+                        f"{handle.size} bytes is over the {settings.DATASET_MAX_BYTES}-byte limit "
+                        "(CRUCIBLE_DATASET_MAX_BYTES); split the file into versions"
+                    ]
+                }
+            )
+        version = dataset_version_create(
+            dataset=dataset,
+            data=handle.read(),
+            filename=handle.name,
+            created_by=request.user,
+            notes=upload.validated_data["notes"],
+        )
+        return Response(DatasetVersionSerializer(version).data, status=201)
+
+
+class DatasetVersionViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = DatasetVersionSerializer
+    queryset = DatasetVersion.objects.select_related("dataset", "created_by").order_by("-created_at")

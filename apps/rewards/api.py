@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from rest_framework import serializers, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.models import Capability
+from apps.rewards.models import RewardConfig, RewardConfigVersion
+from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
+
+
+class RewardVersionSerializer(serializers.ModelSerializer):
+    config = serializers.StringRelatedField()
+    created_by = serializers.StringRelatedField()
+    run_ids = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RewardConfigVersion
+        fields = [
+            "id",
+            "config",
+            "number",
+            "spec",
+            "content_hash",
+            "notes",
+            "parent",
+            "created_by",
+            "created_at",
+            "run_ids",
+        ]
+
+    def get_run_ids(self, obj: RewardConfigVersion) -> list[int]:
+        return [run.pk for run in obj.runs.all()]
+
+
+class RewardConfigSerializer(serializers.ModelSerializer):
+    owner = serializers.StringRelatedField()
+    spec = serializers.JSONField(write_only=True, help_text="The first version's reward spec")
+    notes = serializers.CharField(write_only=True, required=False, allow_blank=True, default="")
+
+    class Meta:
+        model = RewardConfig
+        fields = ["id", "name", "description", "owner", "created_at", "spec", "notes"]
+        read_only_fields = ["owner", "created_at"]
+        extra_kwargs = {"name": {"validators": []}}
+
+
+class NewVersionSerializer(serializers.Serializer):
+    spec = serializers.JSONField()
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class RewardConfigViewSet(viewsets.ModelViewSet):
+    serializer_class = RewardConfigSerializer
+    queryset = RewardConfig.objects.select_related("owner")
+    http_method_names = ["get", "post", "head", "options"]
+
+    def perform_create(self, serializer: Any) -> None:
+        serializer.instance = reward_config_create(owner=self.request.user, **serializer.validated_data)
+
+    @action(detail=True, methods=["get", "post"])
+    def versions(self, request: Request, pk: str | None = None) -> Response:
+        """GET lists versions; POST {spec, notes} makes the next version (versions are never edited)."""
+        config = get_object_or_404(RewardConfig, pk=pk)
+        if request.method == "GET":
+            qs = config.versions.select_related("config", "created_by").prefetch_related("runs").order_by("-number")
+            page = self.paginate_queryset(qs)
+            return self.get_paginated_response(RewardVersionSerializer(page, many=True).data)
+        body = NewVersionSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        version = reward_version_create(config=config, created_by=request.user, **body.validated_data)
+        return Response(RewardVersionSerializer(version).data, status=201)
+
+
+class RewardVersionViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = RewardVersionSerializer
+    queryset = RewardConfigVersion.objects.select_related("config", "created_by").prefetch_related("runs")
+    capability_map = {"diff": Capability.READ}
+
+    @action(detail=True, methods=["get"], url_path=r"diff/(?P<other>\d+)")
+    def diff(self, request: Request, pk: str | None = None, other: str | None = None) -> Response:
+        old = get_object_or_404(RewardConfigVersion, pk=pk)
+        new = get_object_or_404(RewardConfigVersion, pk=other)
+        return Response({"old": str(old), "new": str(new), "changes": reward_spec_diff(old.spec, new.spec)})

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+
+from apps.accounts.models import Capability
+from apps.runs.live import frames_for, group_name
+from apps.runs.selectors import run_events_after, run_for_viewer
+from apps.runs.services import run_state
+
+REPLAY_LIMIT = 5000
+
+
+class RunConsumer(AsyncWebsocketConsumer):
+    """Streams one run's events. Authenticates in connect, re-checks the user on every forwarded event."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if user is None or not user.is_authenticated or not user.can(Capability.READ):
+            await self.close(code=4401)
+            return
+        run = await database_sync_to_async(run_for_viewer)(run_id=self.run_id, user=user)
+        if run is None:
+            await self.close(code=4404)
+            return
+        self.replayed: set[int] = set()
+        await self.channel_layer.group_add(group_name(self.run_id), self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        if hasattr(self, "replayed"):
+            await self.channel_layer.group_discard(group_name(self.run_id), self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        """The page sends {"type": "resume", "after": <last seq it has>} on every (re)connect."""
+        try:
+            message = json.loads(text_data or "{}")
+            after = int(message.get("after", 0)) if message.get("type") == "resume" else None
+        except (ValueError, TypeError, AttributeError):
+            return
+        if after is None:
+            return
+        events, state = await database_sync_to_async(self._replay)(after)
+        self.replayed = {e["seq"] for e in events}
+        for frame in frames_for(events, state):
+            await self.send(text_data=frame)
+
+    def _replay(self, after: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        run, events = run_events_after(run_id=self.run_id, after=after, limit=REPLAY_LIMIT)
+        return events, run_state(run)
+
+    async def run_events(self, message: dict[str, Any]) -> None:
+        user = self.scope["user"]
+        still_allowed = await database_sync_to_async(
+            lambda: type(user).objects.filter(pk=user.pk, is_active=True).exists()
+        )()
+        if not still_allowed:
+            await self.close(code=4403)
+            return
+        events = [e for e in message["events"] if e["seq"] not in self.replayed]
+        for frame in frames_for(events, message["state"]):
+            await self.send(text_data=frame)

@@ -1,0 +1,143 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class RunKind(models.TextChoices):
+    RESCORE = "rescore", "Offline re-scoring"
+    TRAIN = "train", "Training"
+    EVAL = "eval", "Evaluation"
+    INDEX = "index", "Index build"
+    DATAGEN = "datagen", "Data generation"
+
+
+class RunStatus(models.TextChoices):
+    PENDING = "pending", "Pending"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    STOPPED = "stopped", "Stopped"
+
+
+TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.STOPPED})
+
+
+class Run(models.Model):
+    """One Ray job of any kind, with one lifecycle: pending -> running -> succeeded | failed | stopped."""
+
+    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    name = models.CharField(max_length=200, blank=True)
+    spec = models.JSONField(help_text="Validated by the worker's typed schema for this kind")
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING, db_index=True)
+    dataset_version = models.ForeignKey(
+        "datasets.DatasetVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    reward_version = models.ForeignKey(
+        "rewards.RewardConfigVersion", null=True, blank=True, on_delete=models.PROTECT, related_name="runs"
+    )
+    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
+    tags = models.JSONField(default=list, blank=True)
+    ray_job_id = models.CharField(max_length=100, blank=True)
+    ray_address = models.CharField(max_length=300, blank=True)
+    ingest_nonce = models.CharField(max_length=64, blank=True, help_text="Seed of the per-run ingest token (HMAC)")
+    ray_checked_at = models.DateTimeField(null=True, blank=True, help_text="Last time the Ray cluster answered")
+    progress_done = models.PositiveBigIntegerField(default=0)
+    progress_total = models.PositiveBigIntegerField(default=0)
+    last_seq = models.BigIntegerField(default=0, help_text="Highest event sequence number ingested")
+    failure_reason = models.TextField(blank=True)
+    log_tail = models.TextField(blank=True)
+    summary = models.JSONField(default=dict, blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["kind", "status"])]
+
+    def __str__(self) -> str:
+        return f"run {self.pk} ({self.kind})"
+
+    @property
+    def submission_id(self) -> str:
+        return f"crucible-run-{self.pk}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def progress_fraction(self) -> float:
+        return self.progress_done / self.progress_total if self.progress_total else 0.0
+
+
+class RunEvent(models.Model):
+    """The ingest ledger: one row per (run, seq). Retried batches hit the unique key and add nothing."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.BigIntegerField()
+    kind = models.CharField(max_length=16)
+    data = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_run_event_seq")]
+
+
+class MetricPoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_points")
+    step = models.BigIntegerField()
+    name = models.CharField(max_length=100)
+    value = models.FloatField()
+    time = models.DateTimeField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "name", "step"])]
+
+
+class TrajectorySummary(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
+    trajectory_id = models.CharField(max_length=200)
+    task_id = models.CharField(max_length=200, blank=True)
+    step = models.BigIntegerField(default=0)
+    reward = models.FloatField(null=True)
+    terms = models.JSONField(default=dict)
+    num_turns = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    storage_uri = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "trajectory_id"], name="uniq_trajectory_per_run")]
+        indexes = [models.Index(fields=["run", "reward"])]
+
+
+class Artifact(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
+    name = models.CharField(max_length=200)
+    uri = models.CharField(max_length=500)
+    size_bytes = models.PositiveBigIntegerField(default=0)
+    meta = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "name"], name="uniq_artifact_name_per_run")]
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="checkpoints")
+    step = models.BigIntegerField()
+    uri = models.CharField(max_length=500)
+    metrics = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="uniq_checkpoint_step")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}@{self.step}"

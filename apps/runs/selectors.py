@@ -1,0 +1,89 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.db.models import QuerySet
+
+from apps.accounts.models import Capability, User
+from apps.runs.models import Run, RunEvent
+
+
+def run_list() -> QuerySet[Run]:
+    return Run.objects.select_related("created_by", "dataset_version__dataset", "reward_version__config")
+
+
+def run_for_viewer(*, run_id: int, user: User) -> Run | None:
+    if not user.can(Capability.READ):
+        return None
+    return Run.objects.filter(pk=run_id).first()
+
+
+def run_events_after(*, run_id: int, after: int, limit: int) -> tuple[Run, list[dict[str, Any]]]:
+    """Events a reconnecting page missed. Metric points are left to the chart endpoint (it downsamples)."""
+    run = Run.objects.get(pk=run_id)
+    rows = (
+        RunEvent.objects.filter(run_id=run_id, seq__gt=after)
+        .exclude(kind="metric")
+        .order_by("seq")
+        .values_list("seq", "data")[:limit]
+    )
+    return run, [{"seq": seq, **data} for seq, data in rows]
+
+
+def metric_names(*, run_id: int) -> list[str]:
+    with connection.cursor() as cursor:
+        # Loose index scan: one probe per distinct name instead of reading every point of the run.
+        cursor.execute(
+            """
+            WITH RECURSIVE names AS (
+              (SELECT name FROM runs_metricpoint WHERE run_id = %s ORDER BY name LIMIT 1)
+              UNION ALL
+              SELECT (SELECT m.name FROM runs_metricpoint m WHERE m.run_id = %s AND m.name > names.name
+                      ORDER BY m.name LIMIT 1)
+              FROM names WHERE names.name IS NOT NULL
+            )
+            SELECT name FROM names WHERE name IS NOT NULL
+            """,
+            [run_id, run_id],
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str, Any]:
+    """A series downsampled in PostgreSQL to at most `max_points` buckets over the step range.
+
+    Each bucket returns its min, mean and max, so spikes survive downsampling (an envelope, like M4)."""
+    max_points = max(10, min(max_points, 5000))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT min(step), max(step), count(*) FROM runs_metricpoint WHERE run_id = %s AND name = %s",
+            [run_id, name],
+        )
+        lo, hi, count = cursor.fetchone()
+        if not count:
+            return {"name": name, "steps": [], "mean": [], "min": [], "max": [], "count": 0}
+        if count <= max_points:
+            cursor.execute(
+                "SELECT step, value, value, value FROM runs_metricpoint WHERE run_id = %s AND name = %s ORDER BY step",
+                [run_id, name],
+            )
+        else:
+            width = max(1, (hi - lo + 1) / max_points)
+            cursor.execute(
+                """
+                SELECT min(step), avg(value), min(value), max(value)
+                FROM runs_metricpoint WHERE run_id = %s AND name = %s
+                GROUP BY floor((step - %s) / %s) ORDER BY 1
+                """,
+                [run_id, name, lo, width],
+            )
+        rows = cursor.fetchall()
+    return {
+        "name": name,
+        "steps": [r[0] for r in rows],
+        "mean": [r[1] for r in rows],
+        "min": [r[2] for r in rows],
+        "max": [r[3] for r in rows],
+        "count": count,
+    }

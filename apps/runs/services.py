@@ -1,0 +1,352 @@
+"""Writes for runs: launch, dispatch, reconcile, cancel, and the ingest of worker events."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import User
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.rewards.models import RewardConfigVersion
+from apps.runs import ray_jobs
+from apps.runs.models import (
+    TERMINAL_STATUSES,
+    Artifact,
+    Checkpoint,
+    MetricPoint,
+    Run,
+    RunEvent,
+    RunKind,
+    RunStatus,
+    TrajectorySummary,
+)
+from apps.runs.storage import storage_uri, worker_storage_options
+
+LOG_TAIL_LINES = 200
+RAY_SILENCE_LIMIT = timedelta(seconds=60)
+
+# The module each run kind executes on Ray; later issues add train, eval, index and datagen.
+JOB_MODULES = {RunKind.RESCORE: "workers.jobs.rescore"}
+
+
+# --- ingest tokens -------------------------------------------------------------------------------------------
+def ingest_token_for(run: Run) -> str:
+    """HMAC of the run id and its nonce: a retried dispatch hands Ray the same token, and it opens nothing else."""
+    digest = hmac.new(settings.SECRET_KEY.encode(), f"ingest:{run.pk}:{run.ingest_nonce}".encode(), hashlib.sha256)
+    return f"cri_{run.pk}_{digest.hexdigest()}"
+
+
+def ingest_token_valid(run: Run, token: str) -> bool:
+    return bool(run.ingest_nonce) and hmac.compare_digest(ingest_token_for(run), token)
+
+
+# --- launch --------------------------------------------------------------------------------------------------
+@transaction.atomic
+def run_launch_rescore(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    name: str = "",
+    tags: list[str] | None = None,
+) -> Run:
+    if dataset_version.dataset.kind != DatasetKind.TRAJECTORIES:
+        raise ValidationError(
+            {
+                "dataset_version": [
+                    f"{dataset_version} is a {dataset_version.dataset.kind} dataset; "
+                    "re-scoring needs a dataset of kind 'trajectories'"
+                ]
+            }
+        )
+    run = Run.objects.create(
+        kind=RunKind.RESCORE,
+        name=name or f"rescore {dataset_version} with {reward_version}",
+        spec={"dataset_version": dataset_version.pk, "reward_version": reward_version.pk},
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        tags=tags or [],
+        ingest_nonce=secrets.token_hex(16),
+        created_by=created_by,
+        progress_total=dataset_version.row_count,
+    )
+    _dispatch_on_commit(run)
+    return run
+
+
+def _dispatch_on_commit(run: Run) -> None:
+    from apps.runs.tasks import dispatch_run
+
+    transaction.on_commit(lambda: dispatch_run.delay(run.pk))
+
+
+def worker_spec(run: Run) -> dict[str, Any]:
+    """The self-contained JSON a Ray job receives: everything it needs, no database access."""
+    ingest_url = f"{settings.CRUCIBLE_PUBLIC_URL.rstrip('/')}/api/v1/runs/{run.pk}/ingest/"
+    base = {"run_id": run.pk, "kind": run.kind, "ingest_url": ingest_url, "storage_options": worker_storage_options()}
+    if run.kind == RunKind.RESCORE:
+        assert run.dataset_version is not None and run.reward_version is not None
+        return {
+            **base,
+            "input_uri": storage_uri(run.dataset_version.file.name),
+            "output_uri": storage_uri(f"runs/{run.pk}/scores.jsonl"),
+            "reward": run.reward_version.spec,
+        }
+    raise ValueError(f"no worker spec for kind {run.kind}")
+
+
+# --- lifecycle -----------------------------------------------------------------------------------------------
+def _finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = None) -> None:
+    run.status = status
+    run.finished_at = timezone.now()
+    fields = ["status", "finished_at"]
+    if reason:
+        run.failure_reason = reason
+        fields.append("failure_reason")
+    if log_tail:
+        run.log_tail = log_tail
+        fields.append("log_tail")
+    run.save(update_fields=fields)
+    _publish_status_on_commit(run)
+
+
+def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
+    """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once."""
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update().select_related("dataset_version__dataset", "reward_version").get(pk=run_id)
+        )
+        if run.is_terminal:
+            return run
+        if run.cancel_requested_at is not None:
+            _finish(run, RunStatus.STOPPED, reason="cancelled before it was submitted")
+            return run
+        env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
+        try:
+            job_id = ray_jobs.submit(
+                submission_id=run.submission_id, module=JOB_MODULES[RunKind(run.kind)], env_vars=env
+            )
+        except ray_jobs.RayUnavailable as exc:
+            if not final_attempt:
+                raise
+            _finish(run, RunStatus.FAILED, reason=str(exc))
+            return run
+        now = timezone.now()
+        run.ray_job_id = job_id
+        run.ray_address = settings.RAY_ADDRESS
+        run.submitted_at = run.submitted_at or now
+        run.ray_checked_at = now
+        run.save(update_fields=["ray_job_id", "ray_address", "submitted_at", "ray_checked_at"])
+        _publish_status_on_commit(run)
+        return run
+
+
+RAY_TO_STATUS = {
+    "PENDING": RunStatus.PENDING,
+    "RUNNING": RunStatus.RUNNING,
+    "SUCCEEDED": RunStatus.SUCCEEDED,
+    "FAILED": RunStatus.FAILED,
+    "STOPPED": RunStatus.STOPPED,
+}
+
+
+def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
+    """Bring one run's row in line with its Ray job. A job Ray no longer knows, or a cluster silent for
+    RAY_SILENCE_LIMIT, fails the run with that reason: no row stays running after its job is gone."""
+    now = now or timezone.now()
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal or not run.ray_job_id:
+        return run
+    try:
+        ray_state = ray_jobs.state(run.ray_job_id, run.ray_address or None)
+    except ray_jobs.RayJobNotFound:
+        return _reconcile_apply(run_id, RunStatus.FAILED, f"Ray job {run.ray_job_id} no longer exists on the cluster")
+    except ray_jobs.RayUnavailable as exc:
+        last = run.ray_checked_at or run.submitted_at or run.created_at
+        if now - last > RAY_SILENCE_LIMIT:
+            return _reconcile_apply(
+                run_id,
+                RunStatus.FAILED,
+                f"Ray cluster at {run.ray_address} has not answered since {last:%H:%M:%S}: {exc}",
+            )
+        return run
+    status = RAY_TO_STATUS.get(ray_state.status, RunStatus.RUNNING)
+    tail = ray_jobs.logs_tail(run.ray_job_id, run.ray_address or None) if status in TERMINAL_STATUSES else None
+    reason = ray_state.message if status == RunStatus.FAILED else ""
+    return _reconcile_apply(run_id, status, reason, log_tail=tail, checked_at=now)
+
+
+@transaction.atomic
+def _reconcile_apply(
+    run_id: int, status: str, reason: str, *, log_tail: str | None = None, checked_at: datetime | None = None
+) -> Run:
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.is_terminal:
+        return run
+    if checked_at is not None:
+        run.ray_checked_at = checked_at
+        run.save(update_fields=["ray_checked_at"])
+    if status in TERMINAL_STATUSES:
+        _finish(run, status, reason=reason, log_tail=log_tail)
+    elif status != run.status:
+        run.status = status
+        fields = ["status"]
+        if status == RunStatus.RUNNING and run.started_at is None:
+            run.started_at = timezone.now()
+            fields.append("started_at")
+        run.save(update_fields=fields)
+        _publish_status_on_commit(run)
+    return run
+
+
+def run_cancel(*, run: Run, user: User) -> Run:
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_terminal:
+            raise ValidationError({"status": [f"run {run.pk} is already {run.status}; nothing to cancel"]})
+        run.cancel_requested_at = timezone.now()
+        run.save(update_fields=["cancel_requested_at"])
+        if not run.ray_job_id:
+            _finish(run, RunStatus.STOPPED, reason=f"cancelled by {user.username} before it was submitted")
+            return run
+    from apps.runs.tasks import cancel_run
+
+    transaction.on_commit(lambda: cancel_run.delay(run.pk))
+    return run
+
+
+def run_stop_ray_job(*, run_id: int) -> None:
+    run = Run.objects.get(pk=run_id)
+    if run.ray_job_id:
+        ray_jobs.stop(run.ray_job_id, run.ray_address or None)
+    run_reconcile(run_id=run_id)
+
+
+# --- ingest --------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class IngestResult:
+    accepted: int
+    duplicates: int
+    last_seq: int
+
+
+def _ts(event: Any, default: datetime) -> datetime:
+    if event.time is None:
+        return default
+    return datetime.fromtimestamp(event.time, tz=timezone.get_current_timezone())
+
+
+def ingest_batch(*, run_id: int, events: list[Any]) -> IngestResult:
+    """Store a batch of worker events exactly once per (run, seq), then publish the new ones to the run's group."""
+    now = timezone.now()
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        unique: dict[int, Any] = {}
+        for event in events:
+            unique.setdefault(event.seq, event)
+        existing = set(RunEvent.objects.filter(run=run, seq__in=list(unique)).values_list("seq", flat=True))
+        fresh = [unique[s] for s in sorted(unique) if s not in existing]
+        if not fresh:
+            return IngestResult(accepted=0, duplicates=len(events), last_seq=run.last_seq)
+
+        ledger: list[RunEvent] = []
+        metrics: list[MetricPoint] = []
+        trajectories: list[TrajectorySummary] = []
+        artifacts: list[Artifact] = []
+        checkpoints: list[Checkpoint] = []
+        log_lines: list[str] = []
+        progress: Any = None
+        summary: dict[str, Any] | None = None
+        for event in fresh:
+            data = event.model_dump(mode="json", exclude={"seq"})
+            ledger.append(RunEvent(run=run, seq=event.seq, kind=event.kind, data=data))
+            kind = event.kind
+            if kind == "metric":
+                at = _ts(event, now)
+                metrics += [
+                    MetricPoint(run=run, step=event.step, name=k, value=v, time=at) for k, v in event.values.items()
+                ]
+            elif kind == "log":
+                log_lines += event.lines
+            elif kind == "progress":
+                if progress is None or event.seq > progress.seq:
+                    progress = event
+            elif kind == "trajectory":
+                trajectories.append(
+                    TrajectorySummary(
+                        run=run,
+                        trajectory_id=event.trajectory_id,
+                        task_id=event.task_id,
+                        step=event.step,
+                        reward=event.reward,
+                        terms=event.terms,
+                        num_turns=event.num_turns,
+                        error=event.error or "",
+                        storage_uri=event.storage_uri,
+                    )
+                )
+            elif kind == "artifact":
+                artifacts.append(
+                    Artifact(run=run, name=event.name, uri=event.uri, size_bytes=event.size_bytes, meta=event.meta)
+                )
+            elif kind == "checkpoint":
+                checkpoints.append(Checkpoint(run=run, step=event.step, uri=event.uri, metrics=event.metrics))
+            elif kind == "summary":
+                summary = {**(summary or run.summary), **event.data}
+        RunEvent.objects.bulk_create(ledger)
+        MetricPoint.objects.bulk_create(metrics, batch_size=5000)
+        TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
+        Artifact.objects.bulk_create(artifacts, ignore_conflicts=True)
+        Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+
+        fields = ["last_seq"]
+        run.last_seq = max(run.last_seq, fresh[-1].seq)
+        if progress is not None:
+            run.progress_done, run.progress_total = progress.done, progress.total
+            fields += ["progress_done", "progress_total"]
+        if log_lines:
+            run.log_tail = "\n".join((run.log_tail.splitlines() + log_lines)[-LOG_TAIL_LINES:])
+            fields.append("log_tail")
+        if summary is not None:
+            run.summary = summary
+            fields.append("summary")
+        if run.status == RunStatus.PENDING:
+            # The worker is talking, so its job runs, whatever the last reconcile saw.
+            run.status = RunStatus.RUNNING
+            run.started_at = run.started_at or now
+            fields += ["status", "started_at"]
+        run.save(update_fields=fields)
+
+        from apps.runs.live import publish_events
+
+        fresh_payload = [{"seq": e.seq, **e.model_dump(mode="json", exclude={"seq"})} for e in fresh]
+        transaction.on_commit(lambda: publish_events(run.pk, fresh_payload, run_state(run)))
+        return IngestResult(accepted=len(fresh), duplicates=len(events) - len(fresh), last_seq=run.last_seq)
+
+
+def run_state(run: Run) -> dict[str, Any]:
+    return {
+        "id": run.pk,
+        "status": run.status,
+        "progress_done": run.progress_done,
+        "progress_total": run.progress_total,
+        "failure_reason": run.failure_reason,
+        "last_seq": run.last_seq,
+    }
+
+
+def _publish_status_on_commit(run: Run) -> None:
+    from apps.runs.live import publish_events
+
+    state = run_state(run)
+    transaction.on_commit(lambda: publish_events(run.pk, [], state))

@@ -1,0 +1,44 @@
+"""Celery tasks: thin, take IDs, call a service, return in seconds (architecture.md: Celery is the glue)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from celery import shared_task
+from django.utils import timezone
+
+from apps.runs import ray_jobs, services
+from apps.runs.models import Run, RunStatus
+
+DISPATCH_RETRIES = 3
+
+
+@shared_task(bind=True, max_retries=DISPATCH_RETRIES, acks_late=True)
+def dispatch_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
+    final = self.request.retries >= DISPATCH_RETRIES
+    try:
+        services.run_dispatch(run_id=run_id, final_attempt=final)
+    except ray_jobs.RayUnavailable as exc:
+        raise self.retry(exc=exc, countdown=2**self.request.retries)
+
+
+@shared_task
+def cancel_run(run_id: int) -> None:
+    services.run_stop_ray_job(run_id=run_id)
+
+
+@shared_task
+def reconcile_runs() -> int:
+    """Beat: reconcile every live run with Ray, and re-dispatch pending runs whose dispatch was lost."""
+    live = list(
+        Run.objects.filter(status__in=[RunStatus.PENDING, RunStatus.RUNNING]).values_list(
+            "pk", "ray_job_id", "created_at"
+        )
+    )
+    stale = timezone.now() - timedelta(seconds=30)
+    for run_id, ray_job_id, created_at in live:
+        if ray_job_id:
+            services.run_reconcile(run_id=run_id)
+        elif created_at < stale:
+            dispatch_run.delay(run_id)
+    return len(live)

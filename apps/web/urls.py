@@ -1,0 +1,22 @@
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from apps.web import views
+
+app_name = "web"
+
+urlpatterns = [
+    path("healthz", views.healthz, name="healthz"),
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="web/login.html"), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", views.runs_index, name="runs"),
+    path("runs/<int:run_id>/", views.run_detail, name="run"),
+    path("runs/<int:run_id>/cancel/", views.run_cancel_view, name="run-cancel"),
+    path("runs/<int:run_id>/chart.json", views.run_chart, name="run-chart"),
+    path("runs/new/rescore/", views.rescore_new, name="rescore-new"),
+    path("datasets/", views.datasets_index, name="datasets"),
+    path("datasets/<int:dataset_id>/", views.dataset_detail, name="dataset"),
+    path("rewards/", views.rewards_index, name="rewards"),
+    path("rewards/<int:config_id>/", views.reward_detail, name="reward"),
+    path("rewards/diff/<int:old_id>/<int:new_id>/", views.reward_diff, name="reward-diff"),
+]

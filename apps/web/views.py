@@ -1,0 +1,255 @@
+"""htmx pages. Each view checks the role, calls one service or selector, and renders a page or a partial."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import connection
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from apps.datasets.services import dataset_create, dataset_version_create
+from apps.rewards.models import RewardConfig, RewardConfigVersion
+from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
+from apps.runs import selectors, services
+from apps.runs.models import Run
+from workers.rewards.schema import TERM_TYPES, context1_spec
+
+
+def needs(capability: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
+    def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+        @login_required
+        @wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not request.user.can(capability):  # type: ignore[union-attr]
+                raise PermissionDenied(f"your role cannot do this (needs '{capability}')")
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
+
+
+def _errors(exc: ValidationError) -> list[str]:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        return [
+            f"{field}: {msg}" for field, msgs in detail.items() for msg in (msgs if isinstance(msgs, list) else [msgs])
+        ]
+    return [str(d) for d in (detail if isinstance(detail, list) else [detail])]
+
+
+def healthz(request: HttpRequest) -> JsonResponse:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    return JsonResponse({"ok": True})
+
+
+@needs(Capability.READ)
+def runs_index(request: HttpRequest) -> HttpResponse:
+    runs = selectors.run_list()
+    if status := request.GET.get("status"):
+        runs = runs.filter(status=status)
+    page = Paginator(runs, 50).get_page(request.GET.get("page"))
+    template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
+    return render(request, template, {"page": page, "status": status or ""})
+
+
+@needs(Capability.READ)
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list(), pk=run_id)
+    histogram = run.events.filter(kind="histogram").order_by("-seq").values_list("data", flat=True).first()
+    return render(
+        request,
+        "runs/detail.html",
+        {
+            "run": run,
+            "state": services.run_state(run),
+            "logs": run.log_tail.splitlines()[-200:],
+            "artifacts": run.artifacts.order_by("name"),
+            "histogram": histogram,
+            "top_trajectories": run.trajectories.order_by("-reward")[:10],
+        },
+    )
+
+
+@needs(Capability.READ)
+def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    names = selectors.metric_names(run_id=run.pk)
+    series = [selectors.metric_series(run_id=run.pk, name=n, max_points=1000) for n in names]
+    return JsonResponse({"last_seq": run.last_seq, "series": series})
+
+
+@needs(Capability.LAUNCH)
+@require_POST
+def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        services.run_cancel(run=run, user=request.user)  # type: ignore[arg-type]
+        messages.info(request, f"Cancel requested for run {run.pk}.")
+    except ValidationError as exc:
+        messages.error(request, "; ".join(_errors(exc)))
+    return redirect("web:run", run_id=run.pk)
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def rescore_new(request: HttpRequest) -> HttpResponse:
+    versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TRAJECTORIES).select_related("dataset")
+    rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
+    errors: list[str] = []
+    if request.method == "POST":
+        try:
+            dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
+            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
+            errors.append("pick a trajectories dataset version and a reward config version")
+        else:
+            try:
+                run = services.run_launch_rescore(
+                    created_by=request.user,
+                    dataset_version=dataset_version,  # type: ignore[arg-type]
+                    reward_version=reward_version,
+                    name=request.POST.get("name", ""),
+                )
+            except ValidationError as exc:
+                errors = _errors(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    return render(request, "runs/rescore_new.html", {"versions": versions, "rewards": rewards, "errors": errors})
+
+
+@needs(Capability.READ)
+@require_http_methods(["GET", "POST"])
+def datasets_index(request: HttpRequest) -> HttpResponse:
+    errors: list[str] = []
+    if request.method == "POST":
+        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+            raise PermissionDenied("your role cannot create datasets")
+        try:
+            dataset = dataset_create(
+                name=request.POST.get("name", "").strip(),
+                kind=request.POST.get("kind", ""),
+                description=request.POST.get("description", ""),
+                owner=request.user,
+            )  # type: ignore[arg-type]
+        except ValidationError as exc:
+            errors = _errors(exc)
+        else:
+            return redirect("web:dataset", dataset_id=dataset.pk)
+    datasets = Dataset.objects.select_related("owner").order_by("name")
+    return render(
+        request, "datasets/index.html", {"datasets": datasets, "kinds": DatasetKind.choices, "errors": errors}
+    )
+
+
+@needs(Capability.READ)
+@require_http_methods(["GET", "POST"])
+def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
+    dataset = get_object_or_404(Dataset, pk=dataset_id)
+    errors: list[str] = []
+    if request.method == "POST":
+        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+            raise PermissionDenied("your role cannot upload dataset versions")
+        upload = request.FILES.get("file")
+        if upload is None:
+            errors.append("file: choose a JSONL file to upload")
+        else:
+            try:
+                dataset_version_create(
+                    dataset=dataset,
+                    data=upload.read(),
+                    filename=upload.name or "data.jsonl",
+                    created_by=request.user,
+                    notes=request.POST.get("notes", ""),
+                )  # type: ignore[arg-type]
+                messages.info(request, "Uploaded and validated.")
+                return redirect("web:dataset", dataset_id=dataset.pk)
+            except ValidationError as exc:
+                errors = _errors(exc)
+    versions = dataset.versions.select_related("created_by").order_by("-number")
+    return render(request, "datasets/detail.html", {"dataset": dataset, "versions": versions, "errors": errors})
+
+
+@needs(Capability.READ)
+@require_http_methods(["GET", "POST"])
+def rewards_index(request: HttpRequest) -> HttpResponse:
+    errors: list[str] = []
+    spec_text = request.POST.get("spec") or json.dumps(context1_spec().model_dump(mode="json"), indent=2)
+    if request.method == "POST":
+        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+            raise PermissionDenied("your role cannot create reward configs")
+        try:
+            spec = json.loads(spec_text)
+        except ValueError as exc:
+            errors.append(f"spec: not valid JSON ({exc})")
+        else:
+            try:
+                config = reward_config_create(
+                    name=request.POST.get("name", "").strip(),
+                    spec=spec,
+                    description=request.POST.get("description", ""),
+                    owner=request.user,
+                )  # type: ignore[arg-type]
+            except ValidationError as exc:
+                errors = _errors(exc)
+            else:
+                return redirect("web:reward", config_id=config.pk)
+    configs = RewardConfig.objects.select_related("owner").prefetch_related("versions").order_by("name")
+    return render(
+        request,
+        "rewards/index.html",
+        {"configs": configs, "errors": errors, "spec_text": spec_text, "term_types": TERM_TYPES},
+    )
+
+
+@needs(Capability.READ)
+@require_http_methods(["GET", "POST"])
+def reward_detail(request: HttpRequest, config_id: int) -> HttpResponse:
+    config = get_object_or_404(RewardConfig, pk=config_id)
+    versions = list(config.versions.select_related("created_by").prefetch_related("runs").order_by("-number"))
+    errors: list[str] = []
+    spec_text = request.POST.get("spec") or (json.dumps(versions[0].spec, indent=2) if versions else "{}")
+    if request.method == "POST":
+        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+            raise PermissionDenied("your role cannot edit reward configs")
+        try:
+            version = reward_version_create(
+                config=config,
+                spec=json.loads(spec_text),
+                created_by=request.user,  # type: ignore[arg-type]
+                notes=request.POST.get("notes", ""),
+            )
+        except ValueError as exc:
+            errors.append(f"spec: not valid JSON ({exc})")
+        except ValidationError as exc:
+            errors = _errors(exc)
+        else:
+            messages.info(request, f"Saved as version {version.number}.")
+            return redirect("web:reward", config_id=config.pk)
+    return render(
+        request,
+        "rewards/detail.html",
+        {"config": config, "versions": versions, "errors": errors, "spec_text": spec_text},
+    )
+
+
+@needs(Capability.READ)
+def reward_diff(request: HttpRequest, old_id: int, new_id: int) -> HttpResponse:
+    old = get_object_or_404(RewardConfigVersion.objects.select_related("config"), pk=old_id)
+    new = get_object_or_404(RewardConfigVersion.objects.select_related("config"), pk=new_id)
+    return render(
+        request, "rewards/diff.html", {"old": old, "new": new, "changes": reward_spec_diff(old.spec, new.spec)}
+    )

@@ -1,0 +1,173 @@
+"""Crucible control-plane settings. Every knob comes from the environment (README: Environment variables)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from controlplane.env import database_from_url, env_bool, env_int, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")))
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "crucible-dev-only-secret-change-me-in-production")
+DEBUG = env_bool("DJANGO_DEBUG", True)
+ALLOWED_HOSTS = env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+CSRF_TRUSTED_ORIGINS = [o for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "channels",
+    "apps.accounts",
+    "apps.datasets",
+    "apps.rewards",
+    "apps.benchmarks",
+    "apps.runs",
+    "apps.gates",
+    "apps.review",
+    "apps.web",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+WSGI_APPLICATION = None
+AUTH_USER_MODEL = "accounts.User"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/accounts/login/"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASE_URL = env_str("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/crucible")
+DATABASES = {"default": database_from_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+# machine-notes.md: socket_timeout=None keeps idle websockets alive; the PubSub layer does not drop bursts.
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.pubsub.RedisPubSubChannelLayer",
+        "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}]},
+    }
+}
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_ACKS_LATE = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_REDIRECT_STDOUTS = False
+CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+CELERY_BEAT_SCHEDULE = {
+    "reconcile-runs": {
+        "task": "apps.runs.tasks.reconcile_runs",
+        "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
+    }
+}
+
+# Ray: the same code targets the local head or a remote cluster's dashboard (Jobs API) address.
+RAY_ADDRESS = env_str("RAY_ADDRESS", "http://127.0.0.1:8265")
+RAY_JOB_PYTHON = env_str("CRUCIBLE_RAY_PYTHON", "python")
+RAY_SUBMIT_TIMEOUT = env_int("CRUCIBLE_RAY_TIMEOUT", 10)
+# Where a Ray job reports back to; a remote cluster needs the control plane's public URL here.
+CRUCIBLE_PUBLIC_URL = env_str("CRUCIBLE_PUBLIC_URL", "http://127.0.0.1:8000")
+
+INGEST_MAX_EVENTS = env_int("CRUCIBLE_INGEST_MAX_EVENTS", 10_000)
+INGEST_MAX_BYTES = env_int("CRUCIBLE_INGEST_MAX_BYTES", 8 * 1024 * 1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(INGEST_MAX_BYTES, 64 * 1024 * 1024)
+FILE_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
+DATASET_MAX_BYTES = env_int("CRUCIBLE_DATASET_MAX_BYTES", 256 * 1024 * 1024)
+
+# Storage: local filesystem by default, S3-compatible when CRUCIBLE_S3_BUCKET is set.
+MEDIA_ROOT = Path(env_str("CRUCIBLE_MEDIA_ROOT", str(VAR_DIR / "media")))
+MEDIA_URL = "/media/"
+S3_BUCKET = env_str("CRUCIBLE_S3_BUCKET", "")
+S3_ENDPOINT_URL = env_str("CRUCIBLE_S3_ENDPOINT_URL", "")
+if S3_BUCKET:
+    _default_storage = {
+        "BACKEND": "storages.backends.s3.S3Storage",
+        "OPTIONS": {
+            "bucket_name": S3_BUCKET,
+            "endpoint_url": S3_ENDPOINT_URL or None,
+            "file_overwrite": False,
+        },
+    }
+else:
+    _default_storage = {
+        "BACKEND": "django.core.files.storage.FileSystemStorage",
+        "OPTIONS": {"location": str(MEDIA_ROOT)},
+    }
+STORAGES = {
+    "default": _default_storage,
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "apps.accounts.authentication.ApiTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["apps.accounts.permissions.HasCapability"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "apps.accounts.errors.json_exception_handler",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Crucible API",
+    "DESCRIPTION": "Control plane for RL training of agentic language models.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["apps.accounts.permissions.HasCapability"],
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+}
+
+TIME_ZONE = "UTC"
+USE_TZ = True
+LANGUAGE_CODE = "en-us"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env_str("CRUCIBLE_LOG_LEVEL", "INFO")},
+}

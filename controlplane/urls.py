@@ -1,0 +1,42 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from rest_framework.routers import DefaultRouter
+
+from apps.accounts.api import ApiTokenViewSet, UserViewSet, me
+from apps.benchmarks.api import BenchmarkVersionViewSet, BenchmarkViewSet
+from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
+from apps.gates.api import DeploymentViewSet, GateDecisionViewSet, GateViewSet
+from apps.review.api import FlagViewSet
+from apps.rewards.api import RewardConfigViewSet, RewardVersionViewSet
+from apps.runs.api import IngestView, RunViewSet
+
+router = DefaultRouter()
+router.register("users", UserViewSet, basename="user")
+router.register("tokens", ApiTokenViewSet, basename="token")
+router.register("datasets", DatasetViewSet, basename="dataset")
+router.register("dataset-versions", DatasetVersionViewSet, basename="dataset-version")
+router.register("reward-configs", RewardConfigViewSet, basename="reward-config")
+router.register("reward-versions", RewardVersionViewSet, basename="reward-version")
+router.register("runs", RunViewSet, basename="run")
+router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
+router.register("benchmark-versions", BenchmarkVersionViewSet, basename="benchmark-version")
+router.register("gates", GateViewSet, basename="gate")
+router.register("gate-decisions", GateDecisionViewSet, basename="gate-decision")
+router.register("deployments", DeploymentViewSet, basename="deployment")
+router.register("flags", FlagViewSet, basename="flag")
+
+api_v1 = [
+    path("me/", me, name="me"),
+    path("runs/<int:run_id>/ingest/", IngestView.as_view(), name="run-ingest"),
+    path("schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("", include(router.urls)),
+]
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/", include(api_v1)),
+    path("", include("apps.web.urls")),
+]

@@ -1,0 +1,115 @@
+// Live run page: htmx's ws extension swaps the HTML frames (status, progress, logs); this script keeps the
+// charts (uPlot) and the resume position. On every (re)connect it asks the server for what it missed.
+(function () {
+  "use strict";
+  const live = document.getElementById("live");
+  if (!live) return;
+  const runId = live.dataset.run;
+  let lastSeq = parseInt(live.dataset.lastSeq || "0", 10);
+  let opened = 0;
+  const points = new Map(); // step -> {name: value}
+  const names = new Set();
+  let metricsChart = null;
+  let histChart = null;
+  const wsState = document.getElementById("ws-state");
+
+  function chartWidth(el) { return Math.max(300, el.clientWidth - 8); }
+
+  function metricsData() {
+    const steps = Array.from(points.keys()).sort((a, b) => a - b);
+    const cols = Array.from(names).sort();
+    const data = [steps];
+    for (const n of cols) data.push(steps.map((s) => (n in points.get(s) ? points.get(s)[n] : null)));
+    return { cols, data };
+  }
+
+  function drawMetrics() {
+    const el = document.getElementById("chart-metrics");
+    const { cols, data } = metricsData();
+    if (!cols.length) { el.textContent = "No metrics yet."; return; }
+    const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+    const key = cols.join("|");
+    if (metricsChart && metricsChart._key === key) { metricsChart.setData(data); return; }
+    if (metricsChart) metricsChart.destroy();
+    el.textContent = "";
+    metricsChart = new uPlot({
+      width: chartWidth(el), height: 260,
+      scales: { x: { time: false } },
+      axes: [{ label: "step" }, {}],
+      series: [{ label: "step" }].concat(cols.map((n, i) => ({ label: n, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }))),
+    }, data, el);
+    metricsChart._key = key;
+  }
+
+  function drawHistogram(h) {
+    const el = document.getElementById("chart-histogram");
+    if (!h || !h.counts || !h.counts.length) { el.textContent = "No distribution yet."; return; }
+    const centers = h.counts.map((_, i) => (h.edges[i] + h.edges[i + 1]) / 2);
+    const data = [centers, h.counts];
+    if (histChart) { histChart.setData(data); return; }
+    el.textContent = "";
+    histChart = new uPlot({
+      width: chartWidth(el), height: 260,
+      scales: { x: { time: false } },
+      axes: [{ label: h.name || "reward" }, { label: "trajectories" }],
+      series: [{ label: h.name || "reward" }, { label: "count", fill: "rgba(37,99,235,0.35)", stroke: "#2563eb",
+        paths: uPlot.paths.bars({ size: [0.95, 100] }), points: { show: false } }],
+    }, data, el);
+  }
+
+  function addSeries(series) {
+    for (const [name, pts] of Object.entries(series)) {
+      names.add(name);
+      for (const [step, value] of pts) {
+        if (!points.has(step)) points.set(step, {});
+        points.get(step)[name] = value;
+      }
+    }
+  }
+
+  function loadChart() {
+    return fetch(`/runs/${runId}/chart.json`, { credentials: "same-origin" })
+      .then((r) => r.json())
+      .then((body) => {
+        points.clear(); names.clear();
+        for (const s of body.series) {
+          addSeries({ [s.name]: s.steps.map((step, i) => [step, s.mean[i]]) });
+        }
+        drawMetrics();
+      });
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    loadChart();
+    const init = document.getElementById("initial-histogram");
+    drawHistogram(init ? JSON.parse(init.textContent) : null);
+  });
+
+  live.addEventListener("htmx:wsOpen", (evt) => {
+    opened += 1;
+    wsState.textContent = "live";
+    evt.detail.socketWrapper.send(JSON.stringify({ type: "resume", after: lastSeq }));
+    if (opened > 1) loadChart(); // metric points missed while away come back downsampled
+  });
+  live.addEventListener("htmx:wsClose", () => { wsState.textContent = "disconnected, reconnecting…"; });
+
+  live.addEventListener("htmx:wsBeforeMessage", (evt) => {
+    const message = evt.detail.message;
+    if (message.charAt(0) === "{") {
+      evt.preventDefault(); // a chart frame: ours, not htmx's
+      const frame = JSON.parse(message);
+      if (frame.series) { addSeries(frame.series); drawMetrics(); }
+      if (frame.histogram) drawHistogram(frame.histogram);
+      if (frame.max_seq > lastSeq) lastSeq = frame.max_seq;
+      return;
+    }
+    const m = /data-seq="(\d+)"/.exec(message);
+    if (m) lastSeq = Math.max(lastSeq, parseInt(m[1], 10));
+  });
+  live.addEventListener("htmx:wsAfterMessage", () => {
+    const log = document.getElementById("run-log");
+    if (log) log.scrollTop = log.scrollHeight;
+    const failure = document.getElementById("run-failure");
+    if (failure && failure.textContent.trim()) failure.hidden = false;
+  });
+})();

@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.runs import services
+from apps.runs.models import MetricPoint, Run, RunEvent, TrajectorySummary
+from tests.factories import context1_version, trajectories_version
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def run(users, trajectories_jsonl) -> Run:
+    owner = users["operator"]
+    return services.run_launch_rescore(
+        created_by=owner,
+        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
+        reward_version=context1_version(owner=owner),
+    )
+
+
+def _client(token: str) -> APIClient:
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {token}")
+    return client
+
+
+def _post(run: Run, events: list[dict], token: str | None = None):  # type: ignore[no-untyped-def]
+    return _client(token or services.ingest_token_for(run)).post(
+        f"/api/v1/runs/{run.pk}/ingest/", {"events": events}, format="json"
+    )
+
+
+BATCH = [
+    {"seq": 1, "kind": "progress", "done": 0, "total": 3},
+    {"seq": 2, "kind": "metric", "step": 1, "values": {"reward_mean": 0.5, "term/f_beta": 0.25}},
+    {"seq": 3, "kind": "log", "lines": ["hello", "world"]},
+    {"seq": 4, "kind": "trajectory", "trajectory_id": "t1", "reward": 0.5, "terms": {"f_beta": 0.25}},
+]
+
+
+def test_a_retried_batch_adds_nothing_the_second_time(run):
+    first = _post(run, BATCH)
+    assert first.status_code == 200 and first.json() == {"accepted": 4, "duplicates": 0, "last_seq": 4}
+    second = _post(run, BATCH)
+    assert second.status_code == 200 and second.json() == {"accepted": 0, "duplicates": 4, "last_seq": 4}
+    assert RunEvent.objects.filter(run=run).count() == 4
+    assert MetricPoint.objects.filter(run=run).count() == 2
+    assert TrajectorySummary.objects.filter(run=run).count() == 1
+    run.refresh_from_db()
+    assert run.log_tail == "hello\nworld"
+    assert run.status == "running"
+
+
+def test_out_of_order_and_overlapping_batches_lose_and_duplicate_nothing(run):
+    events = [{"seq": s, "kind": "metric", "step": s, "values": {"x": float(s)}} for s in range(1, 11)]
+    assert _post(run, events[5:]).json()["accepted"] == 5
+    assert _post(run, events[:7]).json() == {"accepted": 5, "duplicates": 2, "last_seq": 10}
+    steps = sorted(MetricPoint.objects.filter(run=run).values_list("step", flat=True))
+    assert steps == list(range(1, 11))
+
+
+def test_an_unknown_run_is_404(run):
+    response = _client(services.ingest_token_for(run)).post(
+        "/api/v1/runs/999999/ingest/", {"events": BATCH}, format="json"
+    )
+    assert response.status_code == 404
+
+
+def test_a_missing_token_is_401_and_a_foreign_token_is_403(run, users, trajectories_jsonl):
+    assert APIClient().post(f"/api/v1/runs/{run.pk}/ingest/", {"events": BATCH}, format="json").status_code == 401
+    other = services.run_launch_rescore(
+        created_by=users["operator"], dataset_version=run.dataset_version, reward_version=run.reward_version
+    )
+    assert _post(run, BATCH, token=services.ingest_token_for(other)).status_code == 403
+    assert _post(run, BATCH, token="cri_garbage").status_code == 403
+    assert RunEvent.objects.count() == 0
+
+
+def test_an_ingest_token_opens_nothing_else(run):
+    client = _client(services.ingest_token_for(run))
+    assert client.get("/api/v1/runs/").status_code in (401, 403)
+    assert client.get(f"/api/v1/runs/{run.pk}/").status_code in (401, 403)
+
+
+def test_an_oversized_batch_is_413(run, settings):
+    settings.INGEST_MAX_EVENTS = 3
+    assert _post(run, BATCH).status_code == 413
+    settings.INGEST_MAX_EVENTS = 10_000
+    settings.INGEST_MAX_BYTES = 50
+    assert _post(run, BATCH).status_code == 413
+    assert RunEvent.objects.count() == 0
+
+
+def test_a_malformed_event_is_400_naming_the_field_and_nothing_is_written(run):
+    bad = [*BATCH, {"seq": 5, "kind": "metric", "step": -1, "values": {"x": 1.0}}]
+    response = _post(run, bad)
+    assert response.status_code == 400
+    assert "step" in response.json()["detail"]
+    assert _post(run, [{"seq": 1, "kind": "nope"}]).status_code == 400
+    nan_body = '{"events": [{"seq": 1, "kind": "metric", "step": 1, "values": {"x": NaN}}]}'
+    nan = _client(services.ingest_token_for(run)).post(
+        f"/api/v1/runs/{run.pk}/ingest/", nan_body, content_type="application/json"
+    )
+    assert nan.status_code == 400
+    assert RunEvent.objects.count() == 0

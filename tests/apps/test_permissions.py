@@ -1,0 +1,141 @@
+"""The permission matrix: every API endpoint against every role, plus anonymous access."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Role
+from tests.factories import context1_version, trajectories_version
+
+pytestmark = pytest.mark.django_db
+
+READ_ENDPOINTS = [
+    "/api/v1/me/",
+    "/api/v1/tokens/",
+    "/api/v1/datasets/",
+    "/api/v1/dataset-versions/",
+    "/api/v1/reward-configs/",
+    "/api/v1/reward-versions/",
+    "/api/v1/runs/",
+    "/api/v1/benchmarks/",
+    "/api/v1/benchmark-versions/",
+    "/api/v1/gates/",
+    "/api/v1/gate-decisions/",
+    "/api/v1/deployments/",
+    "/api/v1/flags/",
+    "/api/v1/schema/",
+]
+ADMIN_READ_ENDPOINTS = ["/api/v1/users/"]
+
+# (method, path, body, roles allowed)
+WRITE_ENDPOINTS = [
+    ("post", "/api/v1/datasets/", {"name": "d-{role}", "kind": "tasks"}, {Role.OPERATOR, Role.ADMIN}),
+    ("post", "/api/v1/reward-configs/", {"name": "r-{role}", "spec": "SPEC"}, {Role.OPERATOR, Role.ADMIN}),
+    ("post", "/api/v1/runs/", "LAUNCH", {Role.OPERATOR, Role.ADMIN}),
+    (
+        "post",
+        "/api/v1/gates/",
+        {"name": "g-{role}", "benchmark_versions": "BV", "rules": [{"type": "threshold"}]},
+        {Role.ADMIN},
+    ),
+    ("post", "/api/v1/users/", {"username": "u-{role}", "role": "viewer"}, {Role.ADMIN}),
+    ("post", "/api/v1/flags/{flag}/review/", {"label": "unclear"}, {Role.REVIEWER, Role.ADMIN}),
+]
+
+
+@pytest.fixture
+def world(users, trajectories_jsonl):  # type: ignore[no-untyped-def]
+    from apps.review.models import Flag
+    from apps.runs.models import Run
+
+    owner = users["admin"]
+    dataset_version = trajectories_version(owner=owner, data=trajectories_jsonl)
+    reward_version = context1_version(owner=owner)
+    run = Run.objects.create(kind="rescore", spec={}, created_by=owner)
+    flag = Flag.objects.create(run=run, trajectory_ref="t1", detector="search_once", detector_version="1")
+    from apps.benchmarks.models import Benchmark, BenchmarkVersion
+
+    benchmark = Benchmark.objects.create(name="bench", environment="coding", metric="pass@1", owner=owner)
+    bench_version = BenchmarkVersion.objects.create(benchmark=benchmark, number=1, content_hash="x", created_by=owner)
+    return {
+        "dataset_version": dataset_version,
+        "reward_version": reward_version,
+        "flag": flag,
+        "benchmark_version": bench_version,
+    }
+
+
+@pytest.mark.parametrize("path", READ_ENDPOINTS + ADMIN_READ_ENDPOINTS)
+def test_anonymous_requests_are_refused(path):
+    assert APIClient().get(path).status_code in (401, 403)
+
+
+@pytest.mark.parametrize("role", Role.values)
+@pytest.mark.parametrize("path", READ_ENDPOINTS + ADMIN_READ_ENDPOINTS)
+def test_reads_follow_the_role(client_for, role, path):
+    expected = 200 if (path not in ADMIN_READ_ENDPOINTS or role == Role.ADMIN) else 403
+    assert client_for(role).get(path).status_code == expected
+
+
+@pytest.mark.parametrize("role", Role.values)
+@pytest.mark.parametrize("method,path,body,allowed", WRITE_ENDPOINTS)
+def test_writes_follow_the_role(client_for, world, role, method, path, body, allowed):
+    from workers.rewards.schema import context1_spec
+
+    if body == "LAUNCH":
+        body = {
+            "kind": "rescore",
+            "dataset_version": world["dataset_version"].pk,
+            "reward_version": world["reward_version"].pk,
+        }
+    else:
+        body = {k: (v.format(role=role) if isinstance(v, str) else v) for k, v in body.items()}
+        if body.get("benchmark_versions") == "BV":
+            body["benchmark_versions"] = [world["benchmark_version"].pk]
+        if body.get("spec") == "SPEC":
+            body["spec"] = context1_spec().model_dump(mode="json")
+    response = getattr(client_for(role), method)(path.format(flag=world["flag"].pk), body, format="json")
+    if role in allowed:
+        assert response.status_code in (200, 201), response.json()
+    else:
+        assert response.status_code == 403, response.json()
+
+
+def test_a_token_scope_narrows_the_role(users):
+    from apps.accounts.services import api_token_create
+
+    _, secret = api_token_create(user=users["admin"], name="ci-read", scopes=["read"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    assert client.get("/api/v1/runs/").status_code == 200
+    assert client.post("/api/v1/datasets/", {"name": "x", "kind": "tasks"}, format="json").status_code == 403
+    assert client.get("/api/v1/users/").status_code == 403
+
+
+def test_a_token_cannot_claim_scopes_beyond_its_role(client_for):
+    response = client_for("viewer").post("/api/v1/tokens/", {"name": "sneaky", "scopes": ["launch"]}, format="json")
+    assert response.status_code == 400
+    assert "scopes" in response.json()["fields"]
+
+
+def test_a_revoked_or_bogus_token_is_401(client_for, users):
+    client = client_for("operator")
+    created = client.post("/api/v1/tokens/", {"name": "tmp", "scopes": ["read"]}, format="json").json()
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {created['token']}")
+    assert other.get("/api/v1/runs/").status_code == 200
+    assert client.delete(f"/api/v1/tokens/{created['id']}/").status_code == 204
+    assert other.get("/api/v1/runs/").status_code == 401
+    other.credentials(HTTP_AUTHORIZATION="Bearer crk_not-a-token")
+    assert other.get("/api/v1/runs/").status_code == 401
+
+
+@pytest.mark.parametrize("role", Role.values)
+def test_pages_require_login_and_launch_pages_require_the_launch_role(client, users, role):
+    assert client.get("/").status_code == 302
+    client.force_login(users[role])
+    assert client.get("/").status_code == 200
+    assert client.get("/datasets/").status_code == 200
+    expected = 200 if role in (Role.OPERATOR, Role.ADMIN) else 403
+    assert client.get("/runs/new/rescore/").status_code == expected

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from apps.accounts.models import Role, User
+from apps.accounts.services import api_token_create
+from apps.web.demo import demo_trajectories
+
+
+@pytest.fixture
+def make_user(db):  # type: ignore[no-untyped-def]
+    def make(role: str = Role.OPERATOR, username: str | None = None) -> User:
+        user = User.objects.create_user(username=username or f"{role}-user", password="pw-123456", role=role)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def users(make_user):  # type: ignore[no-untyped-def]
+    return {role: make_user(role) for role in Role.values}
+
+
+@pytest.fixture
+def client_for(users):  # type: ignore[no-untyped-def]
+    """An API client authenticated with a bearer token holding all of the role's capabilities."""
+
+    def make(role: str) -> APIClient:
+        user = users[role]
+        _, secret = api_token_create(user=user, name=f"test-{role}", scopes=sorted(user.capabilities))
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        return client
+
+    return make
+
+
+@pytest.fixture
+def trajectories_jsonl() -> bytes:
+    return demo_trajectories(count=40, seed=3)
+
+
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings):  # type: ignore[no-untyped-def]
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

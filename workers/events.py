@@ -1,0 +1,106 @@
+"""The ingest wire format, shared by the worker's reporter and the control plane's ingest endpoint.
+
+A batch is `{"events": [Event, ...]}`. Every event carries `seq`, a per-run sequence number that the worker
+assigns once (1, 2, 3, ...); the control plane stores each (run, seq) at most once, so a retried or reordered
+batch neither duplicates nor loses anything.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+
+
+class _Event(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1, description="Per-run sequence number, assigned once by the worker")
+    time: float | None = Field(default=None, description="Unix seconds when the worker produced it")
+
+
+class MetricEvent(_Event):
+    kind: Literal["metric"]
+    step: int = Field(ge=0)
+    values: dict[str, float] = Field(min_length=1)
+
+    @field_validator("values")
+    @classmethod
+    def _finite(cls, values: dict[str, float]) -> dict[str, float]:
+        for name, value in values.items():
+            if not math.isfinite(value):
+                raise ValueError(f"metric {name!r} is {value}; send only finite numbers")
+            if not name or len(name) > 100:
+                raise ValueError("metric names must be 1-100 characters")
+        return values
+
+
+class LogEvent(_Event):
+    kind: Literal["log"]
+    lines: list[str] = Field(min_length=1)
+
+
+class ProgressEvent(_Event):
+    kind: Literal["progress"]
+    done: int = Field(ge=0)
+    total: int = Field(ge=0)
+
+
+class TrajectoryEvent(_Event):
+    kind: Literal["trajectory"]
+    trajectory_id: str = Field(min_length=1, max_length=200)
+    task_id: str = ""
+    step: int = 0
+    reward: float | None = None
+    terms: dict[str, float] = {}
+    num_turns: int = 0
+    error: str | None = None
+    storage_uri: str = ""
+
+
+class HistogramEvent(_Event):
+    kind: Literal["histogram"]
+    name: str
+    edges: list[float]
+    counts: list[int]
+
+
+class ArtifactEvent(_Event):
+    kind: Literal["artifact"]
+    name: str = Field(min_length=1, max_length=200)
+    uri: str = Field(min_length=1, max_length=500)
+    size_bytes: int = 0
+    meta: dict[str, Any] = {}
+
+
+class CheckpointEvent(_Event):
+    kind: Literal["checkpoint"]
+    step: int = Field(ge=0)
+    uri: str = Field(min_length=1, max_length=500)
+    metrics: dict[str, float] = {}
+
+
+class SummaryEvent(_Event):
+    kind: Literal["summary"]
+    data: dict[str, Any]
+
+
+Event = Annotated[
+    MetricEvent
+    | LogEvent
+    | ProgressEvent
+    | TrajectoryEvent
+    | HistogramEvent
+    | ArtifactEvent
+    | CheckpointEvent
+    | SummaryEvent,
+    Field(discriminator="kind"),
+]
+
+
+class EventBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    events: list[Event] = Field(min_length=1)
+
+
+EVENT_BATCH = TypeAdapter(EventBatch)

@@ -1,0 +1,50 @@
+"""What every job entrypoint shares: its spec from the environment, its reporter, and its storage access."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, TypeVar
+
+import fsspec
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.reporting import Reporter
+
+SpecT = TypeVar("SpecT", bound="JobSpec")
+
+
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    run_id: int = Field(ge=1)
+    kind: str
+    ingest_url: str
+    storage_options: dict[str, Any] = {}
+
+
+def load_spec(model: type[SpecT]) -> SpecT:
+    raw = os.environ.get("CRUCIBLE_JOB_SPEC")
+    if not raw:
+        raise SystemExit("CRUCIBLE_JOB_SPEC is not set: this module runs as a Ray job submitted by Crucible")
+    return model.model_validate_json(raw)
+
+
+def reporter_for(spec: JobSpec) -> Reporter:
+    token = os.environ.get("CRUCIBLE_INGEST_TOKEN", "")
+    if not token:
+        raise SystemExit("CRUCIBLE_INGEST_TOKEN is not set: the run's ingest token is handed over by Crucible")
+    return Reporter(ingest_url=spec.ingest_url, token=token)
+
+
+def read_bytes(uri: str, storage_options: dict[str, Any]) -> bytes:
+    with fsspec.open(uri, "rb", **storage_options) as handle:
+        data: bytes = handle.read()
+    return data
+
+
+def write_bytes(uri: str, data: bytes, storage_options: dict[str, Any]) -> None:
+    fs, path = fsspec.core.url_to_fs(uri, **storage_options)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    with fs.open(path, "wb") as handle:
+        handle.write(data)

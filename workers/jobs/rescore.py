@@ -1,0 +1,117 @@
+"""Offline re-scoring: score every stored trajectory with a reward config version, on Ray.
+
+Shards of trajectories are scored by Ray tasks in parallel; as each shard completes the job reports per-trajectory
+summaries, progress, running per-term means and the reward histogram, and at the end writes the scores as JSONL
+to `output_uri` and registers it as an artifact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import ray
+
+from workers.jobs.common import JobSpec, load_spec, read_bytes, reporter_for, write_bytes
+from workers.rewards.schema import RewardSpec, validate_reward_spec
+from workers.rewards.score import histogram, score_trajectory
+from workers.trajectories import Trajectory, parse_trajectories_jsonl
+
+log = logging.getLogger("crucible.rescore")
+
+
+class RescoreSpec(JobSpec):
+    input_uri: str
+    output_uri: str
+    reward: dict[str, Any]
+    shard_size: int = 64
+    histogram_bins: int = 20
+
+
+def score_shard(reward: RewardSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Score one shard; returns one summary dict per trajectory (reward, unweighted terms, turns, error)."""
+    out: list[dict[str, Any]] = []
+    for row in rows:
+        trajectory = Trajectory.model_validate(row)
+        result = score_trajectory(reward, trajectory)
+        out.append(
+            {
+                "trajectory_id": trajectory.id,
+                "task_id": trajectory.task_id,
+                "reward": result.reward,
+                "terms": dict(result.terms),
+                "num_turns": trajectory.num_turns,
+                "error": trajectory.error,
+            }
+        )
+    return out
+
+
+_score_shard_remote = ray.remote(num_cpus=1)(score_shard)
+
+
+def run(spec: RescoreSpec) -> dict[str, Any]:
+    started = time.monotonic()
+    reward = validate_reward_spec(spec.reward)
+    with reporter_for(spec) as reporter:
+        reporter.log(f"reading {spec.input_uri}")
+        parsed = parse_trajectories_jsonl(read_bytes(spec.input_uri, spec.storage_options))
+        if parsed.errors:
+            first = parsed.errors[0]
+            raise SystemExit(f"input has {len(parsed.errors)} bad line(s); first: line {first.line}: {first.message}")
+        rows = [t.model_dump(mode="json") for t in parsed.trajectories]
+        total = len(rows)
+        reporter.progress(0, total)
+        reporter.log(f"scoring {total} trajectories in shards of {spec.shard_size} on Ray")
+
+        ray.init(ignore_reinit_error=True, log_to_driver=False)
+        reward_ref = ray.put(reward)
+        pending = [
+            _score_shard_remote.remote(reward_ref, rows[i : i + spec.shard_size])
+            for i in range(0, total, spec.shard_size)
+        ]
+        scored: list[dict[str, Any]] = []
+        term_sums: dict[str, float] = {}
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for shard in ray.get(ready):
+                for item in shard:
+                    scored.append(item)
+                    reporter.trajectory(**item)
+                    for name, value in item["terms"].items():
+                        term_sums[name] = term_sums.get(name, 0.0) + value
+            done = len(scored)
+            rewards = [s["reward"] for s in scored]
+            values = {"reward_mean": sum(rewards) / done}
+            values.update({f"term/{name}": total_value / done for name, total_value in term_sums.items()})
+            reporter.metric(done, values)
+            reporter.progress(done, total)
+            hist = histogram(rewards, bins=spec.histogram_bins)
+            reporter.histogram("reward", hist["edges"], hist["counts"])
+
+        payload = "".join(json.dumps(s, sort_keys=True) + "\n" for s in scored).encode()
+        write_bytes(spec.output_uri, payload, spec.storage_options)
+        reporter.artifact("scores.jsonl", spec.output_uri, size_bytes=len(payload), meta={"rows": len(scored)})
+        rewards = [s["reward"] for s in scored]
+        summary = {
+            "trajectories": len(scored),
+            "reward_mean": sum(rewards) / len(rewards) if rewards else None,
+            "reward_min": min(rewards) if rewards else None,
+            "reward_max": max(rewards) if rewards else None,
+            "term_means": {name: v / len(scored) for name, v in term_sums.items()} if scored else {},
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        reporter.summary(summary)
+        reporter.log(f"done: {len(scored)} trajectories, mean reward {summary['reward_mean']}")
+    return summary
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO)
+    run(load_spec(RescoreSpec))
+
+
+if __name__ == "__main__":
+    main()

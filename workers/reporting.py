@@ -1,0 +1,137 @@
+"""The worker side of ingest: a small client that numbers events and ships them in batches.
+
+Events are numbered once, when they are created, so a batch that is retried after a timeout carries the same
+sequence numbers and the control plane keeps exactly one copy. Batches flush when they reach `max_events` or
+when `flush_seconds` have passed, so single events need no manual batching by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+log = logging.getLogger(__name__)
+
+
+class IngestError(RuntimeError):
+    pass
+
+
+class Reporter:
+    def __init__(
+        self,
+        *,
+        ingest_url: str,
+        token: str,
+        max_events: int = 1000,
+        flush_seconds: float = 0.25,
+        retries: int = 8,
+        start_seq: int = 0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.ingest_url = ingest_url
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self.max_events = max_events
+        self.flush_seconds = flush_seconds
+        self.retries = retries
+        self._seq = start_seq
+        self._pending: list[dict[str, Any]] = []
+        self._last_flush = time.monotonic()
+        self._lock = threading.Lock()
+        self._client = client or httpx.Client(timeout=30.0)
+        self._closed = threading.Event()
+        # A background flusher ships a lone event within `flush_seconds` even if the job goes quiet after it.
+        self._flusher = threading.Thread(target=self._flush_periodically, name="crucible-reporter", daemon=True)
+        self._flusher.start()
+
+    def _flush_periodically(self) -> None:
+        while not self._closed.wait(self.flush_seconds):
+            try:
+                self.flush()
+            except IngestError:
+                log.exception("background flush failed; events stay unsent")
+
+    # --- event constructors -------------------------------------------------------------------------------
+    def _add(self, kind: str, **fields: Any) -> int:
+        with self._lock:
+            self._seq += 1
+            self._pending.append({"seq": self._seq, "kind": kind, "time": time.time(), **fields})
+            seq = self._seq
+            due = len(self._pending) >= self.max_events or time.monotonic() - self._last_flush >= self.flush_seconds
+        if due:
+            self.flush()
+        return seq
+
+    def metric(self, step: int, values: Mapping[str, float]) -> int:
+        return self._add("metric", step=step, values=dict(values))
+
+    def log(self, *lines: str) -> int:
+        return self._add("log", lines=list(lines))
+
+    def progress(self, done: int, total: int) -> int:
+        return self._add("progress", done=done, total=total)
+
+    def trajectory(self, **fields: Any) -> int:
+        return self._add("trajectory", **fields)
+
+    def histogram(self, name: str, edges: list[float], counts: list[int]) -> int:
+        return self._add("histogram", name=name, edges=edges, counts=counts)
+
+    def artifact(self, name: str, uri: str, size_bytes: int = 0, meta: Mapping[str, Any] | None = None) -> int:
+        return self._add("artifact", name=name, uri=uri, size_bytes=size_bytes, meta=dict(meta or {}))
+
+    def checkpoint(self, step: int, uri: str, metrics: Mapping[str, float] | None = None) -> int:
+        return self._add("checkpoint", step=step, uri=uri, metrics=dict(metrics or {}))
+
+    def summary(self, data: Mapping[str, Any]) -> int:
+        return self._add("summary", data=dict(data))
+
+    # --- shipping -------------------------------------------------------------------------------------------
+    def flush(self) -> None:
+        with self._lock:
+            batch, self._pending = self._pending, []
+            self._last_flush = time.monotonic()
+        if not batch:
+            return
+        try:
+            self._send(batch)
+        except IngestError:
+            # Keep the events (same seq numbers) so a later flush can deliver them; nothing is lost.
+            with self._lock:
+                self._pending = batch + self._pending
+            raise
+
+    def _send(self, batch: list[dict[str, Any]]) -> None:
+        delay = 0.2
+        for attempt in range(self.retries + 1):
+            try:
+                response = self._client.post(self.ingest_url, json={"events": batch}, headers=self._headers)
+            except httpx.HTTPError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            else:
+                if response.status_code < 300:
+                    return
+                if response.status_code < 500 and response.status_code != 429:
+                    raise IngestError(f"ingest refused the batch ({response.status_code}): {response.text[:500]}")
+                error = f"HTTP {response.status_code}"
+            log.warning("ingest attempt %d failed (%s); retrying in %.1fs", attempt + 1, error, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise IngestError(f"ingest failed after {self.retries + 1} attempts")
+
+    def close(self) -> None:
+        self._closed.set()
+        self._flusher.join(timeout=self.flush_seconds * 4)
+        self.flush()
+        self._client.close()
+
+    def __enter__(self) -> Reporter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

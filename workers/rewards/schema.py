@@ -1,0 +1,335 @@
+"""The reward config: a validated, hashable list of weighted terms (methods.md section 3, Context-1 X2-X5).
+
+A `RewardSpec` is plain JSON, e.g.
+
+    {"terms": [{"type": "f_beta", "weight": 0.7, "beta": 4},
+               {"type": "trajectory_recall", "weight": 0.3},
+               {"type": "final_answer_bonus"},
+               {"type": "prune_penalty"},
+               {"type": "turn_penalty"}],
+     "floor": 0.0, "cap_at_pre_penalty": true}
+
+Every term has a `type`, an optional unique `name` (default: the type) and a finite `weight` (default 1.0).
+Terms are gains (added) or penalties (magnitudes >= 0, subtracted); `workers.rewards.score` combines them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
+
+from workers.rewards import terms as formulas
+from workers.trajectories import Trajectory
+
+TermKind = Literal["gain", "penalty"]
+
+# Names become dict keys and metric names ("term/<name>", at most 100 characters on the wire), hence the limits.
+_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
+_NAME_MAX = 64
+
+
+class _Term(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: ClassVar[TermKind]
+
+    type: str
+    name: str = Field(default="", max_length=_NAME_MAX, description="Unique within the spec; defaults to the type")
+    weight: float = Field(default=1.0, allow_inf_nan=False, description="Multiplies the term's value")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_defaults_to_type(cls, data: Any) -> Any:
+        # Filling the default name at validation time (rather than on read) keeps model_dump, and so
+        # spec_hash, identical whether the name was omitted or written out as the type.
+        if isinstance(data, dict) and data.get("name") in (None, ""):
+            return {**data, "name": cls.model_fields["type"].default}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _name_charset(cls, value: str) -> str:
+        if not re.fullmatch(_NAME_PATTERN, value):
+            raise ValueError(f"use only letters, digits, '_', '.' and '-' (at most {_NAME_MAX} characters)")
+        return value
+
+    def value(self, trajectory: Trajectory) -> float:
+        """Unweighted value of this term for one trajectory (dimensionless; penalties are magnitudes >= 0)."""
+        raise NotImplementedError
+
+
+class ExactMatchTerm(_Term):
+    """1.0 if the stripped answer equals any stripped gold answer."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["exact_match"] = "exact_match"
+    case_sensitive: bool = True
+
+    def value(self, trajectory: Trajectory) -> float:
+        return formulas.exact_match(trajectory.answer, trajectory.gold_answers, case_sensitive=self.case_sensitive)
+
+
+class NormalizedMatchTerm(_Term):
+    """1.0 if the answer equals any gold answer after SQuAD normalisation."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["normalized_match"] = "normalized_match"
+
+    def value(self, trajectory: Trajectory) -> float:
+        return formulas.normalized_match(trajectory.answer, trajectory.gold_answers)
+
+
+class FBetaTerm(_Term):
+    """F-beta of the output doc ids against the gold doc ids (methods.md X3); 0.0 when there are no gold docs."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["f_beta"] = "f_beta"
+    beta: float = Field(default=4.0, gt=0, allow_inf_nan=False, description="Recall weighs beta² times precision")
+
+    def value(self, trajectory: Trajectory) -> float:
+        # methods.md X3: F_β over the final output set
+        return formulas.set_f_beta(trajectory.output_doc_ids, trajectory.gold_doc_ids, self.beta)
+
+
+class TrajectoryRecallTerm(_Term):
+    """Fraction of gold docs seen anywhere in the full unpruned trajectory (methods.md X2's r_traj)."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["trajectory_recall"] = "trajectory_recall"
+
+    def value(self, trajectory: Trajectory) -> float:
+        # methods.md X2: r_traj = |seen ∩ gold| / |gold|
+        return formulas.set_recall(trajectory.seen_doc_ids, trajectory.gold_doc_ids)
+
+
+class FinalAnswerBonusTerm(_Term):
+    """`bonus` if the output contains a chunk that directly contains the answer (methods.md X2's r_fa)."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["final_answer_bonus"] = "final_answer_bonus"
+    bonus: float = Field(default=1.0, allow_inf_nan=False)
+
+    def value(self, trajectory: Trajectory) -> float:
+        found = formulas.final_answer_found(
+            trajectory.output_doc_ids, trajectory.answer_doc_ids, trajectory.answer, trajectory.gold_answers
+        )
+        # methods.md X2: r_fa = +bonus when the final answer is found
+        return self.bonus if found else 0.0
+
+
+class PrunePenaltyTerm(_Term):
+    """Penalty for prune_chunks calls beyond `free_calls` in each consecutive run, capped per trajectory (X4)."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    type: Literal["prune_penalty"] = "prune_penalty"
+    per_call: float = Field(default=0.1, ge=0, allow_inf_nan=False)
+    free_calls: int = Field(default=3, ge=0)
+    cap: float = Field(default=0.5, ge=0, allow_inf_nan=False, description="Bound on the whole trajectory's total")
+
+    def value(self, trajectory: Trajectory) -> float:
+        # methods.md X4: prune penalty
+        return formulas.prune_penalty(
+            trajectory.tool_calls, per_call=self.per_call, free_calls=self.free_calls, cap=self.cap
+        )
+
+
+class TurnPenaltyTerm(_Term):
+    """Penalty rising linearly from 0 at `start` assistant turns to `max_penalty` at `start + ramp` (X5)."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    type: Literal["turn_penalty"] = "turn_penalty"
+    start: int = Field(default=64, ge=0, description="Turns allowed before the penalty starts")
+    ramp: int = Field(default=64, ge=1, description="Turns over which the penalty rises to max_penalty")
+    max_penalty: float = Field(default=0.5, ge=0, allow_inf_nan=False)
+
+    def value(self, trajectory: Trajectory) -> float:
+        # methods.md X5: turn penalty
+        return formulas.turn_penalty(
+            trajectory.num_turns, start=self.start, ramp=self.ramp, max_penalty=self.max_penalty
+        )
+
+
+TERM_CLASSES: tuple[type[_Term], ...] = (
+    ExactMatchTerm,
+    NormalizedMatchTerm,
+    FBetaTerm,
+    TrajectoryRecallTerm,
+    FinalAnswerBonusTerm,
+    PrunePenaltyTerm,
+    TurnPenaltyTerm,
+)
+TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
+_CLASS_BY_TYPE: dict[str, type[_Term]] = dict(zip(TERM_TYPES, TERM_CLASSES, strict=True))
+
+TermSpec = Annotated[
+    ExactMatchTerm
+    | NormalizedMatchTerm
+    | FBetaTerm
+    | TrajectoryRecallTerm
+    | FinalAnswerBonusTerm
+    | PrunePenaltyTerm
+    | TurnPenaltyTerm,
+    Field(discriminator="type"),
+]
+
+
+class RewardSpec(BaseModel):
+    """A reward config: weighted terms combined as in methods.md X2 (see `workers.rewards.score`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    terms: list[TermSpec] = Field(min_length=1)
+    floor: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="X2's epsilon: lower bound on the reward of trajectories that completed without error",
+    )
+    cap_at_pre_penalty: bool = Field(
+        default=False, description="X2's upper clamp: the reward never exceeds the sum of the gain terms"
+    )
+
+    @field_validator("terms")
+    @classmethod
+    def _unique_names(cls, terms: list[_Term]) -> list[_Term]:
+        first_index: dict[str, int] = {}
+        for index, term in enumerate(terms):
+            if term.name in first_index:
+                first = first_index[term.name]
+                raise PydanticCustomError(
+                    "duplicate_term_name",
+                    f"terms[{index}] ({term.type}).name: name '{term.name}' is already used by terms[{first}]; "
+                    f"give one of them a distinct 'name'",
+                    {"index": index, "first": first, "term": term.type, "name": term.name},
+                )
+            first_index[term.name] = index
+        return terms
+
+    @property
+    def term_names(self) -> list[str]:
+        """Names of the terms, in spec order (the keys of `RewardResult.terms`)."""
+        return [term.name for term in self.terms]
+
+
+class RewardSpecError(ValueError):
+    """A reward config failed validation.
+
+    `errors` is a list of {"field": "terms[2].beta", "term": "f_beta" | None, "message": "..."}; each message
+    names the term and field and says how to fix it.
+    """
+
+    def __init__(self, errors: list[dict[str, str | None]]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(str(err["message"]) for err in errors) or "invalid reward spec")
+
+
+def _path(parts: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _allowed_fields(term: str | None) -> str:
+    model: type[BaseModel] = _CLASS_BY_TYPE[term] if term else RewardSpec
+    return ", ".join(model.model_fields)
+
+
+def _translate(err: ErrorDetails) -> dict[str, str | None]:
+    loc = tuple(err["loc"])
+    kind = err["type"]
+    ctx = err.get("ctx") or {}
+    valid = ", ".join(TERM_TYPES)
+
+    if kind == "duplicate_term_name":
+        return {"field": f"terms[{ctx['index']}].name", "term": str(ctx["term"]), "message": err["msg"]}
+
+    term: str | None = None
+    if len(loc) >= 2 and loc[0] == "terms" and isinstance(loc[1], int):
+        head = f"terms[{loc[1]}]"
+        rest = loc[2:]
+        if rest and rest[0] in _CLASS_BY_TYPE:
+            term = str(rest[0])
+            rest = rest[1:]
+        if kind == "union_tag_invalid":
+            return {
+                "field": f"{head}.type",
+                "term": None,
+                "message": f"{head}.type: unknown term type {ctx.get('tag')!r}; use one of: {valid}",
+            }
+        if kind == "union_tag_not_found":
+            return {
+                "field": f"{head}.type",
+                "term": None,
+                "message": f'{head}.type: Field required; add "type" set to one of: {valid}',
+            }
+        field = head + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
+        label = f"{head} ({term})" + field[len(head) :] if term else field
+    else:
+        field = _path(loc)
+        label = field or "reward spec"
+
+    hint = ""
+    if kind == "missing":
+        hint = "; add it"
+    elif kind == "extra_forbidden":
+        hint = f"; remove it (allowed fields: {_allowed_fields(term)})"
+    elif kind == "too_short" and field == "terms":
+        hint = f"; add at least one term (valid types: {valid})"
+    elif kind == "model_attributes_type" and term is None and field.startswith("terms["):
+        hint = f'; write each term as an object, e.g. {{"type": "f_beta", "weight": 0.7}} (valid types: {valid})'
+    elif kind in ("model_type", "model_attributes_type") and not field:
+        hint = '; send a JSON object such as {"terms": [{"type": "f_beta"}]}'
+    message = str(err["msg"])
+    if kind == "value_error":
+        # Our own validators already phrase the fix; pydantic's "Value error, " prefix only adds noise.
+        message = message.removeprefix("Value error, ")
+    return {"field": field, "term": term, "message": f"{label}: {message}{hint}"}
+
+
+def validate_reward_spec(data: object) -> RewardSpec:
+    """Validate a reward config given as a dict (or JSON text/bytes, or an existing `RewardSpec`).
+
+    Raises `RewardSpecError` listing every problem, each with the field path, the term type and a fix.
+    """
+    if isinstance(data, RewardSpec):
+        return data
+    try:
+        if isinstance(data, str | bytes | bytearray):
+            return RewardSpec.model_validate_json(data)
+        return RewardSpec.model_validate(data)
+    except ValidationError as exc:
+        raise RewardSpecError([_translate(err) for err in exc.errors(include_url=False)]) from None
+
+
+def spec_hash(spec: RewardSpec) -> str:
+    """SHA-256 hex digest of the spec's canonical JSON (sorted keys, no whitespace).
+
+    Defaults are filled in and numbers coerced before hashing, so specs that differ only in key order, omitted
+    defaults or 4 vs 4.0 hash the same.
+    """
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def context1_spec(beta: float = 4.0, floor: float = 0.0) -> RewardSpec:
+    """The Context-1 reward (methods.md X2): clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre).
+
+    `beta` is X3's beta (4 at initialisation, annealed towards 2); `floor` is X2's epsilon, whose value the
+    source leaves open (methods.md section 7), so 0.0 by default.
+    """
+    return RewardSpec(
+        terms=[
+            FBetaTerm(weight=0.7, beta=beta),
+            TrajectoryRecallTerm(weight=0.3),
+            FinalAnswerBonusTerm(weight=1.0, bonus=1.0),
+            PrunePenaltyTerm(weight=1.0),
+            TurnPenaltyTerm(weight=1.0),
+        ],
+        floor=floor,
+        cap_at_pre_penalty=True,
+    )

@@ -1,0 +1,193 @@
+"""Pure reward formulas (methods.md section 3, Context-1: X2-X5).
+
+Every function here is deterministic and side-effect free, takes plain Python values and returns a float, so it
+can be unit-tested against hand-computed values and reused outside `RewardSpec`. All returned values are
+dimensionless; gains are fractions in [0, 1] unless a bonus says otherwise, penalties are magnitudes >= 0 that
+the caller subtracts.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import string
+from collections.abc import Iterable, Sequence
+
+PRUNE_TOOL = "prune_chunks"
+"""Tool name whose consecutive calls methods.md X4 penalises."""
+
+_PUNCTUATION = frozenset(string.punctuation)
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+
+
+def _check_fraction(name: str, value: float) -> None:
+    if not (0.0 <= value <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+
+
+def f_beta(precision: float, recall: float, beta: float) -> float:
+    """F-beta score from a precision and a recall (both fractions in [0, 1]); returns a fraction in [0, 1].
+
+    `beta` > 0 weights recall beta² times as much as precision (beta = 4 -> recall counts 16x).
+    When precision and recall are both 0 the formula is 0/0; the score is then 0.0.
+    """
+    _check_fraction("precision", precision)
+    _check_fraction("recall", recall)
+    if not (beta > 0.0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a finite number > 0, got {beta}")
+    b2 = beta * beta
+    denominator = b2 * precision + recall
+    if denominator == 0.0:
+        return 0.0
+    # methods.md X3: F_β = (1 + β²)·P·R / (β²·P + R)
+    return (1.0 + b2) * precision * recall / denominator
+
+
+def set_precision_recall(predicted: Iterable[str], gold: Iterable[str]) -> tuple[float, float]:
+    """Set precision and recall of `predicted` ids against `gold` ids; both fractions in [0, 1].
+
+    Ids are compared as sets, so repeats count once. Precision is 0.0 when nothing is predicted and recall is
+    0.0 when there is no gold id (an empty reference gives nothing to find, so nothing is rewarded).
+    """
+    predicted_set = set(predicted)
+    gold_set = set(gold)
+    hits = len(predicted_set & gold_set)
+    precision = hits / len(predicted_set) if predicted_set else 0.0
+    recall = hits / len(gold_set) if gold_set else 0.0
+    return precision, recall
+
+
+def set_recall(found: Iterable[str], gold: Iterable[str]) -> float:
+    """|found ∩ gold| / |gold| as a fraction in [0, 1]; 0.0 when `gold` is empty."""
+    gold_set = set(gold)
+    if not gold_set:
+        return 0.0
+    return len(gold_set & set(found)) / len(gold_set)
+
+
+def set_f_beta(predicted: Iterable[str], gold: Iterable[str], beta: float) -> float:
+    """F-beta of a predicted id set against a gold id set; a fraction in [0, 1].
+
+    Edge cases, chosen so an empty reference or an empty output never earns reward:
+    - no gold ids -> 0.0 (even when nothing is predicted either);
+    - no predicted ids -> 0.0 (precision and recall are both 0);
+    - no overlap -> 0.0.
+    """
+    gold_set = set(gold)
+    if not gold_set:
+        return 0.0
+    precision, recall = set_precision_recall(predicted, gold_set)
+    return f_beta(precision, recall, beta)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD-style answer normalisation: lowercase, drop punctuation, drop articles (a/an/the), collapse spaces."""
+    lowered = text.lower()
+    # Punctuation goes before articles so "the," still loses its article.
+    no_punct = "".join(ch for ch in lowered if ch not in _PUNCTUATION)
+    no_articles = _ARTICLES.sub(" ", no_punct)
+    return " ".join(no_articles.split())
+
+
+def exact_match(answer: str | None, gold_answers: Iterable[str], *, case_sensitive: bool = True) -> float:
+    """1.0 if the stripped answer equals any stripped gold answer, else 0.0.
+
+    A missing or blank answer never matches, even a blank gold answer: blank text is no answer.
+    With `case_sensitive=False` both sides are case-folded first.
+    """
+    if answer is None or not answer.strip():
+        return 0.0
+    candidate = answer.strip()
+    if not case_sensitive:
+        candidate = candidate.casefold()
+    for gold in gold_answers:
+        reference = gold.strip()
+        if not case_sensitive:
+            reference = reference.casefold()
+        if reference and candidate == reference:
+            return 1.0
+    return 0.0
+
+
+def normalized_match(answer: str | None, gold_answers: Iterable[str]) -> float:
+    """1.0 if `normalize_answer(answer)` equals the normalised form of any gold answer, else 0.0.
+
+    An answer that normalises to the empty string (None, blank, only punctuation or articles) never matches.
+    """
+    if answer is None:
+        return 0.0
+    candidate = normalize_answer(answer)
+    if not candidate:
+        return 0.0
+    return 1.0 if any(candidate == normalize_answer(gold) for gold in gold_answers) else 0.0
+
+
+def final_answer_found(
+    output_doc_ids: Iterable[str],
+    answer_doc_ids: Iterable[str],
+    answer: str | None,
+    gold_answers: Iterable[str],
+) -> bool:
+    """Whether the final output contains the answer (methods.md section 3: "final-answer-found", binary).
+
+    The primary test is the one in X2: some output chunk id is one of the chunks that directly contain the
+    answer. Tasks without chunk-level answer labels (empty `answer_doc_ids`) fall back to comparing the answer
+    text with the gold answers after SQuAD normalisation.
+    """
+    answer_set = set(answer_doc_ids)
+    if answer_set:
+        return not answer_set.isdisjoint(output_doc_ids)
+    return normalized_match(answer, gold_answers) == 1.0
+
+
+def consecutive_runs(tool_sequence: Sequence[str], tool: str = PRUNE_TOOL) -> list[int]:
+    """Lengths (call counts) of the maximal runs of consecutive `tool` calls in `tool_sequence`, in order."""
+    runs: list[int] = []
+    current = 0
+    for name in tool_sequence:
+        if name == tool:
+            current += 1
+        elif current:
+            runs.append(current)
+            current = 0
+    if current:
+        runs.append(current)
+    return runs
+
+
+def prune_penalty(
+    tool_sequence: Sequence[str],
+    *,
+    per_call: float = 0.1,
+    free_calls: int = 3,
+    cap: float = 0.5,
+    tool: str = PRUNE_TOOL,
+) -> float:
+    """Penalty (reward units, >= 0) for long runs of consecutive prune calls (methods.md X4).
+
+    Within each maximal run of consecutive `tool` calls the first `free_calls` are free and each further call
+    costs `per_call`. Decision (methods.md section 7 leaves it open): the `cap` bounds the total over the whole
+    trajectory, not each run separately, so the term never exceeds `cap` however many runs there are.
+    Examples with the defaults: one run of 5 -> 0.2; two runs of 4 -> 0.2; one run of 10 -> 0.7, capped to 0.5.
+    """
+    if per_call < 0 or free_calls < 0 or cap < 0:
+        raise ValueError("per_call, free_calls and cap must all be >= 0")
+    excess = sum(max(0, run - free_calls) for run in consecutive_runs(tool_sequence, tool))
+    # methods.md X4: p_prune = per_call × (calls beyond free_calls in each consecutive run), capped per trajectory
+    return min(per_call * excess, cap)
+
+
+def turn_penalty(turns: int, *, start: int = 64, ramp: int = 64, max_penalty: float = 0.5) -> float:
+    """Penalty (reward units, in [0, max_penalty]) for long trajectories (methods.md X5).
+
+    `turns` is the number of assistant turns. The penalty is 0 up to `start` turns and grows linearly to
+    `max_penalty` at `start + ramp` turns, staying there beyond: with the defaults 0 at 64, 0.25 at 96 and 0.5
+    from 128 on.
+    """
+    if ramp <= 0:
+        raise ValueError(f"ramp must be > 0 turns, got {ramp}")
+    if max_penalty < 0:
+        raise ValueError(f"max_penalty must be >= 0, got {max_penalty}")
+    fraction = (turns - start) / ramp
+    # methods.md X5: p_turn = max_penalty · clip((turns − start) / ramp, 0, 1)
+    return max_penalty * min(max(fraction, 0.0), 1.0)

@@ -1,0 +1,205 @@
+"""Stored agent trajectories: the JSONL record format and a line-accurate parser for uploads.
+
+One trajectory is one JSON object on one line. The fields carry what the Context-1 rewards (methods.md
+section 3) need: the final answer and output doc ids, the gold references, every doc id seen anywhere in the
+full unpruned trajectory (pruning hides chunks from the model but not from the reward) and the turns, whose
+tool sequence feeds the prune and turn penalties.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+ASSISTANT_ROLE = "assistant"
+
+
+class Turn(BaseModel):
+    """One message of a trajectory.
+
+    A tool call is an assistant turn with `tool` set (and its arguments in `args`); the tool's result is a
+    separate turn (role "tool" by convention) and is not counted as a call, so logging the result with the
+    same `tool` name does not double-count it.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str = Field(min_length=1)
+    content: str = ""
+    tool: str | None = None
+    args: dict[str, Any] = Field(default_factory=dict)
+
+
+class Trajectory(BaseModel):
+    """One stored trajectory (one JSONL line). Unknown fields are ignored so producers may add their own."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str = Field(min_length=1, description="Unique within an upload")
+    task_id: str = ""
+    answer: str | None = Field(default=None, description="Final answer text")
+    gold_answers: list[str] = Field(default_factory=list)
+    output_doc_ids: list[str] = Field(default_factory=list, description="Doc/chunk ids in the final output")
+    gold_doc_ids: list[str] = Field(default_factory=list, description="Target docs")
+    seen_doc_ids: list[str] = Field(
+        default_factory=list, description="Every doc id encountered anywhere in the full, unpruned trajectory"
+    )
+    answer_doc_ids: list[str] = Field(default_factory=list, description="Chunks that directly contain the answer")
+    turns: list[Turn] = Field(default_factory=list)
+    error: str | None = Field(default=None, description="Set when the trajectory did not complete")
+
+    @field_validator("error")
+    @classmethod
+    def _blank_error_is_none(cls, value: str | None) -> str | None:
+        # Writers often emit "error": "" for success; only a non-blank message marks a failed trajectory,
+        # because that flag decides whether the reward floor applies (methods.md X2).
+        if value is None or not value.strip():
+            return None
+        return value
+
+    @property
+    def num_turns(self) -> int:
+        """Number of assistant turns (the `turns` of methods.md X5)."""
+        return sum(1 for turn in self.turns if turn.role == ASSISTANT_ROLE)
+
+    @property
+    def tool_calls(self) -> list[str]:
+        """Tool names of the assistant's tool calls, in call order."""
+        return [turn.tool for turn in self.turns if turn.role == ASSISTANT_ROLE and turn.tool]
+
+
+@dataclass(frozen=True)
+class LineError:
+    """A rejected JSONL line: `line` is 1-based, `message` names the offending field where there is one."""
+
+    line: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"line {self.line}: {self.message}"
+
+
+@dataclass
+class ParseResult:
+    """Outcome of parsing a JSONL upload.
+
+    `row_count` counts non-blank lines; `errors` holds at most `max_errors` entries while `error_count` counts
+    every bad line, so a report can say "showing 50 of 1,203 errors".
+    """
+
+    trajectories: list[Trajectory] = field(default_factory=list)
+    errors: list[LineError] = field(default_factory=list)
+    row_count: int = 0
+    error_count: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.error_count == 0
+
+
+def _loc_to_path(loc: tuple[int | str, ...]) -> str:
+    path = ""
+    for part in loc:
+        path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
+    return path
+
+
+def _describe_validation_error(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors(include_url=False):
+        path = _loc_to_path(tuple(err["loc"]))
+        parts.append(f"field '{path}': {err['msg']}" if path else str(err["msg"]))
+    return "; ".join(parts)
+
+
+def _json_type_name(value: object) -> str:
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    return "null"
+
+
+def parse_trajectories_jsonl(data: bytes, *, max_errors: int = 50) -> ParseResult:
+    """Parse JSONL bytes (one trajectory object per line, UTF-8) into validated trajectories.
+
+    Blank lines are skipped. A line that is not UTF-8, not valid JSON, not a JSON object, fails the
+    `Trajectory` schema or repeats an earlier `id` is reported with its 1-based line number and left out;
+    the remaining lines are still parsed. Only the first `max_errors` errors are kept (`error_count` has the
+    total). Lines may end in "\\n" or "\\r\\n"; a UTF-8 byte-order mark on the first line is ignored.
+    """
+    result = ParseResult()
+    first_seen: dict[str, int] = {}
+
+    def fail(line_no: int, message: str) -> None:
+        result.error_count += 1
+        if len(result.errors) < max_errors:
+            result.errors.append(LineError(line_no, message))
+
+    for index, raw in enumerate(data.split(b"\n")):
+        line_no = index + 1
+        if index == 0 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        if not raw.strip():
+            continue
+        result.row_count += 1
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            fail(line_no, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); save as UTF-8")
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            fail(line_no, f"invalid JSON: {exc.msg} (column {exc.colno})")
+            continue
+        if not isinstance(obj, dict):
+            fail(line_no, f"expected a JSON object, got {_json_type_name(obj)}")
+            continue
+        try:
+            trajectory = Trajectory.model_validate(obj)
+        except ValidationError as exc:
+            fail(line_no, _describe_validation_error(exc))
+            continue
+        if trajectory.id in first_seen:
+            fail(line_no, f"field 'id': duplicate id {trajectory.id!r} (first on line {first_seen[trajectory.id]})")
+            continue
+        first_seen[trajectory.id] = line_no
+        result.trajectories.append(trajectory)
+    return result
+
+
+def trajectory_jsonl_example() -> str:
+    """Two example JSONL lines: a completed Context-1 search and one that failed (`error` set)."""
+    completed = {
+        "id": "traj-0001",
+        "task_id": "web-0042",
+        "answer": "Ada Lovelace",
+        "gold_answers": ["Ada Lovelace", "Augusta Ada King"],
+        "output_doc_ids": ["doc-7#3", "doc-9#1"],
+        "gold_doc_ids": ["doc-7#3", "doc-12#0"],
+        "seen_doc_ids": ["doc-7#3", "doc-9#1", "doc-12#0", "doc-15#2"],
+        "answer_doc_ids": ["doc-7#3"],
+        "turns": [
+            {"role": "user", "content": "Who wrote the first published algorithm for the Analytical Engine?"},
+            {"role": "assistant", "tool": "search_corpus", "args": {"query": "first algorithm Analytical Engine"}},
+            {"role": "tool", "tool": "search_corpus", "content": "[doc-7#3] ... [doc-12#0] ..."},
+            {"role": "assistant", "tool": "prune_chunks", "args": {"chunk_ids": ["doc-15#2"]}},
+            {"role": "tool", "tool": "prune_chunks", "content": "pruned 1 chunk"},
+            {"role": "assistant", "content": "<Document id=doc-7#3><Justification>...</Justification></Document>"},
+        ],
+    }
+    failed = {
+        "id": "traj-0002",
+        "task_id": "web-0042",
+        "turns": [{"role": "assistant", "tool": "grep_corpus", "args": {"pattern": "Lovelace"}}],
+        "error": "environment timeout after 120 s",
+    }
+    return json.dumps(completed) + "\n" + json.dumps(failed) + "\n"
