@@ -124,7 +124,9 @@ def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
     """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once."""
     with transaction.atomic():
         run = (
-            Run.objects.select_for_update().select_related("dataset_version__dataset", "reward_version").get(pk=run_id)
+            Run.objects.select_for_update(of=("self",))
+            .select_related("dataset_version__dataset", "reward_version")
+            .get(pk=run_id)
         )
         if run.is_terminal:
             return run

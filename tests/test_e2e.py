@@ -1,0 +1,126 @@
+"""End to end on real services: PostgreSQL, Redis, a Celery worker (with beat), a local Ray head, daphne.
+
+A re-scoring job is created through the REST API, Celery submits it to Ray, the Ray job scores the trajectories
+and reports over HTTP, and the progress arrives over a real websocket connection to the ASGI app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+from django.conf import settings as django_settings
+
+from controlplane import devstack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    var = tmp_path_factory.mktemp("e2e-var")
+    db = django_settings.DATABASES["default"]
+    database_url = f"postgresql://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+    head = devstack.start_ray_head(var, gcs_port=devstack.free_port(), dashboard_port=devstack.free_port())
+    web_port = devstack.free_port()
+    env = {
+        **os.environ,
+        **devstack.ray_client_env(var),
+        "DATABASE_URL": database_url,
+        "RAY_ADDRESS": head.address,
+        "CRUCIBLE_PUBLIC_URL": f"http://127.0.0.1:{web_port}",
+        "CRUCIBLE_MEDIA_ROOT": str(django_settings.MEDIA_ROOT),
+        "CRUCIBLE_RECONCILE_SECONDS": "1",
+        "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+    }
+    procs = devstack.ProcessGroup(var / "log")
+    try:
+        procs.start("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(web_port),
+                            "controlplane.asgi:application"], env=env, cwd=ROOT)
+        procs.start("worker", [str(BIN / "celery"), "-A", "controlplane", "worker", "-B", "--concurrency=1",
+                               "--loglevel=INFO", "--schedule", str(var / "beat-schedule")], env=env, cwd=ROOT)
+        devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
+        yield {"web": f"http://127.0.0.1:{web_port}", "ws": f"ws://127.0.0.1:{web_port}", "var": var}
+    finally:
+        procs.stop_all()
+        head.stop()
+
+
+async def _watch(url: str, cookie: str, origin: str, timeout: float) -> list[str]:
+    frames: list[str] = []
+    async with websockets.connect(url, additional_headers={"Cookie": cookie, "Origin": origin}) as socket:
+        await socket.send(json.dumps({"type": "resume", "after": 0}))
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                frame = await asyncio.wait_for(socket.recv(), timeout=max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                break
+            frames.append(str(frame))
+            if 'class="badge succeeded"' in frame or 'class="badge failed"' in frame:
+                break
+    return frames
+
+
+def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, client, trajectories_jsonl):
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import Artifact, Run, TrajectorySummary
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    dataset = api.post("/datasets/", json={"name": "e2e-trajs", "kind": "trajectories"}).json()
+    version = api.post(f"/datasets/{dataset['id']}/versions/", files={"file": ("t.jsonl", trajectories_jsonl)})
+    assert version.status_code == 201, version.text
+    from workers.rewards.schema import context1_spec
+
+    config = api.post("/reward-configs/", json={"name": "e2e-ctx1", "spec": context1_spec().model_dump(mode="json")})
+    assert config.status_code == 201, config.text
+    reward_version = api.get(f"/reward-configs/{config.json()['id']}/versions/").json()["results"][0]
+    launched = api.post("/runs/", json={"kind": "rescore", "dataset_version": version.json()["id"],
+                                        "reward_version": reward_version["id"]})
+    assert launched.status_code == 201, launched.text
+    run_id = launched.json()["id"]
+
+    client.force_login(operator)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    frames = asyncio.run(_watch(f"{stack['ws']}/ws/runs/{run_id}/", cookie, stack["web"], timeout=150))
+
+    run = Run.objects.get(pk=run_id)
+    logs = (stack["var"] / "log").glob("*.log")
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail,
+                                       {p.name: p.read_text()[-3000:] for p in logs})
+    assert run.ray_job_id == f"crucible-run-{run_id}"
+    assert TrajectorySummary.objects.filter(run=run).count() == 40
+    assert Artifact.objects.filter(run=run, name="scores.jsonl").exists()
+    assert run.summary["trajectories"] == 40
+    # The websocket carried progress, the chart data and the final status.
+    assert any('id="run-progress"' in f for f in frames)
+    chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
+    assert any("reward_mean" in f["series"] for f in chart_frames)
+    assert any('class="badge succeeded"' in f for f in frames)
+
+
+def test_a_websocket_without_a_session_is_refused(stack):
+    async def attempt() -> int:
+        try:
+            async with websockets.connect(f"{stack['ws']}/ws/runs/1/", additional_headers={"Origin": stack["web"]}) as s:
+                await s.recv()
+        except websockets.ConnectionClosed as exc:
+            return exc.rcvd.code if exc.rcvd else -1
+        except websockets.InvalidStatus as exc:
+            return exc.response.status_code
+        return 0
+
+    assert asyncio.run(attempt()) in (4401, 403)
