@@ -11,11 +11,11 @@ ARG PYTHON_IMAGE=python:3.11-slim
 # ---------------------------------------------------------------------------------------------------------------
 FROM ${PYTHON_IMAGE} AS base
 
+# The code runs from /app (BASE_DIR: templates/, static/, manage.py), never from a copy in site-packages.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    # The code runs from /app (BASE_DIR: templates/, static/, manage.py), never from a copy in site-packages.
     PYTHONPATH=/app \
     DJANGO_SETTINGS_MODULE=controlplane.settings \
     CRUCIBLE_MEDIA_ROOT=/data/media \
@@ -40,11 +40,16 @@ ARG VLLM_VERSION=0.33.0
 ARG GPU_TORCH_VERSION=2.14.0
 ARG UV_VERSION=0.13.9
 
-RUN pip install "uv==${UV_VERSION}"
+# Triton (under torch.compile and vLLM's kernels) compiles small C launchers at run time: it needs a C compiler.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends gcc libc6-dev \
+    && rm -rf /var/lib/apt/lists/* \
+    && pip install "uv==${UV_VERSION}"
 
 COPY pyproject.toml README.md ./
 RUN printf 'torch==%s\ntransformers>=5.16.1,<5.21\nnumpy>=1.25,<2.4\n' "${GPU_TORCH_VERSION}" > /tmp/gpu-overrides.txt \
-    && uv pip install --system --no-cache --override /tmp/gpu-overrides.txt ".[gpu]" "vllm==${VLLM_VERSION}"
+    && uv pip install --system --no-cache --override /tmp/gpu-overrides.txt ".[gpu]" "vllm==${VLLM_VERSION}" \
+    && rm -rf build *.egg-info
 
 COPY --chown=crucible:crucible . .
 RUN uv pip install --system --no-cache --no-deps -e . \
@@ -63,7 +68,7 @@ RUN pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 # The dependency layer depends only on pyproject.toml (and README.md, which it names), so code edits rebuild fast.
 COPY pyproject.toml README.md ./
 # (Before the code is copied the package finds no modules: this installs the pinned dependencies only.)
-RUN pip install .
+RUN pip install . && rm -rf build *.egg-info
 
 COPY --chown=crucible:crucible . .
 # Re-install the project itself (no dependencies) as an editable install pointing at /app.

@@ -4,6 +4,7 @@ import json
 from typing import Any
 
 from channels.db import database_sync_to_async
+from django.contrib.auth import get_user_model
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from apps.accounts.models import Capability
@@ -12,6 +13,10 @@ from apps.runs.selectors import run_events_after, run_for_viewer
 from apps.runs.services import run_state
 
 REPLAY_LIMIT = 5000
+
+
+def _user_is_active(user_id: int) -> bool:
+    return get_user_model().objects.filter(pk=user_id, is_active=True).exists()
 
 
 class RunConsumer(AsyncWebsocketConsumer):
@@ -55,9 +60,7 @@ class RunConsumer(AsyncWebsocketConsumer):
 
     async def run_events(self, message: dict[str, Any]) -> None:
         user = self.scope["user"]
-        still_allowed = await database_sync_to_async(
-            lambda: type(user).objects.filter(pk=user.pk, is_active=True).exists()
-        )()
+        still_allowed = await database_sync_to_async(_user_is_active)(user.pk)
         if not still_allowed:
             await self.close(code=4403)
             return

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
 
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 WORKING_DIR_EXCLUDES = [".venv", ".git", "var", "node_modules", "staticfiles", "*.pyc", "__pycache__", "media"]
 
 
@@ -79,7 +81,7 @@ def logs_tail(submission_id: str, address: str | None = None, lines: int = 60) -
         text = str(_client(address).get_job_logs(submission_id))
     except Exception:
         return ""
-    return "\n".join(text.splitlines()[-lines:])
+    return "\n".join(ANSI_ESCAPE.sub("", line) for line in text.splitlines()[-lines:])
 
 
 def stop(submission_id: str, address: str | None = None) -> bool:

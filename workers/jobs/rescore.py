@@ -26,7 +26,7 @@ class RescoreSpec(JobSpec):
     input_uri: str
     output_uri: str
     reward: dict[str, Any]
-    shard_size: int = 64
+    shard_size: int = 0  # 0: about 24 shards, so progress and the charts move in visible steps
     histogram_bins: int = 20
 
 
@@ -64,13 +64,13 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
         rows = [t.model_dump(mode="json") for t in parsed.trajectories]
         total = len(rows)
         reporter.progress(0, total)
-        reporter.log(f"scoring {total} trajectories in shards of {spec.shard_size} on Ray")
+        shard_size = spec.shard_size or max(1, -(-total // 24))
+        reporter.log(f"scoring {total} trajectories in shards of {shard_size} on Ray")
 
         ray.init(ignore_reinit_error=True, log_to_driver=False)
         reward_ref = ray.put(reward)
         pending = [
-            _score_shard_remote.remote(reward_ref, rows[i : i + spec.shard_size])
-            for i in range(0, total, spec.shard_size)
+            _score_shard_remote.remote(reward_ref, rows[i : i + shard_size]) for i in range(0, total, shard_size)
         ]
         scored: list[dict[str, Any]] = []
         term_sums: dict[str, float] = {}
