@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         **os.environ,
         **devstack.ray_client_env(var),
         "DATABASE_URL": database_url,
+        # A Redis database of its own, so no other Celery worker on the machine takes this test's tasks.
+        "REDIS_URL": django_settings.REDIS_URL.rsplit("/", 1)[0] + "/13",
         "RAY_ADDRESS": head.address,
         "CRUCIBLE_PUBLIC_URL": f"http://127.0.0.1:{web_port}",
         "CRUCIBLE_MEDIA_ROOT": str(django_settings.MEDIA_ROOT),
@@ -46,10 +47,28 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
     }
     procs = devstack.ProcessGroup(var / "log")
     try:
-        procs.start("web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(web_port),
-                            "controlplane.asgi:application"], env=env, cwd=ROOT)
-        procs.start("worker", [str(BIN / "celery"), "-A", "controlplane", "worker", "-B", "--concurrency=1",
-                               "--loglevel=INFO", "--schedule", str(var / "beat-schedule")], env=env, cwd=ROOT)
+        procs.start(
+            "web",
+            [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(web_port), "controlplane.asgi:application"],
+            env=env,
+            cwd=ROOT,
+        )
+        procs.start(
+            "worker",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "-B",
+                "--concurrency=1",
+                "--loglevel=INFO",
+                "--schedule",
+                str(var / "beat-schedule"),
+            ],
+            env=env,
+            cwd=ROOT,
+        )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
         yield {"web": f"http://127.0.0.1:{web_port}", "ws": f"ws://127.0.0.1:{web_port}", "var": var}
     finally:
@@ -88,8 +107,10 @@ def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, cl
     config = api.post("/reward-configs/", json={"name": "e2e-ctx1", "spec": context1_spec().model_dump(mode="json")})
     assert config.status_code == 201, config.text
     reward_version = api.get(f"/reward-configs/{config.json()['id']}/versions/").json()["results"][0]
-    launched = api.post("/runs/", json={"kind": "rescore", "dataset_version": version.json()["id"],
-                                        "reward_version": reward_version["id"]})
+    launched = api.post(
+        "/runs/",
+        json={"kind": "rescore", "dataset_version": version.json()["id"], "reward_version": reward_version["id"]},
+    )
     assert launched.status_code == 201, launched.text
     run_id = launched.json()["id"]
 
@@ -99,8 +120,12 @@ def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, cl
 
     run = Run.objects.get(pk=run_id)
     logs = (stack["var"] / "log").glob("*.log")
-    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail,
-                                       {p.name: p.read_text()[-3000:] for p in logs})
+    assert run.status == "succeeded", (
+        run.status,
+        run.failure_reason,
+        run.log_tail,
+        {p.name: p.read_text()[-3000:] for p in logs},
+    )
     assert run.ray_job_id == f"crucible-run-{run_id}"
     assert TrajectorySummary.objects.filter(run=run).count() == 40
     assert Artifact.objects.filter(run=run, name="scores.jsonl").exists()
@@ -115,7 +140,9 @@ def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, cl
 def test_a_websocket_without_a_session_is_refused(stack):
     async def attempt() -> int:
         try:
-            async with websockets.connect(f"{stack['ws']}/ws/runs/1/", additional_headers={"Origin": stack["web"]}) as s:
+            async with websockets.connect(
+                f"{stack['ws']}/ws/runs/1/", additional_headers={"Origin": stack["web"]}
+            ) as s:
                 await s.recv()
         except websockets.ConnectionClosed as exc:
             return exc.rcvd.code if exc.rcvd else -1

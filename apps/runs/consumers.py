@@ -4,8 +4,8 @@ import json
 from typing import Any
 
 from channels.db import database_sync_to_async
-from django.contrib.auth import get_user_model
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.contrib.auth import get_user_model
 
 from apps.accounts.models import Capability
 from apps.runs.live import frames_for, group_name

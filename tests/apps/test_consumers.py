@@ -34,8 +34,11 @@ async def _connect(run_id: int, cookie: str | None):  # type: ignore[no-untyped-
 @pytest.fixture
 def run(users, trajectories_jsonl) -> Run:
     owner = users["operator"]
-    run = services.run_launch_rescore(created_by=owner, dataset_version=trajectories_version(
-        owner=owner, data=trajectories_jsonl), reward_version=context1_version(owner=owner))
+    run = services.run_launch_rescore(
+        created_by=owner,
+        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
+        reward_version=context1_version(owner=owner),
+    )
     return run
 
 
@@ -56,8 +59,14 @@ def test_a_viewer_gets_missed_events_on_resume_then_live_ones(run, users, client
     from workers.events import EventBatch
 
     cookie = _login_cookie(client, users["viewer"])
-    first = EventBatch.model_validate({"events": [{"seq": 1, "kind": "log", "lines": ["before connect"]},
-                                                  {"seq": 2, "kind": "progress", "done": 1, "total": 4}]})
+    first = EventBatch.model_validate(
+        {
+            "events": [
+                {"seq": 1, "kind": "log", "lines": ["before connect"]},
+                {"seq": 2, "kind": "progress", "done": 1, "total": 4},
+            ]
+        }
+    )
     services.ingest_batch(run_id=run.pk, events=first.events)
 
     async def go():  # type: ignore[no-untyped-def]
@@ -65,9 +74,14 @@ def test_a_viewer_gets_missed_events_on_resume_then_live_ones(run, users, client
         assert connected
         await communicator.send_to(text_data=json.dumps({"type": "resume", "after": 0}))
         replay = await communicator.receive_from(timeout=5)
-        live = EventBatch.model_validate({"events": [
-            {"seq": 3, "kind": "metric", "step": 2, "values": {"reward_mean": 0.75}},
-            {"seq": 4, "kind": "log", "lines": ["after connect"]}]})
+        live = EventBatch.model_validate(
+            {
+                "events": [
+                    {"seq": 3, "kind": "metric", "step": 2, "values": {"reward_mean": 0.75}},
+                    {"seq": 4, "kind": "log", "lines": ["after connect"]},
+                ]
+            }
+        )
         await sync_to_async(services.ingest_batch)(run_id=run.pk, events=live.events)
         frames = [await communicator.receive_from(timeout=5), await communicator.receive_from(timeout=5)]
         await communicator.disconnect()

@@ -15,20 +15,25 @@ pytestmark = pytest.mark.django_db
 @pytest.fixture
 def run(users, trajectories_jsonl) -> Run:
     owner = users["operator"]
-    return services.run_launch_rescore(created_by=owner, dataset_version=trajectories_version(owner=owner,
-                                       data=trajectories_jsonl), reward_version=context1_version(owner=owner))
+    return services.run_launch_rescore(
+        created_by=owner,
+        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
+        reward_version=context1_version(owner=owner),
+    )
 
 
-def test_launch_dispatches_only_after_the_row_commits(users, trajectories_jsonl, django_capture_on_commit_callbacks,
-                                                      monkeypatch):
+def test_launch_dispatches_only_after_the_row_commits(
+    users, trajectories_jsonl, django_capture_on_commit_callbacks, monkeypatch
+):
     queued: list[int] = []
     monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", queued.append)
     owner = users["operator"]
     dataset_version = trajectories_version(owner=owner, data=trajectories_jsonl)
     reward_version = context1_version(owner=owner)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        run = services.run_launch_rescore(created_by=owner, dataset_version=dataset_version,
-                                          reward_version=reward_version)
+        run = services.run_launch_rescore(
+            created_by=owner, dataset_version=dataset_version, reward_version=reward_version
+        )
         assert queued == []
     assert len(callbacks) >= 1
     assert queued == [run.pk]
@@ -45,8 +50,12 @@ def test_a_ray_cluster_that_does_not_answer_fails_the_run_with_that_reason(run, 
 
 def test_a_cluster_silent_past_the_limit_fails_a_running_row(run, settings):
     settings.RAY_ADDRESS = "http://127.0.0.1:1"
-    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, ray_job_id=run.submission_id,
-                                         ray_address="http://127.0.0.1:1", ray_checked_at=timezone.now())
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING,
+        ray_job_id=run.submission_id,
+        ray_address="http://127.0.0.1:1",
+        ray_checked_at=timezone.now(),
+    )
     assert services.run_reconcile(run_id=run.pk).status == RunStatus.RUNNING
     later = timezone.now() + services.RAY_SILENCE_LIMIT + timedelta(seconds=1)
     run = services.run_reconcile(run_id=run.pk, now=later)

