@@ -259,8 +259,8 @@ def start_embedded_postgres(data_dir: Path) -> tuple[str, Any]:
 
     data_dir.mkdir(parents=True, exist_ok=True)
     server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
-    uri = server.get_uri()
-    return uri.rsplit("/", 1)[0] + "/crucible", server
+    # e.g. postgresql://postgres:@/postgres?host=<data_dir>: a unix socket in the data dir
+    return urlparse(server.get_uri())._replace(path="/crucible").geturl(), server
 
 
 def redis_answers(url: str) -> bool:

@@ -109,6 +109,9 @@
   live.addEventListener("htmx:wsAfterMessage", () => {
     const log = document.getElementById("run-log");
     if (log) log.scrollTop = log.scrollHeight;
+    const status = document.getElementById("run-status");
+    const cancel = document.getElementById("run-cancel");
+    if (cancel && status && /succeeded|failed|stopped/.test(status.textContent)) cancel.hidden = true;
     const failure = document.getElementById("run-failure");
     if (failure && failure.textContent.trim()) failure.hidden = false;
   });
