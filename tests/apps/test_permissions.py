@@ -139,3 +139,42 @@ def test_pages_require_login_and_launch_pages_require_the_launch_role(client, us
     assert client.get("/datasets/").status_code == 200
     expected = 200 if role in (Role.OPERATOR, Role.ADMIN) else 403
     assert client.get("/runs/new/rescore/").status_code == expected
+
+
+DETAIL_READS = [
+    "/api/v1/runs/{run}/",
+    "/api/v1/runs/{run}/metrics/",
+    "/api/v1/runs/{run}/metrics/?name=x",
+    "/api/v1/runs/{run}/events/",
+    "/api/v1/runs/{run}/trajectories/",
+    "/api/v1/datasets/{dataset}/versions/",
+    "/api/v1/reward-configs/{reward}/versions/",
+    "/api/v1/reward-versions/{reward_version}/diff/{reward_version}/",
+    "/api/v1/flags/{flag}/",
+]
+
+
+@pytest.mark.parametrize("role", [None, *Role.values])
+@pytest.mark.parametrize("path", DETAIL_READS)
+def test_detail_reads_need_a_login_and_any_role(client_for, world, role, path):
+    ids = {
+        "run": world["flag"].run_id,
+        "dataset": world["dataset_version"].dataset_id,
+        "reward": world["reward_version"].config_id,
+        "reward_version": world["reward_version"].pk,
+        "flag": world["flag"].pk,
+    }
+    client = APIClient() if role is None else client_for(role)
+    expected = (401, 403) if role is None else (200,)
+    assert client.get(path.format(**ids)).status_code in expected
+
+
+@pytest.mark.parametrize("role", Role.values)
+def test_only_launchers_cancel_a_run(client_for, world, role):
+    from apps.runs.models import Run
+
+    run = Run.objects.create(kind="rescore", spec={}, created_by=world["flag"].run.created_by, ingest_nonce="n")
+    response = client_for(role).post(f"/api/v1/runs/{run.pk}/cancel/")
+    assert response.status_code == (202 if role in (Role.OPERATOR, Role.ADMIN) else 403)
+    run.refresh_from_db()
+    assert run.status == ("stopped" if role in (Role.OPERATOR, Role.ADMIN) else "pending")
