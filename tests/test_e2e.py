@@ -151,3 +151,33 @@ def test_a_websocket_without_a_session_is_refused(stack):
         return 0
 
     assert asyncio.run(attempt()) in (4401, 403)
+
+
+def test_a_job_that_crashes_on_ray_fails_its_run_with_the_reason_and_log_tail(stack, users, trajectories_jsonl):
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import Run
+    from tests.factories import context1_version, trajectories_version
+
+    owner = users["operator"]
+    version = trajectories_version(owner=owner, data=trajectories_jsonl, name="doomed")
+    version.file.delete(save=False)  # the job will find no input file
+    reward_version = context1_version(owner=owner, name="doomed-reward")
+    _, token = api_token_create(user=owner, name="e2e-doomed", scopes=["read", "launch"])
+    launched = httpx.post(
+        f"{stack['web']}/api/v1/runs/",
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30,
+        json={"kind": "rescore", "dataset_version": version.pk, "reward_version": reward_version.pk},
+    )
+    assert launched.status_code == 201, launched.text
+    run = Run.objects.get(pk=launched.json()["id"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_terminal:
+            break
+        time.sleep(1)
+    assert run.status == "failed", (run.status, run.failure_reason)
+    assert run.failure_reason
+    assert "FileNotFoundError" in run.log_tail or "No such file" in run.log_tail
+    assert Run.objects.filter(status="running").count() == 0
