@@ -9,7 +9,8 @@ from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.gates.api import DeploymentViewSet, GateDecisionViewSet, GateViewSet
 from apps.review.api import FlagViewSet
 from apps.rewards.api import RewardConfigViewSet, RewardVersionViewSet
-from apps.runs.api import IngestView, RunViewSet
+from apps.runs.api import RunViewSet
+from apps.runs.ingest import ingest_view
 
 router = DefaultRouter()
 router.register("users", UserViewSet, basename="user")
@@ -28,7 +29,7 @@ router.register("flags", FlagViewSet, basename="flag")
 
 api_v1 = [
     path("me/", me, name="me"),
-    path("runs/<int:run_id>/ingest/", IngestView.as_view(), name="run-ingest"),
+    path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest"),
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),

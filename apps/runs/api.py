@@ -1,27 +1,16 @@
 from __future__ import annotations
 
-from typing import Any
-
-from django.conf import settings
-from django.shortcuts import get_object_or_404
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema
-from pydantic import ValidationError as PydanticError
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import AuthenticationFailed, ValidationError
-from rest_framework.parsers import JSONParser
+from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.views import APIView
 
-from apps.accounts.authentication import bearer_secret
 from apps.accounts.models import Capability
 from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import selectors, services
 from apps.runs.models import Run, TrajectorySummary
-from workers.events import EventBatch
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -128,51 +117,3 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         run = self.get_object()
         page = self.paginate_queryset(run.trajectories.order_by("id"))
         return self.get_paginated_response(TrajectorySerializer(page, many=True).data)
-
-
-class IngestView(APIView):
-    """Workers report here with their run's ingest token (`Authorization: Bearer cri_...`), nothing else works."""
-
-    authentication_classes: list[Any] = []
-    permission_classes: list[Any] = []
-    parser_classes = [JSONParser]
-
-    def get_authenticate_header(self, request: Request) -> str:
-        return 'Bearer realm="ingest"'
-
-    @extend_schema(
-        request=OpenApiTypes.OBJECT,
-        responses={200: OpenApiTypes.OBJECT},
-        description='Body: {"events": [...]} in the format of workers/events.py',
-    )
-    def post(self, request: Request, run_id: int) -> Response:
-        run = get_object_or_404(Run, pk=run_id)
-        token = bearer_secret(request)
-        if token is None:
-            raise AuthenticationFailed("send the run's ingest token as `Authorization: Bearer cri_...`")
-        if not services.ingest_token_valid(run, token):
-            return Response({"detail": f"this token is not run {run.pk}'s ingest token"}, status=403)
-        length = int(request.META.get("CONTENT_LENGTH") or 0)
-        if length > settings.INGEST_MAX_BYTES:
-            return Response(
-                {"detail": f"batch of {length} bytes is over {settings.INGEST_MAX_BYTES}; send smaller batches"},
-                status=413,
-            )
-        raw = request.data
-        if isinstance(raw, dict) and isinstance(raw.get("events"), list):
-            if len(raw["events"]) > settings.INGEST_MAX_EVENTS:
-                return Response(
-                    {
-                        "detail": f"{len(raw['events'])} events is over the {settings.INGEST_MAX_EVENTS}-event "
-                        "limit per batch; split the batch"
-                    },
-                    status=413,
-                )
-        try:
-            batch = EventBatch.model_validate(raw)
-        except PydanticError as exc:
-            raise ValidationError(
-                {".".join(str(p) for p in err["loc"]) or "events": [err["msg"]] for err in exc.errors()[:20]}
-            )
-        result = services.ingest_batch(run_id=run.pk, events=batch.events)
-        return Response({"accepted": result.accepted, "duplicates": result.duplicates, "last_seq": result.last_seq})

@@ -30,6 +30,16 @@ def publish_events(run_id: int, events: list[dict[str, Any]], state: dict[str, A
         log.exception("could not publish %d events of run %s", len(events), run_id)
 
 
+async def publish_events_async(run_id: int, events: list[dict[str, Any]], state: dict[str, Any]) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(group_name(run_id), {"type": "run.events", "events": events, "state": state})
+    except Exception:
+        log.exception("could not publish %d events of run %s", len(events), run_id)
+
+
 def frames_for(events: list[dict[str, Any]], state: dict[str, Any]) -> list[str]:
     """Turn a batch of events into websocket frames: one HTML frame of out-of-band swaps for htmx
     (status, progress, log lines) and one JSON frame for the charts (metric points, histogram)."""

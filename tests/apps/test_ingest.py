@@ -7,7 +7,7 @@ from apps.runs import services
 from apps.runs.models import MetricPoint, Run, RunEvent, TrajectorySummary
 from tests.factories import context1_version, trajectories_version
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture

@@ -1,0 +1,85 @@
+"""The ingest endpoint workers report to: POST /api/v1/runs/<id>/ingest/ with the run's ingest token.
+
+An async view, so the publish to the run's Channels group reuses the server's event loop and Redis connection,
+and the database work runs in a worker thread per request (several workers ingest in parallel instead of
+queueing behind Django's single thread for sync views). Only `Authorization: Bearer cri_...` for this run opens it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from pydantic import ValidationError as PydanticError
+
+from apps.runs import services
+from apps.runs.live import publish_events_async
+from apps.runs.models import Run
+from workers.events import EventBatch
+
+
+def _error(status: int, detail: str, fields: dict[str, list[str]] | None = None) -> JsonResponse:
+    body: dict[str, Any] = {"detail": detail}
+    if fields:
+        body["fields"] = fields
+    response = JsonResponse(body, status=status)
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="ingest"'
+    return response
+
+
+def _run_if_token_matches(run_id: int, token: str) -> tuple[bool, bool]:
+    run = Run.objects.filter(pk=run_id).only("pk", "ingest_nonce").first()
+    if run is None:
+        return False, False
+    return True, services.ingest_token_valid(run, token)
+
+
+@csrf_exempt  # bearer-token only: no cookie is ever read here
+async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
+    if request.method != "POST":
+        return _error(405, 'POST a JSON body {"events": [...]}')
+    header = request.headers.get("Authorization", "").split()
+    if len(header) != 2 or header[0].lower() != "bearer":
+        return _error(401, "send the run's ingest token as `Authorization: Bearer cri_...`")
+    exists, allowed = await sync_to_async(_run_if_token_matches, thread_sensitive=False)(run_id, header[1])
+    if not exists:
+        return _error(404, f"run {run_id} does not exist")
+    if not allowed:
+        return _error(403, f"this token is not run {run_id}'s ingest token")
+    length = int(request.headers.get("Content-Length") or 0)
+    if length > settings.INGEST_MAX_BYTES:
+        return _error(
+            413,
+            f"batch of {length} bytes is over {settings.INGEST_MAX_BYTES} "
+            "(CRUCIBLE_INGEST_MAX_BYTES); send smaller batches",
+        )
+    try:
+        raw = json.loads(request.body)
+    except ValueError as exc:
+        return _error(400, f"body: not valid JSON ({exc})", {"body": [str(exc)]})
+    if (
+        isinstance(raw, dict)
+        and isinstance(raw.get("events"), list)
+        and len(raw["events"]) > settings.INGEST_MAX_EVENTS
+    ):
+        return _error(
+            413,
+            f"{len(raw['events'])} events is over the {settings.INGEST_MAX_EVENTS}-event limit per batch "
+            "(CRUCIBLE_INGEST_MAX_EVENTS); split the batch",
+        )
+    try:
+        batch = EventBatch.model_validate(raw)
+    except PydanticError as exc:
+        fields = {".".join(str(p) for p in err["loc"]) or "events": [err["msg"]] for err in exc.errors()[:20]}
+        return _error(400, "; ".join(f"{k}: {v[0]}" for k, v in fields.items()), fields)
+    result = await sync_to_async(services.ingest_batch, thread_sensitive=False)(
+        run_id=run_id, events=batch.events, publish=False
+    )
+    if result.accepted:
+        await publish_events_async(run_id, result.payloads, result.state)
+    return JsonResponse({"accepted": result.accepted, "duplicates": result.duplicates, "last_seq": result.last_seq})

@@ -1,0 +1,63 @@
+"""The MLflow side of bench/ingest_vs_mlflow.py; runs inside MLflow's own virtualenv.
+
+    python _mlflow_client.py <tracking uri> <batched|single|read> '<json kwargs>'
+
+Prints one JSON line with the figure.
+"""
+
+import json
+import sys
+import threading
+import time
+
+from mlflow.entities import Metric
+from mlflow.tracking import MlflowClient
+
+
+def new_run(client):
+    experiment = client.get_experiment_by_name("bench") or client.get_experiment(client.create_experiment("bench"))
+    return client.create_run(experiment.experiment_id).info.run_id
+
+
+def batched(client, clients, batches, size=1000):
+    run_ids = [new_run(client) for _ in range(clients)]
+
+    def work(run_id):
+        now = int(time.time() * 1000)
+        for b in range(batches):
+            metrics = [Metric("loss", 0.5 + (i % 97) / 1000, now, b * size + i) for i in range(size)]
+            client.log_batch(run_id, metrics=metrics)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in run_ids]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"points_per_s": clients * batches * size / (time.perf_counter() - started)}
+
+
+def single(client, count):
+    run_id = new_run(client)
+    started = time.perf_counter()
+    for i in range(count):
+        client.log_metric(run_id, "single", 0.5, step=i)
+    return {"points_per_s": count / (time.perf_counter() - started)}
+
+
+def read(client, points):
+    run_id = new_run(client)
+    now = int(time.time() * 1000)
+    for b in range(0, points, 1000):
+        client.log_batch(run_id, metrics=[Metric("loss", 0.5, now, b + i) for i in range(1000)])
+    started = time.perf_counter()
+    history = client.get_metric_history(run_id, "loss")
+    elapsed = time.perf_counter() - started
+    assert len(history) == points, len(history)
+    return {"ms": elapsed * 1000}
+
+
+if __name__ == "__main__":
+    uri, mode, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    tracking = MlflowClient(tracking_uri=uri)
+    print(json.dumps({"batched": batched, "single": single, "read": read}[mode](tracking, **kwargs)))
