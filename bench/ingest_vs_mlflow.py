@@ -38,12 +38,12 @@ os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 MLFLOW_VENV = Path("/tmp/mlflow-bench-venv")
 
+import logging  # noqa: E402
+
 import httpx  # noqa: E402
 import psycopg  # noqa: E402
 
 from controlplane import devstack  # noqa: E402
-
-import logging  # noqa: E402
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
 

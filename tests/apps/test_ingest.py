@@ -105,3 +105,20 @@ def test_a_malformed_event_is_400_naming_the_field_and_nothing_is_written(run):
     )
     assert nan.status_code == 400
     assert RunEvent.objects.count() == 0
+
+
+def test_a_long_series_reads_back_downsampled_with_its_spikes(run):
+    from apps.runs.selectors import metric_names, metric_series
+
+    events = [
+        {"seq": s, "kind": "metric", "step": s, "values": {"loss": 100.0 if s == 4321 else 1.0}} for s in range(1, 5001)
+    ]
+    assert _post(run, events).json()["accepted"] == 5000
+    series = metric_series(run_id=run.pk, name="loss", max_points=100)
+    assert series["count"] == 5000
+    assert 90 <= len(series["steps"]) <= 100
+    assert max(series["max"]) == 100.0 and min(series["min"]) == 1.0
+    assert series["steps"] == sorted(series["steps"])
+    assert metric_names(run_id=run.pk) == ["loss"]
+    short = metric_series(run_id=run.pk, name="missing")
+    assert short["count"] == 0 and short["steps"] == []
