@@ -104,3 +104,4 @@ class EventBatch(BaseModel):
 
 
 EVENT_BATCH = TypeAdapter(EventBatch)
+EVENTS_LIST: TypeAdapter[list[Event]] = TypeAdapter(list[Event])

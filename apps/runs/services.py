@@ -31,6 +31,7 @@ from apps.runs.models import (
     TrajectorySummary,
 )
 from apps.runs.storage import storage_uri, worker_storage_options
+from workers.events import EVENTS_LIST
 
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
@@ -290,9 +291,11 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         log_lines: list[str] = []
         progress: Any = None
         summary: dict[str, Any] | None = None
+        dumped = iter(EVENTS_LIST.dump_python(fresh, mode="json"))
         for event in fresh:
-            data = event.model_dump(mode="json", exclude={"seq"})
-            payloads.append({"seq": event.seq, **data})
+            payload = next(dumped)
+            payloads.append(payload)
+            data = {k: v for k, v in payload.items() if k != "seq"}
             ledger.append((run.pk, event.seq, event.kind, json.dumps(data), now))
             kind = event.kind
             if kind == "metric":
