@@ -44,3 +44,17 @@ def trajectories_jsonl() -> bytes:
 @pytest.fixture(autouse=True)
 def _fast_password_hashing(settings):  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture
+def run(users, trajectories_jsonl):  # type: ignore[no-untyped-def]
+    """A re-scoring run launched through the service (its dispatch waits for a commit that never comes)."""
+    from apps.runs.services import run_launch_rescore
+    from tests.factories import context1_version, trajectories_version
+
+    owner = users["operator"]
+    return run_launch_rescore(
+        created_by=owner,
+        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
+        reward_version=context1_version(owner=owner),
+    )

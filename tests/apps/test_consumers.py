@@ -10,9 +10,7 @@ from channels.testing import WebsocketCommunicator
 from django.db import close_old_connections
 
 from apps.runs import services
-from apps.runs.models import Run
 from controlplane.asgi import application
-from tests.factories import context1_version, trajectories_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -29,17 +27,6 @@ async def _connect(run_id: int, cookie: str | None):  # type: ignore[no-untyped-
     communicator = WebsocketCommunicator(application, f"/ws/runs/{run_id}/", headers=headers)
     connected, code = await communicator.connect(timeout=5)
     return communicator, connected, code
-
-
-@pytest.fixture
-def run(users, trajectories_jsonl) -> Run:
-    owner = users["operator"]
-    run = services.run_launch_rescore(
-        created_by=owner,
-        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
-        reward_version=context1_version(owner=owner),
-    )
-    return run
 
 
 def test_an_anonymous_socket_is_closed(run):

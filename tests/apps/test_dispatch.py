@@ -12,16 +12,6 @@ from tests.factories import context1_version, trajectories_version
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def run(users, trajectories_jsonl) -> Run:
-    owner = users["operator"]
-    return services.run_launch_rescore(
-        created_by=owner,
-        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
-        reward_version=context1_version(owner=owner),
-    )
-
-
 def test_launch_dispatches_only_after_the_row_commits(
     users, trajectories_jsonl, django_capture_on_commit_callbacks, monkeypatch
 ):

@@ -5,19 +5,8 @@ from rest_framework.test import APIClient
 
 from apps.runs import services
 from apps.runs.models import MetricPoint, Run, RunEvent, TrajectorySummary
-from tests.factories import context1_version, trajectories_version
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def run(users, trajectories_jsonl) -> Run:
-    owner = users["operator"]
-    return services.run_launch_rescore(
-        created_by=owner,
-        dataset_version=trajectories_version(owner=owner, data=trajectories_jsonl),
-        reward_version=context1_version(owner=owner),
-    )
 
 
 def _client(token: str) -> APIClient:
