@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
@@ -11,6 +12,8 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from workers.trajectories import parse_trajectories_jsonl
+
+SLUG = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 
 
 def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, object]]:
@@ -46,6 +49,8 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
 
 @transaction.atomic
 def dataset_create(*, name: str, kind: str, owner: User, description: str = "") -> Dataset:
+    if not SLUG.fullmatch(name or ""):
+        raise ValidationError({"name": ["use 1-100 letters, digits, '-' or '_' (e.g. search-trajectories)"]})
     if kind not in DatasetKind.values:
         raise ValidationError({"kind": [f"unknown kind {kind!r}; choose one of {DatasetKind.values}"]})
     if Dataset.objects.filter(name=name).exists():

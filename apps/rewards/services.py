@@ -7,6 +7,7 @@ from django.db.models import Max
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.datasets.services import SLUG
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from workers.rewards.schema import RewardSpec, RewardSpecError, spec_hash, validate_reward_spec
 
@@ -21,6 +22,8 @@ def reward_spec_validate(spec: Any) -> RewardSpec:
 
 @transaction.atomic
 def reward_config_create(*, name: str, spec: Any, owner: User, description: str = "", notes: str = "") -> RewardConfig:
+    if not SLUG.fullmatch(name or ""):
+        raise ValidationError({"name": ["use 1-100 letters, digits, '-' or '_' (e.g. context1-beta2)"]})
     validated = reward_spec_validate(spec)
     if RewardConfig.objects.filter(name=name).exists():
         raise ValidationError({"name": [f"a reward config named {name!r} exists; add a version to it instead"]})

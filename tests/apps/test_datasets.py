@@ -85,3 +85,12 @@ def test_a_viewer_cannot_create_a_dataset(client_for):
     response = _create(client_for("viewer"))
     assert response.status_code == 403
     assert json.loads(response.content)["detail"]
+
+
+def test_a_blank_or_spaced_name_is_refused_from_the_page_too(users, client):
+    client.force_login(users["operator"])
+    for name in ("", "has spaces", "x" * 101):
+        response = client.post("/datasets/", {"name": name, "kind": "tasks"})
+        assert response.status_code == 200
+        assert b"name: use 1-100 letters" in response.content
+    assert Dataset.objects.count() == 0
