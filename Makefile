@@ -28,7 +28,7 @@ test: $(STAMP) lint
 	$(PY) -m pytest -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m "slow"
+	$(PY) -m pytest -m "slow" || [ $$? -eq 5 ]  # exit 5: no slow tests yet
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
