@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 
 class _Event(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     seq: int = Field(ge=1, description="Per-run sequence number, assigned once by the worker")
     time: float | None = Field(default=None, description="Unix seconds when the worker produced it")
 

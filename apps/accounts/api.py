@@ -73,7 +73,9 @@ class ApiTokenViewSet(
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
-        token, secret = api_token_create(user=request.user, **serializer.validated_data)
+        token, secret = api_token_create(
+            user=request.user, granted=request_capabilities(request), **serializer.validated_data
+        )
         return Response({**ApiTokenSerializer(token).data, "token": secret}, status=201)
 
     def perform_destroy(self, instance: ApiToken) -> None:

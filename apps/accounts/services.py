@@ -10,7 +10,12 @@ from apps.accounts.models import ApiToken, Capability, User, hash_secret, new_se
 
 @transaction.atomic
 def api_token_create(
-    *, user: User, name: str, scopes: list[str], expires_at: datetime | None = None
+    *,
+    user: User,
+    name: str,
+    scopes: list[str],
+    expires_at: datetime | None = None,
+    granted: frozenset[str] | None = None,
 ) -> tuple[ApiToken, str]:
     """Create a token; returns the row and the secret, which is never stored and never shown again."""
     valid = set(Capability.values)
@@ -19,9 +24,11 @@ def api_token_create(
         raise ValidationError({"scopes": [f"unknown scope(s) {unknown}; choose from {sorted(valid)}"]})
     if not scopes:
         raise ValidationError({"scopes": ['give at least one scope, e.g. ["read"]']})
-    beyond = sorted(set(scopes) - set(user.capabilities))
+    # A token can only mint tokens within its own scopes; a session within the role.
+    allowed = user.capabilities if granted is None else granted
+    beyond = sorted(set(scopes) - set(allowed))
     if beyond:
-        raise ValidationError({"scopes": [f"your role ({user.role}) does not grant {beyond}"]})
+        raise ValidationError({"scopes": [f"your role or token ({sorted(allowed)}) does not grant {beyond}"]})
     if ApiToken.objects.filter(user=user, name=name).exists():
         raise ValidationError({"name": [f"you already have a token named {name!r}; pick another name"]})
     secret = new_secret("crk")

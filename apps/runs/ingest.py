@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DataError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from pydantic import ValidationError as PydanticError
@@ -45,7 +46,7 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
     header = request.headers.get("Authorization", "").split()
     if len(header) != 2 or header[0].lower() != "bearer":
         return _error(401, "send the run's ingest token as `Authorization: Bearer cri_...`")
-    exists, allowed = await sync_to_async(_run_if_token_matches, thread_sensitive=False)(run_id, header[1])
+    exists, allowed = await database_sync_to_async(_run_if_token_matches, thread_sensitive=False)(run_id, header[1])
     if not exists:
         return _error(404, f"run {run_id} does not exist")
     if not allowed:
@@ -69,9 +70,15 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
             f"{len(batch.events)} events is over the {settings.INGEST_MAX_EVENTS}-event limit per batch "
             "(CRUCIBLE_INGEST_MAX_EVENTS); split the batch",
         )
-    result = await sync_to_async(services.ingest_batch, thread_sensitive=False)(
-        run_id=run_id, events=batch.events, publish=False
-    )
+    try:
+        result = await database_sync_to_async(services.ingest_batch, thread_sensitive=False)(
+            run_id=run_id, events=batch.events, publish=False
+        )
+    except (
+        ValueError,
+        DataError,
+    ) as exc:  # a NaN or infinity inside a free-form field (summary, meta): nothing was stored
+        return _error(400, f"events: send only finite numbers ({exc})", {"events": [str(exc)]})
     if result.accepted:
         await publish_events_async(run_id, result.payloads, result.state)
     return JsonResponse({"accepted": result.accepted, "duplicates": result.duplicates, "last_seq": result.last_seq})

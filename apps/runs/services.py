@@ -296,7 +296,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             payload = next(dumped)
             payloads.append(payload)
             data = {k: v for k, v in payload.items() if k != "seq"}
-            ledger.append((run.pk, event.seq, event.kind, json.dumps(data), now))
+            ledger.append((run.pk, event.seq, event.kind, json.dumps(data, allow_nan=False), now))
             kind = event.kind
             if kind == "metric":
                 at = _ts(event, now)

@@ -111,3 +111,12 @@ def test_a_long_series_reads_back_downsampled_with_its_spikes(run):
     assert metric_names(run_id=run.pk) == ["loss"]
     short = metric_series(run_id=run.pk, name="missing")
     assert short["count"] == 0 and short["steps"] == []
+
+
+def test_a_non_finite_number_in_a_free_form_field_is_400_and_stores_nothing(run):
+    body = '{"events": [{"seq": 1, "kind": "summary", "data": {"x": Infinity}}]}'
+    response = _client(services.ingest_token_for(run)).post(
+        f"/api/v1/runs/{run.pk}/ingest/", body, content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert RunEvent.objects.count() == 0

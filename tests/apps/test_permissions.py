@@ -178,3 +178,14 @@ def test_only_launchers_cancel_a_run(client_for, world, role):
     assert response.status_code == (202 if role in (Role.OPERATOR, Role.ADMIN) else 403)
     run.refresh_from_db()
     assert run.status == ("stopped" if role in (Role.OPERATOR, Role.ADMIN) else "pending")
+
+
+def test_a_read_token_cannot_mint_a_launch_token(users):
+    from apps.accounts.services import api_token_create
+
+    _, secret = api_token_create(user=users["operator"], name="ci-read", scopes=["read"])
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+    response = client.post("/api/v1/tokens/", {"name": "escalate", "scopes": ["launch"]}, format="json")
+    assert response.status_code == 400
+    assert "scopes" in response.json()["fields"]
