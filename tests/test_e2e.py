@@ -126,7 +126,7 @@ def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, cl
         run.log_tail,
         {p.name: p.read_text()[-3000:] for p in logs},
     )
-    assert run.ray_job_id == f"crucible-run-{run_id}"
+    assert run.ray_job_id == run.submission_id and run.ray_job_id.startswith(f"crucible-run-{run_id}-")
     assert TrajectorySummary.objects.filter(run=run).count() == 40
     assert Artifact.objects.filter(run=run, name="scores.jsonl").exists()
     assert run.summary["trajectories"] == 40

@@ -105,3 +105,4 @@ class EventBatch(BaseModel):
 
 EVENT_BATCH = TypeAdapter(EventBatch)
 EVENTS_LIST: TypeAdapter[list[Event]] = TypeAdapter(list[Event])
+EVENT: TypeAdapter[Event] = TypeAdapter(Event)

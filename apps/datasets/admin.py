@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.http import HttpRequest
 
 from apps.datasets.models import Dataset, DatasetVersion
 
@@ -22,4 +23,18 @@ class DatasetAdmin(admin.ModelAdmin):
 class DatasetVersionAdmin(admin.ModelAdmin):
     list_display = ("__str__", "row_count", "size_bytes", "content_hash", "created_by", "created_at")
     list_filter = ("dataset__kind",)
-    readonly_fields = ("content_hash", "row_count", "size_bytes", "validation_report")
+    # A version is immutable: its file, hash and counts are set by dataset_version_create, never edited here.
+    readonly_fields = (
+        "dataset",
+        "number",
+        "file",
+        "content_hash",
+        "row_count",
+        "size_bytes",
+        "validation_report",
+        "created_by",
+        "created_at",
+    )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # uploads go through the API or the dataset page, which validate the file

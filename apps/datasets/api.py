@@ -2,17 +2,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.conf import settings
 from django.shortcuts import get_object_or_404
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.datasets.models import Dataset, DatasetVersion
-from apps.datasets.services import dataset_create, dataset_version_create
+from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
 
 
 class DatasetVersionSerializer(serializers.ModelSerializer):
@@ -80,15 +78,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
         upload = UploadSerializer(data=request.data)
         upload.is_valid(raise_exception=True)
         handle = upload.validated_data["file"]
-        if handle.size > settings.DATASET_MAX_BYTES:
-            raise ValidationError(
-                {
-                    "file": [
-                        f"{handle.size} bytes is over the {settings.DATASET_MAX_BYTES}-byte limit "
-                        "(CRUCIBLE_DATASET_MAX_BYTES); split the file into versions"
-                    ]
-                }
-            )
+        dataset_file_check_size(handle.size)
         version = dataset_version_create(
             dataset=dataset,
             data=handle.read(),

@@ -4,6 +4,7 @@ import hashlib
 import json
 import re
 
+from django.conf import settings
 from django.core.files.base import ContentFile
 from django.db import IntegrityError, transaction
 from django.db.models import Max
@@ -58,10 +59,24 @@ def dataset_create(*, name: str, kind: str, owner: User, description: str = "") 
     return Dataset.objects.create(name=name, kind=kind, description=description, owner=owner)
 
 
+def dataset_file_check_size(size: int) -> None:
+    """Call before reading an upload into memory; dataset_version_create checks again as a backstop."""
+    if size > settings.DATASET_MAX_BYTES:
+        raise ValidationError(
+            {
+                "file": [
+                    f"{size} bytes is over the {settings.DATASET_MAX_BYTES}-byte limit "
+                    "(CRUCIBLE_DATASET_MAX_BYTES); split the file into versions"
+                ]
+            }
+        )
+
+
 def dataset_version_create(
     *, dataset: Dataset, data: bytes, filename: str, created_by: User, notes: str = ""
 ) -> DatasetVersion:
     """Validate the whole file first, so a bad line leaves nothing behind; then store it as the next version."""
+    dataset_file_check_size(len(data))
     row_count, report = validate_dataset_file(kind=dataset.kind, data=data)
     content_hash = hashlib.sha256(data).hexdigest()
     with transaction.atomic():

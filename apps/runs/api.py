@@ -104,13 +104,28 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
 
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
+        """Non-metric events in commit order (metrics: see `metrics`). Start with no parameters; then pass back
+        `next` while it is not null, and after that poll with `after_batch` = the `cursor` you were given."""
         run = self.get_object()
-        try:
-            after = int(request.query_params.get("after", 0))
-        except ValueError:
-            raise ValidationError({"after": ["must be a whole number (the last sequence number you have)"]})
-        _, events = selectors.run_events_after(run_id=run.pk, after=after, limit=1000)
-        return Response({"events": events, "last_seq": run.last_seq})
+        position: dict[str, int | None] = {"after_batch": 0, "after_seq": None}
+        for param in position:
+            if param not in request.query_params:
+                continue
+            try:
+                position[param] = int(request.query_params[param])
+            except ValueError:
+                raise ValidationError({param: ["must be a whole number (from `next` or `cursor` of the last reply)"]})
+        run, events, more = selectors.run_events_after(
+            run_id=run.pk, after_batch=position["after_batch"] or 0, after_seq=position["after_seq"], limit=1000
+        )
+        return Response(
+            {
+                "events": events,
+                "next": {"after_batch": more[0], "after_seq": more[1]} if more else None,
+                "cursor": run.ingest_batches,
+                "last_seq": run.last_seq,
+            }
+        )
 
     @action(detail=True, methods=["get"])
     def trajectories(self, request: Request, pk: str | None = None) -> Response:

@@ -13,7 +13,7 @@ from apps.runs.live import frames_for, group_name
 from apps.runs.selectors import run_events_after, run_for_viewer
 from apps.runs.services import run_state
 
-REPLAY_LIMIT = 5000
+REPLAY_PAGE = 2000
 PERMISSION_RECHECK_SECONDS = 5.0
 
 
@@ -44,7 +44,8 @@ class RunConsumer(AsyncWebsocketConsumer):
             await self.channel_layer.group_discard(group_name(self.run_id), self.channel_name)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
-        """The page sends {"type": "resume", "after": <last seq it has>} on every (re)connect."""
+        """The page sends {"type": "resume", "after": <last batch it has>} on every (re)connect; it gets back every
+        event stored since, page by page, then a frame whose `cursor` says where it now stands."""
         try:
             message = json.loads(text_data or "{}")
             after = int(message.get("after", 0)) if message.get("type") == "resume" else None
@@ -52,14 +53,19 @@ class RunConsumer(AsyncWebsocketConsumer):
             return
         if after is None:
             return
-        events, state = await database_sync_to_async(self._replay)(after)
-        self.replayed = {e["seq"] for e in events}
-        for frame in frames_for(events, state):
-            await self.send(text_data=frame)
-
-    def _replay(self, after: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-        run, events = run_events_after(run_id=self.run_id, after=after, limit=REPLAY_LIMIT)
-        return events, run_state(run)
+        self.replayed = set()
+        position: tuple[int, int | None] | None = (after, None)
+        while position is not None:
+            run, events, position = await database_sync_to_async(run_events_after)(
+                run_id=self.run_id, after_batch=position[0], after_seq=position[1], limit=REPLAY_PAGE
+            )
+            self.replayed.update(e["seq"] for e in events)
+            state = run_state(run)
+            if position is None:
+                # Every batch up to the run's count was committed when this page was read: the page may resume there.
+                state["cursor"] = run.ingest_batches
+            for frame in frames_for(events, state):
+                await self.send(text_data=frame)
 
     async def run_events(self, message: dict[str, Any]) -> None:
         user = self.scope["user"]

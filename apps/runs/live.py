@@ -19,18 +19,8 @@ def group_name(run_id: int) -> str:
     return f"run-{run_id}"
 
 
-def publish_events(run_id: int, events: list[dict[str, Any]], state: dict[str, Any]) -> None:
-    """Called on commit. A publish failure must never fail the ingest that already committed."""
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(group_name(run_id), {"type": "run.events", "events": events, "state": state})
-    except Exception:
-        log.exception("could not publish %d events of run %s", len(events), run_id)
-
-
 async def publish_events_async(run_id: int, events: list[dict[str, Any]], state: dict[str, Any]) -> None:
+    """Send to every open page of the run. A publish failure must never fail the ingest that already committed."""
     layer = get_channel_layer()
     if layer is None:
         return
@@ -38,6 +28,11 @@ async def publish_events_async(run_id: int, events: list[dict[str, Any]], state:
         await layer.group_send(group_name(run_id), {"type": "run.events", "events": events, "state": state})
     except Exception:
         log.exception("could not publish %d events of run %s", len(events), run_id)
+
+
+def publish_events(run_id: int, events: list[dict[str, Any]], state: dict[str, Any]) -> None:
+    """The same, from synchronous code (called on commit)."""
+    async_to_sync(publish_events_async)(run_id, events, state)
 
 
 def frames_for(events: list[dict[str, Any]], state: dict[str, Any]) -> list[str]:
@@ -63,6 +58,14 @@ def frames_for(events: list[dict[str, Any]], state: dict[str, Any]) -> list[str]
                 stride = len(points) // MAX_POINTS_PER_FRAME + 1
                 series[name] = points[::stride] + [points[-1]]
         frames.append(
-            json.dumps({"type": "chart", "max_seq": max(seqs) if seqs else 0, "series": series, "histogram": histogram})
+            json.dumps(
+                {
+                    "type": "chart",
+                    "max_seq": max(seqs) if seqs else 0,
+                    "batch": state.get("batch"),
+                    "series": series,
+                    "histogram": histogram,
+                }
+            )
         )
     return frames

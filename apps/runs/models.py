@@ -45,6 +45,11 @@ class Run(models.Model):
     progress_done = models.PositiveBigIntegerField(default=0)
     progress_total = models.PositiveBigIntegerField(default=0)
     last_seq = models.BigIntegerField(default=0, help_text="Highest event sequence number ingested")
+    progress_seq = models.BigIntegerField(default=0, help_text="Seq of the progress event shown (never goes back)")
+    log_seq = models.BigIntegerField(default=0, help_text="Highest seq of a log event in log_tail")
+    ingest_batches = models.BigIntegerField(
+        default=0, help_text="Batches committed so far: a reconnecting page resumes after the last one it saw"
+    )
     failure_reason = models.TextField(blank=True)
     log_tail = models.TextField(blank=True)
     summary = models.JSONField(default=dict, blank=True)
@@ -64,7 +69,8 @@ class Run(models.Model):
 
     @property
     def submission_id(self) -> str:
-        return f"crucible-run-{self.pk}"
+        # The nonce keeps ids unique on a shared cluster after a database reset reuses primary keys.
+        return f"crucible-run-{self.pk}-{self.ingest_nonce[:8]}" if self.ingest_nonce else f"crucible-run-{self.pk}"
 
     @property
     def is_terminal(self) -> bool:
@@ -80,12 +86,14 @@ class RunEvent(models.Model):
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     seq = models.BigIntegerField()
+    batch = models.BigIntegerField(default=0, help_text="The run's ingest batch (commit order) that stored it")
     kind = models.CharField(max_length=16)
     data = models.JSONField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "seq"], name="uniq_run_event_seq")]
+        indexes = [models.Index(fields=["run", "batch"], name="run_event_batch_idx")]
 
 
 class MetricPoint(models.Model):

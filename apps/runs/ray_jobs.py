@@ -1,15 +1,24 @@
-"""The only module that talks to Ray: submit, status, stop and logs through the Ray Jobs API."""
+"""The only module that talks to Ray: submit, status, stop and logs through the Ray Jobs API.
+
+Every call has a deadline (CRUCIBLE_RAY_TIMEOUT seconds). The Ray SDK talks HTTP without a timeout, so a cluster
+that accepts the connection and never answers would otherwise hang a Celery worker forever; here the call runs in a
+daemon thread and the caller gets `RayUnavailable` naming the address when the deadline passes.
+"""
 
 from __future__ import annotations
 
 import re
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 WORKING_DIR_EXCLUDES = [".venv", ".git", "var", "node_modules", "staticfiles", "*.pyc", "__pycache__", "media"]
+
+T = TypeVar("T")
 
 
 class RayUnavailable(RuntimeError):
@@ -26,25 +35,55 @@ class RayJobState:
     message: str
 
 
-def _client(address: str | None = None) -> Any:
+def _address(address: str | None) -> str:
+    return address or settings.RAY_ADDRESS
+
+
+def with_deadline(fn: Callable[[], T], *, address: str, what: str, timeout: float | None = None) -> T:
+    """Run `fn` with a deadline. The thread of a call that overran is abandoned (daemon), never joined."""
+    timeout = settings.RAY_SUBMIT_TIMEOUT if timeout is None else timeout
+    box: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller's thread below
+            box["error"] = exc
+
+    thread = threading.Thread(target=call, name=f"ray-{what}", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise RayUnavailable(
+            f"Ray cluster at {address} did not answer {what} within {timeout:g}s (CRUCIBLE_RAY_TIMEOUT)"
+        )
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def _client(address: str) -> Any:
     from ray.job_submission import JobSubmissionClient
 
-    address = address or settings.RAY_ADDRESS
     try:
-        return JobSubmissionClient(address)
+        return with_deadline(lambda: JobSubmissionClient(address), address=address, what="a connection")
+    except RayUnavailable:
+        raise
     except Exception as exc:  # ConnectionError, ValueError... the SDK raises several kinds
         raise RayUnavailable(f"Ray cluster at {address} did not answer: {exc}") from exc
 
 
 def submit(*, submission_id: str, module: str, env_vars: dict[str, str], address: str | None = None) -> str:
     """Submit `python -m <module>`; submitting the same id twice is a no-op that returns the same id."""
+    address = _address(address)
     client = _client(address)
     runtime_env = {
         "working_dir": str(settings.BASE_DIR),
         "excludes": WORKING_DIR_EXCLUDES,
         "env_vars": env_vars,
     }
-    try:
+
+    def call() -> str:
         return str(
             client.submit_job(
                 entrypoint=f"{settings.RAY_JOB_PYTHON} -m {module}",
@@ -53,18 +92,27 @@ def submit(*, submission_id: str, module: str, env_vars: dict[str, str], address
                 metadata={"crucible": "1"},
             )
         )
+
+    try:
+        # Uploading the working directory takes longer than a status call: give it a few deadlines' worth.
+        return with_deadline(call, address=address, what="the job submission", timeout=settings.RAY_SUBMIT_TIMEOUT * 3)
+    except RayUnavailable:
+        raise
     except RuntimeError as exc:
         if "already exists" in str(exc):
             return submission_id
-        raise RayUnavailable(f"Ray cluster at {address or settings.RAY_ADDRESS} refused the job: {exc}") from exc
+        raise RayUnavailable(f"Ray cluster at {address} refused the job: {exc}") from exc
     except Exception as exc:
-        raise RayUnavailable(f"Ray cluster at {address or settings.RAY_ADDRESS} did not answer: {exc}") from exc
+        raise RayUnavailable(f"Ray cluster at {address} did not answer: {exc}") from exc
 
 
 def state(submission_id: str, address: str | None = None) -> RayJobState:
+    address = _address(address)
     client = _client(address)
     try:
-        info = client.get_job_info(submission_id)
+        info = with_deadline(lambda: client.get_job_info(submission_id), address=address, what="a status query")
+    except RayUnavailable:
+        raise
     except RuntimeError as exc:
         if "does not exist" in str(exc) or "404" in str(exc):
             raise RayJobNotFound(submission_id) from exc
@@ -77,16 +125,22 @@ def state(submission_id: str, address: str | None = None) -> RayJobState:
 
 
 def logs_tail(submission_id: str, address: str | None = None, lines: int = 60) -> str:
+    address = _address(address)
     try:
-        text = str(_client(address).get_job_logs(submission_id))
+        client = _client(address)
+        text = str(with_deadline(lambda: client.get_job_logs(submission_id), address=address, what="a logs query"))
     except Exception:
         return ""
     return "\n".join(ANSI_ESCAPE.sub("", line) for line in text.splitlines()[-lines:])
 
 
 def stop(submission_id: str, address: str | None = None) -> bool:
+    address = _address(address)
+    client = _client(address)
     try:
-        return bool(_client(address).stop_job(submission_id))
+        return bool(with_deadline(lambda: client.stop_job(submission_id), address=address, what="a stop request"))
+    except RayUnavailable:
+        raise
     except RuntimeError as exc:
         if "does not exist" in str(exc):
             return False

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db import connection
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from apps.accounts.models import Capability, User
 from apps.runs.models import Run, RunEvent
@@ -19,16 +19,28 @@ def run_for_viewer(*, run_id: int, user: User) -> Run | None:
     return Run.objects.filter(pk=run_id).first()
 
 
-def run_events_after(*, run_id: int, after: int, limit: int) -> tuple[Run, list[dict[str, Any]]]:
-    """Events a reconnecting page missed. Metric points are left to the chart endpoint (it downsamples)."""
+def run_events_after(
+    *, run_id: int, after_batch: int, after_seq: int | None = None, limit: int
+) -> tuple[Run, list[dict[str, Any]], tuple[int, int] | None]:
+    """Events a reconnecting page missed, in commit order: those stored by batches after `after_batch` (then by
+    seq within a batch). Metric points are left to the chart endpoint (it downsamples). Returns the run as of the
+    read, one page of events, and the position to read the next page from (None when this page was the last).
+    With `after_seq` the read starts inside batch `after_batch`, after that seq (how the next page is read)."""
     run = Run.objects.get(pk=run_id)
-    rows = (
-        RunEvent.objects.filter(run_id=run_id, seq__gt=after)
+    start = Q(batch__gt=after_batch)
+    if after_seq is not None:
+        start |= Q(batch=after_batch, seq__gt=after_seq)
+    rows = list(
+        RunEvent.objects.filter(run_id=run_id)
+        .filter(start)
         .exclude(kind="metric")
-        .order_by("seq")
-        .values_list("seq", "data")[:limit]
+        .order_by("batch", "seq")
+        .values_list("batch", "seq", "data")[: limit + 1]
     )
-    return run, [{"seq": seq, **data} for seq, data in rows]
+    more = len(rows) > limit
+    rows = rows[:limit]
+    events = [{"seq": seq, **data} for _, seq, data in rows]
+    return run, events, ((rows[-1][0], rows[-1][1]) if more else None)
 
 
 def metric_names(*, run_id: int) -> list[str]:

@@ -122,35 +122,45 @@ def _finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = N
 
 
 def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
-    """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once."""
+    """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once.
+
+    The submission happens outside the row lock (it uploads the working directory and may take seconds); a cancel
+    that lands meanwhile is honoured by stopping the job just submitted."""
     with transaction.atomic():
         run = (
             Run.objects.select_for_update(of=("self",))
             .select_related("dataset_version__dataset", "reward_version")
             .get(pk=run_id)
         )
-        if run.is_terminal:
+        if run.is_terminal or run.ray_job_id:
             return run
         if run.cancel_requested_at is not None:
             _finish(run, RunStatus.STOPPED, reason="cancelled before it was submitted")
             return run
         env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
-        try:
-            job_id = ray_jobs.submit(
-                submission_id=run.submission_id, module=JOB_MODULES[RunKind(run.kind)], env_vars=env
-            )
-        except ray_jobs.RayUnavailable as exc:
-            if not final_attempt:
-                raise
-            _finish(run, RunStatus.FAILED, reason=str(exc))
+        submission_id, module = run.submission_id, JOB_MODULES[RunKind(run.kind)]
+    try:
+        job_id = ray_jobs.submit(submission_id=submission_id, module=module, env_vars=env)
+    except ray_jobs.RayUnavailable as exc:
+        if not final_attempt:
+            raise
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if not run.is_terminal and not run.ray_job_id:
+                _finish(run, RunStatus.FAILED, reason=str(exc))
             return run
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
         now = timezone.now()
         run.ray_job_id = job_id
         run.ray_address = settings.RAY_ADDRESS
         run.submitted_at = run.submitted_at or now
         run.ray_checked_at = now
         run.save(update_fields=["ray_job_id", "ray_address", "submitted_at", "ray_checked_at"])
-        _publish_status_on_commit(run)
+        if run.cancel_requested_at is not None:
+            _stop_on_commit(run)
+        elif not run.is_terminal:
+            _publish_status_on_commit(run)
         return run
 
 
@@ -170,6 +180,12 @@ def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
     run = Run.objects.get(pk=run_id)
     if run.is_terminal or not run.ray_job_id:
         return run
+    if run.cancel_requested_at is not None:
+        # A cancel whose stop request was lost (Ray down at the time) is re-sent on every pass until Ray confirms.
+        try:
+            ray_jobs.stop(run.ray_job_id, run.ray_address or None)
+        except ray_jobs.RayUnavailable:
+            pass
     try:
         ray_state = ray_jobs.state(run.ray_job_id, run.ray_address or None)
     except ray_jobs.RayJobNotFound:
@@ -222,10 +238,14 @@ def run_cancel(*, run: Run, user: User) -> Run:
         if not run.ray_job_id:
             _finish(run, RunStatus.STOPPED, reason=f"cancelled by {user.username} before it was submitted")
             return run
+    _stop_on_commit(run)
+    return run
+
+
+def _stop_on_commit(run: Run) -> None:
     from apps.runs.tasks import cancel_run
 
     transaction.on_commit(lambda: cancel_run.delay(run.pk))
-    return run
 
 
 def run_stop_ray_job(*, run_id: int) -> None:
@@ -282,13 +302,15 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         if not fresh:
             return IngestResult(accepted=0, duplicates=len(events), last_seq=run.last_seq)
 
+        run.ingest_batches += 1
+        batch_no = run.ingest_batches
         ledger: list[tuple[Any, ...]] = []
         payloads: list[dict[str, Any]] = []
         metrics: list[tuple[Any, ...]] = []
         trajectories: list[TrajectorySummary] = []
         artifacts: list[Artifact] = []
         checkpoints: list[Checkpoint] = []
-        log_lines: list[str] = []
+        log_events: list[Any] = []
         progress: Any = None
         summary: dict[str, Any] | None = None
         dumped = iter(EVENTS_LIST.dump_python(fresh, mode="json"))
@@ -296,13 +318,13 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             payload = next(dumped)
             payloads.append(payload)
             data = {k: v for k, v in payload.items() if k != "seq"}
-            ledger.append((run.pk, event.seq, event.kind, json.dumps(data, allow_nan=False), now))
+            ledger.append((run.pk, event.seq, batch_no, event.kind, json.dumps(data, allow_nan=False), now))
             kind = event.kind
             if kind == "metric":
                 at = _ts(event, now)
                 metrics += [(run.pk, event.step, k, v, at) for k, v in event.values.items()]
             elif kind == "log":
-                log_lines += event.lines
+                log_events.append(event)
             elif kind == "progress":
                 if progress is None or event.seq > progress.seq:
                     progress = event
@@ -329,20 +351,27 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             elif kind == "summary":
                 summary = {**(summary or run.summary), **event.data}
         # COPY, not INSERT: a 1,000-event batch goes in ~10x faster, and the row lock above keeps it exactly-once.
-        _copy_rows(RunEvent._meta.db_table, ["run_id", "seq", "kind", "data", "created_at"], ledger)
+        _copy_rows(RunEvent._meta.db_table, ["run_id", "seq", "batch", "kind", "data", "created_at"], ledger)
         _copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], metrics)
         TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
         Artifact.objects.bulk_create(artifacts, ignore_conflicts=True)
         Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
 
-        fields = ["last_seq"]
+        fields = ["last_seq", "ingest_batches"]
         run.last_seq = max(run.last_seq, fresh[-1].seq)
-        if progress is not None:
-            run.progress_done, run.progress_total = progress.done, progress.total
-            fields += ["progress_done", "progress_total"]
-        if log_lines:
-            run.log_tail = "\n".join((run.log_tail.splitlines() + log_lines)[-LOG_TAIL_LINES:])
-            fields.append("log_tail")
+        # Batches can commit out of seq order (a retry, two flushes racing): progress and the log tail follow
+        # seq order, never commit order, so neither goes backwards.
+        if progress is not None and progress.seq > run.progress_seq:
+            run.progress_done, run.progress_total, run.progress_seq = progress.done, progress.total, progress.seq
+            fields += ["progress_done", "progress_total", "progress_seq"]
+        if log_events:
+            if log_events[0].seq > run.log_seq:
+                lines = [line for event in log_events for line in event.lines]
+                run.log_tail = "\n".join((run.log_tail.splitlines() + lines)[-LOG_TAIL_LINES:])
+            else:
+                run.log_tail = _log_tail_from_ledger(run.pk)
+            run.log_seq = max(run.log_seq, log_events[-1].seq)
+            fields += ["log_tail", "log_seq"]
         if summary is not None:
             run.summary = summary
             fields.append("summary")
@@ -355,7 +384,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
 
         from apps.runs.live import publish_events
 
-        state = run_state(run)
+        state = {**run_state(run), "batch": batch_no}
         if publish:
             transaction.on_commit(lambda: publish_events(run.pk, payloads, state))
         return IngestResult(
@@ -365,6 +394,17 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             payloads=payloads,
             state=state,
         )
+
+
+def _log_tail_from_ledger(run_id: int) -> str:
+    """The last LOG_TAIL_LINES lines in seq order, rebuilt from the ledger (only when a late batch arrives)."""
+    recent = RunEvent.objects.filter(run_id=run_id, kind="log").order_by("-seq").values_list("data", flat=True)
+    lines: list[str] = []
+    for data in recent[:LOG_TAIL_LINES]:
+        lines[:0] = data["lines"]
+        if len(lines) >= LOG_TAIL_LINES:
+            break
+    return "\n".join(lines[-LOG_TAIL_LINES:])
 
 
 def run_state(run: Run) -> dict[str, Any]:

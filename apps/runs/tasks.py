@@ -13,7 +13,8 @@ from apps.runs.models import Run, RunStatus
 DISPATCH_RETRIES = 3
 
 
-@shared_task(bind=True, max_retries=DISPATCH_RETRIES, acks_late=True)
+# soft_time_limit: every Ray call has its own deadline (ray_jobs); this is the backstop that frees the worker.
+@shared_task(bind=True, max_retries=DISPATCH_RETRIES, acks_late=True, soft_time_limit=120)
 def dispatch_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
     final = self.request.retries >= DISPATCH_RETRIES
     try:
@@ -22,9 +23,13 @@ def dispatch_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
         raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
-@shared_task
-def cancel_run(run_id: int) -> None:
-    services.run_stop_ray_job(run_id=run_id)
+@shared_task(bind=True, max_retries=5, acks_late=True)
+def cancel_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
+    """Stop the run's Ray job. If Ray is down, retry with backoff; beat's reconcile keeps re-sending it after that."""
+    try:
+        services.run_stop_ray_job(run_id=run_id)
+    except ray_jobs.RayUnavailable as exc:
+        raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
 @shared_task

@@ -19,7 +19,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from apps.datasets.services import dataset_create, dataset_version_create
+from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 from apps.runs import selectors, services
@@ -168,6 +168,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
             errors.append("file: choose a JSONL file to upload")
         else:
             try:
+                dataset_file_check_size(upload.size or 0)
                 dataset_version_create(
                     dataset=dataset,
                     data=upload.read(),

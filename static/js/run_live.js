@@ -5,7 +5,16 @@
   const live = document.getElementById("live");
   if (!live) return;
   const runId = live.dataset.run;
-  let lastSeq = parseInt(live.dataset.lastSeq || "0", 10);
+  // Resume position: the last ingest batch (commit order) such that this page has seen it and every one before.
+  // Live frames name their batch; they can arrive out of order, so only a contiguous run advances the cursor.
+  let cursor = parseInt(live.dataset.cursor || "0", 10);
+  const seenBatches = new Set();
+  function advance() {
+    for (const b of seenBatches) if (b <= cursor) seenBatches.delete(b);
+    while (seenBatches.has(cursor + 1)) { seenBatches.delete(cursor + 1); cursor += 1; }
+  }
+  function sawBatch(b) { if (b > cursor) { seenBatches.add(b); advance(); } }
+  function sawCursor(c) { if (c > cursor) { cursor = c; advance(); } }
   let opened = 0;
   const points = new Map(); // step -> {name: value}
   const names = new Set();
@@ -88,7 +97,7 @@
   live.addEventListener("htmx:wsOpen", (evt) => {
     opened += 1;
     wsState.textContent = "live";
-    evt.detail.socketWrapper.send(JSON.stringify({ type: "resume", after: lastSeq }));
+    evt.detail.socketWrapper.send(JSON.stringify({ type: "resume", after: cursor }));
     if (opened > 1) loadChart(); // metric points missed while away come back downsampled
   });
   live.addEventListener("htmx:wsClose", () => { wsState.textContent = "disconnected, reconnecting…"; });
@@ -100,11 +109,13 @@
       const frame = JSON.parse(message);
       if (frame.series) { addSeries(frame.series); drawMetrics(); }
       if (frame.histogram) drawHistogram(frame.histogram);
-      if (frame.max_seq > lastSeq) lastSeq = frame.max_seq;
+      if (frame.batch) sawBatch(frame.batch);
       return;
     }
-    const m = /data-seq="(\d+)"/.exec(message);
-    if (m) lastSeq = Math.max(lastSeq, parseInt(m[1], 10));
+    const b = /data-batch="(\d+)"/.exec(message);
+    if (b) sawBatch(parseInt(b[1], 10));
+    const c = /data-cursor="(\d+)"/.exec(message);
+    if (c) sawCursor(parseInt(c[1], 10));
   });
   live.addEventListener("htmx:wsAfterMessage", () => {
     const log = document.getElementById("run-log");

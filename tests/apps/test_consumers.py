@@ -81,3 +81,30 @@ def test_a_viewer_gets_missed_events_on_resume_then_live_ones(run, users, client
     chart = json.loads(next(f for f in frames if f.startswith("{")))
     assert "after connect" in html and "before connect" not in html
     assert chart["series"] == {"reward_mean": [[2, 0.75]]}
+
+
+def test_a_reconnecting_page_gets_a_late_batch_with_lower_seqs_it_never_saw(run, users, client):
+    """Resume is by commit order (batch), not by seq: seq 1 committed after seq 5 is still replayed."""
+    import asyncio
+
+    from workers.events import EventBatch
+
+    def ingest(events):  # type: ignore[no-untyped-def]
+        services.ingest_batch(run_id=run.pk, events=EventBatch.model_validate({"events": events}).events)
+
+    cookie = _login_cookie(client, users["viewer"])
+    ingest([{"seq": 5, "kind": "log", "lines": ["five"]}])  # batch 1: the page saw it before dropping
+    ingest([{"seq": 1, "kind": "log", "lines": ["one, late"]}])  # batch 2: committed while the page was away
+
+    async def go():  # type: ignore[no-untyped-def]
+        communicator, connected, _ = await _connect(run.pk, cookie)
+        assert connected
+        await communicator.send_to(text_data=json.dumps({"type": "resume", "after": 1}))
+        replay = await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+        await sync_to_async(close_old_connections)()
+        return replay
+
+    replay = asyncio.run(go())
+    assert "one, late" in replay and "five" not in replay
+    assert 'data-cursor="2"' in replay

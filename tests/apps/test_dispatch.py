@@ -75,3 +75,61 @@ def test_the_worker_spec_is_self_contained(run):
     assert spec["reward"] == run.reward_version.spec
     assert spec["ingest_url"].endswith(f"/api/v1/runs/{run.pk}/ingest/")
     assert "token" not in str(spec).lower()
+
+
+def test_a_cluster_that_accepts_connections_but_never_answers_fails_the_run_instead_of_hanging(run, settings):
+    import socket
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # accepts (the kernel completes the handshake) and never replies
+    try:
+        settings.RAY_ADDRESS = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        settings.RAY_SUBMIT_TIMEOUT = 1
+        services.run_dispatch(run_id=run.pk, final_attempt=True)
+    finally:
+        silent.close()
+    run.refresh_from_db()
+    assert run.status == RunStatus.FAILED
+    assert "did not answer" in run.failure_reason and "CRUCIBLE_RAY_TIMEOUT" in run.failure_reason
+
+
+def test_a_cancel_that_lands_during_submission_stops_the_job_just_submitted(
+    run, users, monkeypatch, django_capture_on_commit_callbacks
+):
+    from apps.runs import ray_jobs
+
+    stops: list[int] = []
+    monkeypatch.setattr("apps.runs.tasks.cancel_run.delay", stops.append)
+
+    def submit(**kwargs):  # type: ignore[no-untyped-def]
+        # The user cancels while the (slow) submission is in flight: the row is not locked meanwhile.
+        services.run_cancel(run=run, user=users["operator"])
+        return kwargs["submission_id"]
+
+    monkeypatch.setattr(ray_jobs, "submit", submit)
+    with django_capture_on_commit_callbacks(execute=True):
+        services.run_dispatch(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.status == RunStatus.STOPPED
+    assert run.ray_job_id == run.submission_id
+    assert stops == [run.pk]
+
+
+def test_reconcile_re_sends_a_stop_that_was_lost(run, monkeypatch):
+    from apps.runs import ray_jobs
+
+    stopped: list[str] = []
+    monkeypatch.setattr(ray_jobs, "stop", lambda job_id, address=None: stopped.append(job_id) or True)
+    monkeypatch.setattr(ray_jobs, "state", lambda job_id, address=None: ray_jobs.RayJobState("RUNNING", ""))
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING, ray_job_id=run.submission_id, cancel_requested_at=timezone.now()
+    )
+    services.run_reconcile(run_id=run.pk)
+    assert stopped == [run.submission_id]
+
+
+def test_submission_ids_differ_for_two_runs_that_share_a_primary_key(run):
+    other = Run(pk=run.pk, ingest_nonce="f" * 32)
+    assert run.submission_id != other.submission_id
+    assert run.submission_id.startswith(f"crucible-run-{run.pk}-")

@@ -120,3 +120,41 @@ def test_a_non_finite_number_in_a_free_form_field_is_400_and_stores_nothing(run)
     )
     assert response.status_code == 400
     assert RunEvent.objects.count() == 0
+
+
+def test_a_late_batch_with_lower_seqs_moves_neither_progress_nor_the_log_backwards(run):
+    _post(run, [{"seq": 3, "kind": "progress", "done": 3, "total": 4}, {"seq": 4, "kind": "log", "lines": ["c"]}])
+    _post(run, [{"seq": 1, "kind": "progress", "done": 1, "total": 4}, {"seq": 2, "kind": "log", "lines": ["a", "b"]}])
+    run.refresh_from_db()
+    assert (run.progress_done, run.progress_seq) == (3, 3)
+    assert run.log_tail == "a\nb\nc"
+    _post(run, [{"seq": 5, "kind": "log", "lines": ["d"]}])
+    run.refresh_from_db()
+    assert run.log_tail == "a\nb\nc\nd"
+
+
+def test_events_read_back_in_commit_order_page_by_page_with_a_cursor(run, client_for):
+    _post(run, [{"seq": s, "kind": "log", "lines": [f"line {s}"]} for s in range(3, 6)])
+    _post(run, [{"seq": 1, "kind": "log", "lines": ["late"]}])
+    assert list(RunEvent.objects.filter(run=run).order_by("seq").values_list("batch", flat=True)) == [2, 1, 1, 1]
+    api = client_for("viewer")
+    body = api.get(f"/api/v1/runs/{run.pk}/events/").json()
+    assert [e["seq"] for e in body["events"]] == [3, 4, 5, 1]
+    assert body["next"] is None and body["cursor"] == 2
+    _post(run, [{"seq": 2, "kind": "log", "lines": ["later"]}])
+    body = api.get(f"/api/v1/runs/{run.pk}/events/", {"after_batch": 2}).json()
+    assert [e["seq"] for e in body["events"]] == [2]
+    bad = api.get(f"/api/v1/runs/{run.pk}/events/", {"after_batch": "x"})
+    assert bad.status_code == 400 and "after_batch" in bad.json()["fields"]
+
+
+def test_replay_pages_through_more_events_than_one_page(run):
+    from apps.runs.selectors import run_events_after
+
+    _post(run, [{"seq": s, "kind": "log", "lines": [str(s)]} for s in range(1, 8)])
+    seen: list[int] = []
+    position: tuple[int, int | None] | None = (0, None)
+    while position is not None:
+        _, events, position = run_events_after(run_id=run.pk, after_batch=position[0], after_seq=position[1], limit=3)
+        seen += [e["seq"] for e in events]
+    assert seen == list(range(1, 8))

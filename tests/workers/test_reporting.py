@@ -46,12 +46,83 @@ def test_a_full_batch_flushes_without_being_asked():
     assert sizes == [5, 5, 2]
 
 
-def test_a_refused_batch_raises_and_keeps_its_events_for_a_later_flush():
+def test_a_refused_batch_raises_and_is_not_sent_again():
+    calls: list[int] = []
+
     def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(len(json.loads(request.content)["events"]))
         return httpx.Response(403, json={"detail": "not this run's token"})
 
     reporter = _reporter(handler)
     reporter.log("x")
     with pytest.raises(IngestError, match="403"):
         reporter.flush()
-    assert [e["seq"] for e in reporter._pending] == [1]
+    assert reporter._pending == []
+    reporter.flush()  # nothing left to send
+    assert calls == [1]
+    reporter.close()
+
+
+def test_a_transient_failure_keeps_the_events_with_their_numbers_for_a_later_flush():
+    answers = iter([503, 503, 200])
+    bodies: list[list[int]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        bodies.append([e["seq"] for e in json.loads(request.content)["events"]])
+        return httpx.Response(next(answers), json={})
+
+    reporter = _reporter(handler, retries=1)
+    reporter.log("x")
+    reporter.log("y")
+    with pytest.raises(IngestError, match="after 2 attempts"):
+        reporter.flush()
+    assert [e["seq"] for e in reporter._pending] == [1, 2]
+    reporter.close()
+    assert bodies == [[1, 2], [1, 2], [1, 2]]
+
+
+def test_a_batch_over_the_size_limit_is_split_until_the_server_takes_it():
+    accepted: list[list[int]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seqs = [e["seq"] for e in json.loads(request.content)["events"]]
+        if len(seqs) > 2:
+            return httpx.Response(413, json={"detail": "too large"})
+        accepted.append(seqs)
+        return httpx.Response(200, json={})
+
+    reporter = _reporter(handler)
+    for step in range(5):
+        reporter.metric(step, {"x": 1.0})
+    reporter.close()
+    assert sorted(s for chunk in accepted for s in chunk) == [1, 2, 3, 4, 5]
+    assert all(len(chunk) <= 2 for chunk in accepted)
+
+
+def test_an_invalid_event_raises_where_it_is_made_and_takes_no_number():
+    reporter = _reporter(lambda request: httpx.Response(200, json={}))
+    with pytest.raises(ValueError, match="metric"):
+        reporter.metric(1, {"loss": float("nan")})
+    with pytest.raises(ValueError, match="progress"):
+        reporter.progress(-1, 10)
+    assert reporter.log("fine") == 1
+    reporter.close()
+
+
+def test_close_delivers_every_event_once_and_in_order_while_the_flusher_is_busy():
+    import threading
+
+    seen: list[int] = []
+    gate = threading.Event()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        gate.wait(0.2)  # a slow server: the background flush is still in flight when close() runs
+        seen.extend(e["seq"] for e in json.loads(request.content)["events"])
+        return httpx.Response(200, json={})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    reporter = Reporter(ingest_url="http://cp/x/", token="t", client=client, flush_seconds=0.01)
+    for i in range(50):
+        reporter.log(str(i))
+    reporter.close()
+    assert seen == list(range(1, 51))
