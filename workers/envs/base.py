@@ -1,0 +1,545 @@
+"""The environment interface: tasks in, observations out, one scoreable trajectory per episode.
+
+An episode is
+
+    env = make_env("calculator", max_turns=6)
+    messages = env.reset(task)                 # initial chat messages for the policy
+    while True:
+        result = env.step(policy(messages))    # the policy's reply text
+        if result.done:
+            break
+        messages += [reply, *result.observation.messages]
+    record = env.trajectory(trajectory_id)     # a `workers.trajectories` record; score it with score_trajectory
+
+Every environment declares, as class attributes, what a task row must hold (`required_task_fields`) and which
+trajectory fields it fills (`produces`), so a run that pairs it with a dataset or a reward config it cannot serve
+is refused when the run is created (`check_task_fields`, `check_task_rows`, `check_reward_compatible`), not hours
+into training.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+import re
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, ClassVar, Literal, TypedDict
+
+from workers.envs.toolcalls import ToolCall, ToolSpec, parse_tool_calls, render_tool_prompt
+from workers.rewards.schema import RewardSpec, validate_reward_spec
+from workers.rewards.terms import PRUNE_TOOL
+
+AnswerFormat = Literal["text", "last_number"]
+"""How the final reply becomes the trajectory's `answer`: the whole stripped text, or the last number in it."""
+
+ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("text", "last_number")
+
+
+class Message(TypedDict):
+    """One chat message, as chat templates take them."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """One task of a dataset version.
+
+    `answer` is the reference answer and `aliases` other accepted spellings (together the trajectory's
+    `gold_answers`); `metadata` holds every other field of the row, for environments that need more.
+    """
+
+    id: str
+    prompt: str | list[Message]
+    answer: str | None = None
+    aliases: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def gold_answers(self) -> list[str]:
+        return ([self.answer] if self.answer is not None else []) + list(self.aliases)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the environment says back after a step: messages to append to the conversation (role "tool")."""
+
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """Outcome of one step. `observation` is None once `done`; `info` holds this step's counts."""
+
+    observation: Observation | None
+    done: bool
+    info: dict[str, Any]
+
+
+class TaskFieldError(ValueError):
+    """A task row lacks a field the environment needs, or holds it in the wrong shape."""
+
+    def __init__(self, message: str, *, field: str | None, environment: str) -> None:
+        self.field = field
+        self.environment = environment
+        super().__init__(message)
+
+
+class ToolError(Exception):
+    """A well-formed tool call that failed while running (bad expression, division by zero, ...).
+
+    The message goes back to the model as "error: <message>"; it counts as a tool error, not a malformed call.
+    """
+
+
+class EpisodeStateError(RuntimeError):
+    """`step` before `reset` or after `done`, or `trajectory` before the episode ended."""
+
+
+# --- answers ------------------------------------------------------------------------------------------------------
+
+_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
+
+
+def canonical_number(text: str) -> str | None:
+    """ "1,200.50" -> "1200.5", "12.0" -> "12", "-0" -> "0"; None when `text` is not one decimal number."""
+    cleaned = text.strip().replace(",", "")
+    if not cleaned or not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)", cleaned):
+        return None
+    try:
+        value = Decimal(cleaned)
+    except InvalidOperation:
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def extract_answer(text: str, answer_format: AnswerFormat) -> str | None:
+    """The final answer in a reply: the stripped text ("text"; None if blank) or its last number in canonical
+    form ("last_number"; None if it has none)."""
+    if answer_format == "text":
+        stripped = text.strip()
+        return stripped or None
+    matches = _NUMBER.findall(text)
+    return canonical_number(matches[-1]) if matches else None
+
+
+# --- the interface ------------------------------------------------------------------------------------------------
+
+
+def _describe(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+class Environment(abc.ABC):
+    """Base of every environment. Subclasses set the class attributes and implement `step`.
+
+    Class attributes (readable without an instance, for the checks at run creation):
+    - `name`, `description`: registry key and help text;
+    - `required_task_fields`: fields every task row must hold;
+    - `produces`: trajectory fields (`workers.trajectories.Trajectory`) this environment fills;
+    - `tools`: the tools it offers (none for single-turn environments).
+    """
+
+    name: ClassVar[str]
+    description: ClassVar[str]
+    required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "answer"})
+    produces: ClassVar[frozenset[str]] = frozenset({"answer", "gold_answers", "turns"})
+    tools: ClassVar[tuple[ToolSpec, ...]] = ()
+
+    def __init__(
+        self, *, max_turns: int, answer_format: AnswerFormat = "text", system_prompt: str | None = None
+    ) -> None:
+        if isinstance(max_turns, bool) or not isinstance(max_turns, int) or max_turns < 1:
+            raise ValueError(f"max_turns must be an integer >= 1, got {max_turns!r}")
+        if answer_format not in ANSWER_FORMATS:
+            raise ValueError(f"answer_format must be one of {', '.join(ANSWER_FORMATS)}, got {answer_format!r}")
+        self.max_turns = max_turns
+        self.answer_format: AnswerFormat = answer_format
+        self.system_prompt = system_prompt
+        self._task: Task | None = None
+        self._clear()
+
+    def _clear(self) -> None:
+        self._turns: list[dict[str, Any]] = []
+        self._messages: list[Message] = []
+        self._steps = 0
+        self._tool_calls = 0
+        self._malformed = 0
+        self._tool_errors = 0
+        self._done = False
+        self._answer: str | None = None
+        self._error: str | None = None
+
+    # task rows
+
+    @classmethod
+    def validate_task_row(cls, row: object, *, index: int | None = None) -> Task:
+        """Check one dataset row and turn it into a `Task`.
+
+        A row is a JSON object with `id` (string or integer), `prompt` (non-blank text, or a list of
+        {"role", "content"} messages) and `answer` (a string or number, or a non-empty list of them: the first
+        is the reference, the rest aliases); any other field lands in `metadata`. Raises `TaskFieldError` naming
+        the row (`index`, 1-based when given), the field and this environment.
+        """
+        where = f"task row {index}" if index is not None else "task row"
+
+        def fail(field_name: str | None, problem: str) -> TaskFieldError:
+            return TaskFieldError(f"{where}: {problem}", field=field_name, environment=cls.name)
+
+        if not isinstance(row, dict):
+            raise fail(None, f"expected a JSON object, got {_describe(row)}")
+        for name in sorted(cls.required_task_fields):
+            if row.get(name) is None:
+                present = ", ".join(sorted(map(str, row))) or "none"
+                raise fail(
+                    name,
+                    f"missing field '{name}', which environment '{cls.name}' needs "
+                    f"(required: {', '.join(sorted(cls.required_task_fields))}; the row has: {present})",
+                )
+
+        raw_id = row.get("id", "")
+        if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or (isinstance(raw_id, str) and not raw_id):
+            raise fail("id", f"field 'id' must be a non-empty string or an integer, got {_describe(raw_id)}")
+
+        prompt = row.get("prompt", "")
+        if isinstance(prompt, str):
+            if "prompt" in cls.required_task_fields and not prompt.strip():
+                raise fail("prompt", "field 'prompt' is blank; give the task's question")
+            task_prompt: str | list[Message] = prompt
+        elif isinstance(prompt, list) and prompt:
+            messages: list[Message] = []
+            for i, message in enumerate(prompt):
+                if not (
+                    isinstance(message, dict)
+                    and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)
+                ):
+                    raise fail("prompt", f"field 'prompt[{i}]' must be an object with string 'role' and 'content'")
+                messages.append({"role": message["role"], "content": message["content"]})
+            task_prompt = messages
+        else:
+            raise fail(
+                "prompt", f"field 'prompt' must be text or a non-empty list of messages, got {_describe(prompt)}"
+            )
+
+        raw_answer = row.get("answer")
+        answers: list[str] = []
+        if raw_answer is not None:
+            candidates = raw_answer if isinstance(raw_answer, list) and raw_answer else [raw_answer]
+            for value in candidates:
+                if isinstance(value, str) and value.strip():
+                    answers.append(value.strip())
+                elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                    answers.append(str(value))
+                else:
+                    raise fail(
+                        "answer",
+                        "field 'answer' must be a non-blank string, a finite number or a non-empty list of them, "
+                        f"got {_describe(value)}",
+                    )
+
+        metadata = {key: value for key, value in row.items() if key not in ("id", "prompt", "answer")}
+        return Task(
+            id=str(raw_id),
+            prompt=task_prompt,
+            answer=answers[0] if answers else None,
+            aliases=tuple(answers[1:]),
+            metadata=metadata,
+        )
+
+    # episode
+
+    @property
+    def task(self) -> Task:
+        if self._task is None:
+            raise EpisodeStateError(f"environment '{self.name}' has no task; call reset(task) first")
+        return self._task
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    @property
+    def messages(self) -> list[Message]:
+        """The conversation so far: initial messages, replies and observations."""
+        return list(self._messages)
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """System prompt (this environment's, then the tool prompt) followed by the task's prompt."""
+        system = "\n\n".join(part for part in (self.system_prompt, render_tool_prompt(self.tools)) if part)
+        if isinstance(task.prompt, str):
+            prompt: list[Message] = [{"role": "user", "content": task.prompt}]
+        else:
+            prompt = [Message(role=m["role"], content=m["content"]) for m in task.prompt]
+        if not system:
+            return prompt
+        if prompt and prompt[0]["role"] == "system":
+            return [{"role": "system", "content": prompt[0]["content"] + "\n\n" + system}, *prompt[1:]]
+        return [{"role": "system", "content": system}, *prompt]
+
+    def reset(self, task: Task) -> list[Message]:
+        """Start an episode on `task`; returns the initial chat messages for the policy."""
+        self._task = task
+        self._clear()
+        initial = self.initial_messages(task)
+        self._messages = list(initial)
+        self._turns = [dict(message) for message in initial]
+        return [Message(role=m["role"], content=m["content"]) for m in initial]
+
+    @abc.abstractmethod
+    def step(self, action_text: str) -> StepResult:
+        """Feed the policy's reply; returns what the environment says back, whether the episode ended, and
+        this step's counts in `info`."""
+
+    def abort(self, reason: str) -> None:
+        """End the episode early (a timeout, a generation failure); the trajectory carries `reason` as its error."""
+        _ = self.task  # raises EpisodeStateError when no episode was started
+        self._finish(answer=None, error=reason or "aborted")
+
+    def _begin_step(self, action_text: str) -> None:
+        _ = self.task  # raises EpisodeStateError when no episode was started
+        if self._done:
+            raise EpisodeStateError(f"the episode on task '{self.task.id}' is done; call reset(task) to start another")
+        self._steps += 1
+        self._messages.append({"role": "assistant", "content": action_text})
+
+    def _finish(self, *, answer: str | None, error: str | None = None) -> None:
+        self._done = True
+        self._answer = answer
+        self._error = error
+
+    def _info(self, **step_counts: Any) -> dict[str, Any]:
+        return {"turn": self._steps, **step_counts}
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Episode totals: replies (`turns`), tool calls run, malformed calls, calls that failed while running."""
+        return {
+            "turns": self._steps,
+            "tool_calls": self._tool_calls,
+            "malformed_tool_calls": self._malformed,
+            "tool_errors": self._tool_errors,
+        }
+
+    def gold_answers(self) -> list[str]:
+        """The task's accepted answers, in the form `extract_answer` gives replies (numbers canonical)."""
+        gold = self.task.gold_answers
+        if self.answer_format == "last_number":
+            return [canonical_number(answer) or answer for answer in gold]
+        return gold
+
+    def trajectory_fields(self) -> dict[str, Any]:
+        """Extra trajectory fields a subclass fills (output_doc_ids, seen_doc_ids, ...); none by default."""
+        return {}
+
+    def trajectory(self, trajectory_id: str | None = None) -> dict[str, Any]:
+        """The finished episode as a `workers.trajectories` record (a JSON-able dict, one JSONL line).
+
+        Beyond the parsed fields it carries `env` and `counts` (turns, tool_calls, malformed_tool_calls,
+        tool_errors), which the parser ignores and summaries read.
+        """
+        if not self._done:
+            raise EpisodeStateError(
+                f"the episode on task '{self.task.id}' is not done; step until done or call abort(reason)"
+            )
+        return {
+            "id": trajectory_id or uuid.uuid4().hex,
+            "task_id": self.task.id,
+            "env": self.name,
+            "answer": self._answer,
+            "gold_answers": self.gold_answers(),
+            "turns": [dict(turn) for turn in self._turns],
+            "error": self._error,
+            "counts": self.counts,
+            **self.trajectory_fields(),
+        }
+
+
+class ToolUseEnvironment(Environment):
+    """A multi-turn environment: each reply either calls tools (the results come back as `tool` messages) or,
+    with no tool call, ends the episode as the final answer. Reaching `max_turns` replies ends it too, without
+    an answer.
+
+    In the trajectory a reply with k well-formed calls becomes k assistant turns (the first holds the reply's
+    text), each followed by its tool turn, because `Trajectory.tool_calls` reads one call per assistant turn;
+    a reply with only malformed calls is one assistant turn with no tool. Malformed calls get an error `tool`
+    turn without a tool name. `counts["turns"]` counts replies.
+
+    Subclasses set `tools` and implement `run_tool`.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_turns: int,
+        answer_format: AnswerFormat = "text",
+        system_prompt: str | None = None,
+        max_calls_per_turn: int = 4,
+    ) -> None:
+        super().__init__(max_turns=max_turns, answer_format=answer_format, system_prompt=system_prompt)
+        if isinstance(max_calls_per_turn, bool) or not isinstance(max_calls_per_turn, int) or max_calls_per_turn < 1:
+            raise ValueError(f"max_calls_per_turn must be an integer >= 1, got {max_calls_per_turn!r}")
+        self.max_calls_per_turn = max_calls_per_turn
+
+    @abc.abstractmethod
+    def run_tool(self, call: ToolCall) -> str:
+        """Run one well-formed call; returns the result text or raises `ToolError`."""
+
+    def step(self, action_text: str) -> StepResult:
+        self._begin_step(action_text)
+        parsed = parse_tool_calls(action_text, self.tools)
+        if not parsed.has_tool_calls:
+            self._turns.append({"role": "assistant", "content": action_text})
+            self._finish(answer=extract_answer(action_text, self.answer_format))
+            return StepResult(None, True, self._info(tool_calls=0, malformed_tool_calls=0, tool_errors=0))
+
+        calls = parsed.calls[: self.max_calls_per_turn]
+        errors = list(parsed.errors)
+        for skipped in parsed.calls[self.max_calls_per_turn :]:
+            errors.append(
+                f"error: at most {self.max_calls_per_turn} tool calls per reply; the call to '{skipped.name}' "
+                "was not run; make it in your next reply"
+            )
+        if calls:
+            for i, call in enumerate(calls):
+                self._turns.append(
+                    {
+                        "role": "assistant",
+                        "content": action_text if i == 0 else "",
+                        "tool": call.name,
+                        "args": call.arguments,
+                    }
+                )
+        else:
+            self._turns.append({"role": "assistant", "content": action_text})
+
+        replies: list[Message] = []
+        tool_turns: list[dict[str, Any]] = []
+        step_tool_errors = 0
+        for call in calls:
+            try:
+                content = self.run_tool(call)
+            except ToolError as exc:
+                content = f"error: {exc}"
+                step_tool_errors += 1
+            replies.append({"role": "tool", "content": content})
+            tool_turns.append({"role": "tool", "tool": call.name, "content": content})
+        for error in errors:
+            replies.append({"role": "tool", "content": error})
+            tool_turns.append({"role": "tool", "content": error})
+        # Results follow their calls: the i-th assistant turn's result is the i-th tool turn after them all,
+        # which is how the policy saw them (one reply, then every result).
+        self._turns.extend(tool_turns)
+        self._messages.extend(replies)
+        self._tool_calls += len(calls)
+        self._malformed += len(errors)
+        self._tool_errors += step_tool_errors
+
+        info = self._info(tool_calls=len(calls), malformed_tool_calls=len(errors), tool_errors=step_tool_errors)
+        if self._steps >= self.max_turns:
+            self._finish(answer=None, error=f"no final answer within max_turns={self.max_turns}")
+            return StepResult(None, True, {**info, "truncated": True})
+        return StepResult(Observation(replies), False, info)
+
+
+# --- checks at run creation ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TermInputs:
+    """What one reward term reads: any one of `fields` (sets of trajectory fields), and the `tools` whose calls
+    it counts (a term over a tool the environment never offers is constant, so almost surely a mistake)."""
+
+    fields: tuple[frozenset[str], ...]
+    tools: frozenset[str] = frozenset()
+
+
+TERM_INPUTS: dict[str, TermInputs] = {
+    "exact_match": TermInputs((frozenset({"answer", "gold_answers"}),)),
+    "normalized_match": TermInputs((frozenset({"answer", "gold_answers"}),)),
+    "f_beta": TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),)),
+    "trajectory_recall": TermInputs((frozenset({"seen_doc_ids", "gold_doc_ids"}),)),
+    # terms.final_answer_found: answer chunk ids when the task has them, else the answer text
+    "final_answer_bonus": TermInputs(
+        (frozenset({"output_doc_ids", "answer_doc_ids"}), frozenset({"answer", "gold_answers"}))
+    ),
+    "prune_penalty": TermInputs((frozenset({"turns"}),), tools=frozenset({PRUNE_TOOL})),
+    "turn_penalty": TermInputs((frozenset({"turns"}),)),
+}
+"""Trajectory inputs of each reward term type (read off `workers.rewards.schema`'s `value` methods).
+
+Kept here rather than on the terms so the reward package stays independent of environments; a test fails when
+a term type is missing from this table.
+"""
+
+EnvLike = Environment | type[Environment]
+
+
+def check_reward_compatible(env: EnvLike, reward_spec: RewardSpec | Mapping[str, Any]) -> list[str]:
+    """Problems that keep `reward_spec` from scoring `env`'s trajectories; [] when they fit.
+
+    Each problem names the term, what it reads and what the environment produces. `reward_spec` may be a
+    `RewardSpec` or its JSON dict (an invalid dict raises `RewardSpecError`).
+    """
+    spec = validate_reward_spec(reward_spec)
+    produced = ", ".join(sorted(env.produces))
+    offered = {tool.name for tool in env.tools}
+    problems: list[str] = []
+    for index, term in enumerate(spec.terms):
+        label = f"terms[{index}] ({term.type}" + (f" '{term.name}')" if term.name != term.type else ")")
+        needs = TERM_INPUTS.get(term.type)
+        if needs is None:
+            problems.append(f"{label}: no known inputs for this term type; add it to workers.envs.base.TERM_INPUTS")
+            continue
+        if not any(option <= env.produces for option in needs.fields):
+            wanted = " or ".join(", ".join(sorted(option)) for option in needs.fields)
+            problems.append(
+                f"{label}: reads {wanted}, which environment '{env.name}' does not produce "
+                f"(it produces {produced}); remove the term or pick an environment that fills those fields"
+            )
+        missing_tools = sorted(needs.tools - offered)
+        if missing_tools:
+            problems.append(
+                f"{label}: counts calls to {', '.join(missing_tools)}, a tool environment '{env.name}' does not "
+                f"offer (tools: {', '.join(sorted(offered)) or 'none'}), so it would always be 0; remove the term"
+            )
+    return problems
+
+
+def check_task_fields(env: EnvLike, fields: Iterable[str]) -> list[str]:
+    """Problems with a dataset version whose rows have `fields` (e.g. its schema's columns); [] when it fits."""
+    present = set(fields)
+    return [
+        f"the dataset has no field '{name}', which environment '{env.name}' needs in every task row "
+        f"(required: {', '.join(sorted(env.required_task_fields))})"
+        for name in sorted(env.required_task_fields - present)
+    ]
+
+
+def check_task_rows(env: EnvLike, rows: Iterable[object], *, max_errors: int = 20) -> list[str]:
+    """Validate dataset rows for `env`; returns up to `max_errors` messages, each naming the row and field."""
+    problems: list[str] = []
+    for index, row in enumerate(rows, start=1):
+        try:
+            env.validate_task_row(row, index=index)
+        except TaskFieldError as exc:
+            problems.append(str(exc))
+            if len(problems) >= max_errors:
+                break
+    return problems

@@ -1,0 +1,104 @@
+"""Environments by name (what a run spec's `env` field names) and toy task generators for tests and demos."""
+
+from __future__ import annotations
+
+import inspect
+import random
+from typing import Any
+
+from workers.envs.base import Environment
+from workers.envs.calculator import CalculatorEnv
+from workers.envs.exact_answer import ExactAnswerEnv
+
+ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv)}
+"""Every environment a run may name; the search environment and others register here."""
+
+
+def environment_choices() -> list[tuple[str, str]]:
+    """(name, description) of every environment, sorted by name, for UI help text and form choices."""
+    return [(name, ENVIRONMENTS[name].description) for name in sorted(ENVIRONMENTS)]
+
+
+def environment_params(name: str) -> dict[str, Any]:
+    """The keyword parameters environment `name` takes, with their defaults (`inspect.Parameter.empty` if none)."""
+    cls = get_environment(name)
+    return {
+        param.name: param.default
+        for param in inspect.signature(cls.__init__).parameters.values()
+        if param.kind is inspect.Parameter.KEYWORD_ONLY
+    }
+
+
+def get_environment(name: str) -> type[Environment]:
+    """The environment class registered as `name`; ValueError listing the choices when there is none."""
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        raise ValueError(f"unknown environment {name!r}; choose one of: {', '.join(sorted(ENVIRONMENTS))}")
+
+
+def make_env(name: str, **params: Any) -> Environment:
+    """A new environment `name` built with `params` (e.g. max_turns=8).
+
+    Raises ValueError for an unknown name (listing the choices), a parameter the environment does not take
+    (listing those it takes) or a bad parameter value.
+    """
+    cls = get_environment(name)
+    accepted = environment_params(name)
+    unknown = sorted(set(params) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"environment {name!r} takes no parameter {', '.join(map(repr, unknown))}; "
+            f"it takes: {', '.join(accepted) or 'none'}"
+        )
+    return cls(**params)
+
+
+DIFFICULTIES = (1, 2, 3)
+
+
+def _arithmetic_question(rng: random.Random, difficulty: int) -> tuple[str, int]:
+    if difficulty == 1:
+        a, b = rng.randint(0, 9), rng.randint(0, 9)
+        return f"{a} + {b}", a + b
+    if difficulty == 2:
+        a, b = rng.randint(1, 20), rng.randint(1, 20)
+        if rng.random() < 0.5:
+            return f"{a} + {b}", a + b
+        high, low = max(a, b), min(a, b)
+        return f"{high} - {low}", high - low
+    op = rng.choice("+-*")
+    if op == "*":
+        a, b = rng.randint(2, 12), rng.randint(2, 12)
+        return f"{a} * {b}", a * b
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    if op == "+":
+        return f"{a} + {b}", a + b
+    high, low = max(a, b), min(a, b)
+    return f"{high} - {low}", high - low
+
+
+def arithmetic_tasks(n: int, seed: int = 0, difficulty: int = 1) -> list[dict[str, Any]]:
+    """`n` exact-answer task rows ({"id", "prompt", "answer"}) such as "What is 7 + 5? Answer with just the
+    number." -> "12", for the exact_answer environment.
+
+    Difficulty 1: sums of two digits; 2: sums and differences up to 20; 3: two-digit sums and differences and
+    products up to 12 x 12. Answers are never negative. The same (n, seed, difficulty) gives the same rows, and
+    a longer list extends a shorter one with the same seed.
+    """
+    if difficulty not in DIFFICULTIES:
+        raise ValueError(f"difficulty must be one of {DIFFICULTIES}, got {difficulty!r}")
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    rng = random.Random(f"arithmetic-{seed}-{difficulty}")
+    rows: list[dict[str, Any]] = []
+    for index in range(n):
+        expression, answer = _arithmetic_question(rng, difficulty)
+        rows.append(
+            {
+                "id": f"arith-d{difficulty}-s{seed}-{index}",
+                "prompt": f"What is {expression}? Answer with just the number.",
+                "answer": str(answer),
+            }
+        )
+    return rows
