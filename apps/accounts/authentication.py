@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import timedelta
+
 from typing import Any
 
 from django.utils import timezone
@@ -16,6 +18,9 @@ def bearer_secret(request: Any) -> str | None:
     return header[1]
 
 
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
 class ApiTokenAuthentication(BaseAuthentication):
     """`Authorization: Bearer crk_...`; request.auth becomes the ApiToken so permissions can apply its scopes."""
 
@@ -29,7 +34,9 @@ class ApiTokenAuthentication(BaseAuthentication):
             raise AuthenticationFailed("invalid or revoked API token; create a new one under /api/v1/tokens/")
         if token.expires_at is not None and token.expires_at <= now:
             raise AuthenticationFailed("API token expired; create a new one under /api/v1/tokens/")
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        # Record use at most once a minute: a write (and its commit) on every read would double a cheap GET's cost.
+        if token.last_used_at is None or now - token.last_used_at > LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.user, token
 
     def authenticate_header(self, request: Any) -> str:

@@ -81,8 +81,22 @@ class Run(models.Model):
         return self.progress_done / self.progress_total if self.progress_total else 0.0
 
 
+class IngestedRange(models.Model):
+    """The idempotency ledger: the seq numbers each ingest batch stored, as closed ranges (a batch of 1,000
+    consecutive events is one row). A seq inside any range of its run was stored and is never stored again."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="ingested_ranges")
+    lo = models.BigIntegerField()
+    hi = models.BigIntegerField()
+    batch = models.BigIntegerField()
+
+    class Meta:
+        indexes = [models.Index(fields=["run", "hi"], name="ingested_range_hi_idx")]
+
+
 class RunEvent(models.Model):
-    """The ingest ledger: one row per (run, seq). Retried batches hit the unique key and add nothing."""
+    """Every non-metric event (logs, progress, trajectories, artifacts...), for replay to a reconnecting page and
+    the events API. Metric values live in MetricPoint only; IngestedRange keeps every kind exactly-once."""
 
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
     seq = models.BigIntegerField()

@@ -65,32 +65,36 @@ def metric_names(*, run_id: int) -> list[str]:
 def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str, Any]:
     """A series downsampled in PostgreSQL to at most `max_points` buckets over the step range.
 
-    Each bucket returns its min, mean and max, so spikes survive downsampling (an envelope, like M4)."""
+    Each bucket returns its min, mean and max, so spikes survive downsampling (an envelope, like M4). One scan:
+    the step range comes from two index probes, and the bucket counts add up to the point count."""
     max_points = max(10, min(max_points, 5000))
     with connection.cursor() as cursor:
         cursor.execute(
-            "SELECT min(step), max(step), count(*) FROM runs_metricpoint WHERE run_id = %s AND name = %s",
-            [run_id, name],
+            """
+            WITH bounds AS (
+              SELECT (SELECT step FROM runs_metricpoint WHERE run_id = %(run)s AND name = %(name)s
+                      ORDER BY step LIMIT 1) AS lo,
+                     (SELECT step FROM runs_metricpoint WHERE run_id = %(run)s AND name = %(name)s
+                      ORDER BY step DESC LIMIT 1) AS hi
+            )
+            SELECT min(m.step), avg(m.value), min(m.value), max(m.value), count(*)
+            FROM runs_metricpoint m, bounds
+            WHERE m.run_id = %(run)s AND m.name = %(name)s
+            -- Integer bucket arithmetic: about twice as fast as floor() over floats on 100k rows.
+            GROUP BY (m.step - bounds.lo) * %(n)s / (bounds.hi - bounds.lo + 1)
+            ORDER BY 1
+            """,
+            {"run": run_id, "name": name, "n": max_points},
         )
-        lo, hi, count = cursor.fetchone()
-        if not count:
-            return {"name": name, "steps": [], "mean": [], "min": [], "max": [], "count": 0}
-        if count <= max_points:
+        rows = cursor.fetchall()
+        count = sum(r[4] for r in rows)
+        if len(rows) < count <= max_points:
+            # Few points on sparse steps shared buckets: they fit, so return each one as it is.
             cursor.execute(
                 "SELECT step, value, value, value FROM runs_metricpoint WHERE run_id = %s AND name = %s ORDER BY step",
                 [run_id, name],
             )
-        else:
-            # Integer bucket arithmetic: about twice as fast as floor() over floats on 100k rows.
-            cursor.execute(
-                """
-                SELECT min(step), avg(value), min(value), max(value)
-                FROM runs_metricpoint WHERE run_id = %s AND name = %s
-                GROUP BY (step - %s) * %s / %s ORDER BY 1
-                """,
-                [run_id, name, lo, max_points, hi - lo + 1],
-            )
-        rows = cursor.fetchall()
+            rows = cursor.fetchall()
     return {
         "name": name,
         "steps": [r[0] for r in rows],

@@ -4,7 +4,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from apps.runs import services
-from apps.runs.models import MetricPoint, Run, RunEvent, TrajectorySummary
+from apps.runs.models import IngestedRange, MetricPoint, Run, RunEvent, TrajectorySummary
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -34,7 +34,8 @@ def test_a_retried_batch_adds_nothing_the_second_time(run):
     assert first.status_code == 200 and first.json() == {"accepted": 4, "duplicates": 0, "last_seq": 4}
     second = _post(run, BATCH)
     assert second.status_code == 200 and second.json() == {"accepted": 0, "duplicates": 4, "last_seq": 4}
-    assert RunEvent.objects.filter(run=run).count() == 4
+    assert RunEvent.objects.filter(run=run).count() == 3  # the metric event is stored once, as MetricPoints
+    assert list(IngestedRange.objects.filter(run=run).values_list("lo", "hi")) == [(1, 4)]
     assert MetricPoint.objects.filter(run=run).count() == 2
     assert TrajectorySummary.objects.filter(run=run).count() == 1
     run.refresh_from_db()
@@ -158,3 +159,16 @@ def test_replay_pages_through_more_events_than_one_page(run):
         _, events, position = run_events_after(run_id=run.pk, after_batch=position[0], after_seq=position[1], limit=3)
         seen += [e["seq"] for e in events]
     assert seen == list(range(1, 8))
+
+
+def test_a_retry_that_overlaps_several_earlier_batches_stores_only_the_gaps(run):
+    def metrics(seqs):  # type: ignore[no-untyped-def]
+        return [{"seq": s, "kind": "metric", "step": s, "values": {"x": 1.0}} for s in seqs]
+
+    _post(run, metrics([1, 2, 3]))
+    _post(run, metrics([7, 8]))
+    _post(run, [{"seq": 5, "kind": "log", "lines": ["five"]}])
+    reply = _post(run, metrics([2, 3, 4]) + [{"seq": 5, "kind": "log", "lines": ["five"]}] + metrics([6, 7, 9]))
+    assert reply.json() == {"accepted": 3, "duplicates": 4, "last_seq": 9}
+    assert sorted(MetricPoint.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3, 4, 6, 7, 8, 9]
+    assert RunEvent.objects.filter(run=run, kind="log").count() == 1
