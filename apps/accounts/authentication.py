@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from datetime import timedelta
-
 from typing import Any
 
 from django.utils import timezone
