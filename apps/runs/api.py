@@ -28,6 +28,7 @@ class RunSerializer(serializers.ModelSerializer):
             "dataset_version",
             "reward_version",
             "tags",
+            "parent",
             "ray_job_id",
             "progress_done",
             "progress_total",
@@ -45,11 +46,16 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class LaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["rescore"], help_text="Run kinds that can be launched so far")
+    kind = serializers.ChoiceField(choices=["rescore", "train"], help_text="Run kinds that can be launched so far")
     dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
     reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
+    config = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="kind=train: the training config (workers.rl.config.TrainConfig); omitted fields take defaults",
+    )
 
 
 class TrajectorySerializer(serializers.ModelSerializer):
@@ -60,7 +66,7 @@ class TrajectorySerializer(serializers.ModelSerializer):
 
 class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
-    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH}
+    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH, "resume": Capability.LAUNCH}
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         qs = selectors.run_list()
@@ -73,13 +79,25 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         body = LaunchSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        run = services.run_launch_rescore(
-            created_by=request.user,
-            dataset_version=data["dataset_version"],
-            reward_version=data["reward_version"],
-            name=data["name"],
-            tags=data["tags"],
-        )
+        common = {
+            "created_by": request.user,
+            "dataset_version": data["dataset_version"],
+            "reward_version": data["reward_version"],
+            "name": data["name"],
+            "tags": data["tags"],
+        }
+        if data["kind"] == "train":
+            if not isinstance(data["config"], dict):
+                raise ValidationError({"config": ["must be a JSON object of training settings"]})
+            run = services.run_launch_train(**common, config=data["config"])
+        else:
+            run = services.run_launch_rescore(**common)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        """Continue a stopped or failed training run from its latest checkpoint, as a new run linked to it."""
+        run = services.run_resume(run=self.get_object(), user=request.user)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"])

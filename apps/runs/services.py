@@ -8,11 +8,13 @@ import json
 import secrets
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
@@ -32,13 +34,16 @@ from apps.runs.models import (
     TrajectorySummary,
 )
 from apps.runs.storage import storage_uri, worker_storage_options
+from workers.envs.base import check_reward_compatible, check_task_rows
+from workers.envs.registry import get_environment, make_env
 from workers.events import EVENTS_LIST
+from workers.rl.config import BUILTIN_SHAPES, TrainConfig, estimate_memory_gb, shape_from_hf_config
 
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
 
 # The module each run kind executes on Ray; later issues add train, eval, index and datagen.
-JOB_MODULES = {RunKind.RESCORE: "workers.jobs.rescore"}
+JOB_MODULES = {RunKind.RESCORE: "workers.jobs.rescore", RunKind.TRAIN: "workers.jobs.train"}
 
 
 # --- ingest tokens -------------------------------------------------------------------------------------------
@@ -86,6 +91,131 @@ def run_launch_rescore(
     return run
 
 
+def _pydantic_fields(exc: PydanticError, prefix: str) -> dict[str, list[str]]:
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors()[:20]:
+        path = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        fields.setdefault(path or prefix, []).append(err["msg"])
+    return fields
+
+
+def train_config_check(
+    *, config: dict[str, Any], dataset_version: DatasetVersion, reward_version: RewardConfigVersion
+) -> TrainConfig:
+    """Everything that can be known before compute starts: a refused run costs a 400 now, not a failure in an hour.
+    Checks the typed config, the base model, the environment, every task row, the reward's inputs and memory."""
+    try:
+        parsed = TrainConfig.model_validate(config)
+    except PydanticError as exc:
+        raise ValidationError(_pydantic_fields(exc, "config"))
+    problems: dict[str, list[str]] = {}
+    shape = BUILTIN_SHAPES.get(parsed.base_model)
+    if shape is None:
+        model_dir = Path(parsed.base_model).expanduser()
+        if not (model_dir / "config.json").is_file():
+            names = ", ".join(sorted(BUILTIN_SHAPES))
+            problems["config.base_model"] = [
+                f"unknown base model {parsed.base_model!r}: use a built-in name ({names}) or the path of a model "
+                "directory with config.json on the control plane host"
+            ]
+        else:
+            shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+    try:
+        env_cls = get_environment(parsed.environment)
+        make_env(parsed.environment, **parsed.env_params)
+    except (ValueError, TypeError) as exc:
+        problems["config.environment"] = [str(exc)]
+        env_cls = None
+    if dataset_version.dataset.kind != DatasetKind.TASKS:
+        problems["dataset_version"] = [
+            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; training needs a dataset of kind 'tasks'"
+        ]
+    elif env_cls is not None:
+        with dataset_version.file.open("rb") as handle:
+            rows = [json.loads(line) for line in handle.read().decode().splitlines() if line.strip()]
+        row_problems = check_task_rows(env_cls, rows, max_errors=10)
+        if row_problems:
+            problems["dataset_version"] = row_problems
+        if len(rows) < parsed.prompts_per_step:
+            problems.setdefault("config.prompts_per_step", []).append(
+                f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
+            )
+    if env_cls is not None:
+        reward_problems = check_reward_compatible(env_cls, reward_version.spec)
+        if reward_problems:
+            problems["reward_version"] = reward_problems
+    if shape is not None:
+        memory = estimate_memory_gb(parsed, shape)
+        if memory["total"] > parsed.compute.memory_gb:
+            problems["config.compute.memory_gb"] = [
+                f"this run needs about {memory['total']:g} GB ({memory}) but asks for {parsed.compute.memory_gb:g}; "
+                "lower max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or "
+                "LoRA, or raise compute.memory_gb"
+            ]
+    if problems:
+        raise ValidationError(problems)
+    return parsed
+
+
+@transaction.atomic
+def run_launch_train(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    config: dict[str, Any],
+    name: str = "",
+    tags: list[str] | None = None,
+    parent: Run | None = None,
+    resume_from: Checkpoint | None = None,
+) -> Run:
+    parsed = train_config_check(config=config, dataset_version=dataset_version, reward_version=reward_version)
+    spec: dict[str, Any] = {
+        "config": parsed.model_dump(mode="json"),
+        "dataset_version": dataset_version.pk,
+        "reward_version": reward_version.pk,
+    }
+    if resume_from is not None:
+        spec["resume_from"] = {"checkpoint": resume_from.pk, "uri": resume_from.uri, "step": resume_from.step}
+    run = Run.objects.create(
+        kind=RunKind.TRAIN,
+        name=name or f"{parsed.algorithm} {parsed.base_model} on {dataset_version.dataset.name}",
+        spec=spec,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        parent=parent,
+        tags=tags or [],
+        ingest_nonce=secrets.token_hex(16),
+        created_by=created_by,
+        progress_done=resume_from.step if resume_from is not None else 0,
+        progress_total=parsed.steps,
+    )
+    _dispatch_on_commit(run)
+    return run
+
+
+def run_resume(*, run: Run, user: User) -> Run:
+    """A new run that continues `run` from its latest checkpoint (step counter, optimizer, RNG, data order)."""
+    if run.kind != RunKind.TRAIN:
+        raise ValidationError({"run": [f"run {run.pk} is a {run.kind} run; only training runs resume"]})
+    if not run.is_terminal:
+        raise ValidationError({"run": [f"run {run.pk} is {run.status}; stop it first, then resume"]})
+    checkpoint = run.checkpoints.order_by("-step").first()
+    if checkpoint is None:
+        raise ValidationError({"run": [f"run {run.pk} wrote no checkpoint yet; launch it again instead"]})
+    assert run.dataset_version is not None and run.reward_version is not None
+    return run_launch_train(
+        created_by=user,
+        dataset_version=run.dataset_version,
+        reward_version=run.reward_version,
+        config=run.spec["config"],
+        name=f"{run.name} (resumed at step {checkpoint.step})"[:200],
+        tags=list(run.tags),
+        parent=run,
+        resume_from=checkpoint,
+    )
+
+
 def _dispatch_on_commit(run: Run) -> None:
     from apps.runs.tasks import dispatch_run
 
@@ -103,6 +233,17 @@ def worker_spec(run: Run) -> dict[str, Any]:
             "input_uri": storage_uri(run.dataset_version.file.name),
             "output_uri": storage_uri(f"runs/{run.pk}/scores.jsonl"),
             "reward": run.reward_version.spec,
+        }
+    if run.kind == RunKind.TRAIN:
+        assert run.dataset_version is not None and run.reward_version is not None
+        resume = run.spec.get("resume_from")
+        return {
+            **base,
+            "config": run.spec["config"],
+            "input_uri": storage_uri(run.dataset_version.file.name),
+            "reward": run.reward_version.spec,
+            "output_prefix": storage_uri(f"runs/{run.pk}"),
+            "resume_from": resume["uri"] if resume else None,
         }
     raise ValueError(f"no worker spec for kind {run.kind}")
 

@@ -78,6 +78,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "state": services.run_state(run),
             "logs": run.log_tail.splitlines()[-200:],
             "artifacts": run.artifacts.order_by("name"),
+            "checkpoints": run.checkpoints.order_by("-step")[:20],
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
         },
@@ -254,3 +255,143 @@ def reward_diff(request: HttpRequest, old_id: int, new_id: int) -> HttpResponse:
     return render(
         request, "rewards/diff.html", {"old": old, "new": new, "changes": reward_spec_diff(old.spec, new.spec)}
     )
+
+
+# --- training runs -------------------------------------------------------------------------------------------
+# The form's fields, in the order shown; help text and defaults come from TrainConfig's own Field descriptions.
+TRAIN_FORM_FIELDS = [
+    "base_model",
+    "environment",
+    "algorithm",
+    "learning_rate",
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "scale_rewards",
+    "drop_equal_groups",
+    "sampling.max_new_tokens",
+    "sampling.temperature",
+    "mode",
+    "max_staleness",
+    "weight_sync",
+    "checkpoint_every",
+    "gradient_checkpointing",
+    "lora.rank",
+    "max_tokens_per_pack",
+    "compute.cpus",
+    "compute.gpus",
+    "compute.memory_gb",
+    "compute.rollout_workers",
+    "seed",
+]
+
+
+def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
+    from typing import get_args
+
+    from workers.envs.registry import environment_choices
+    from workers.models.registry import BUILTIN_MODELS
+    from workers.rl.config import ComputeRequest, LoraConfig, SamplingConfig, TrainConfig
+
+    nested = {"sampling": SamplingConfig, "compute": ComputeRequest, "lora": LoraConfig}
+    fields = []
+    for path in TRAIN_FORM_FIELDS:
+        owner, _, leaf = path.rpartition(".")
+        info = (nested[owner] if owner else TrainConfig).model_fields[leaf]
+        default = info.get_default(call_default_factory=True)
+        choices = [str(c) for c in get_args(info.annotation)] if leaf not in ("base_model", "environment") else []
+        if leaf == "base_model":
+            choices = list(BUILTIN_MODELS)
+        if leaf == "environment":
+            choices = [name for name, _ in environment_choices()]
+        kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")
+        label = path.replace("_", " ").replace(".", ": ")
+        if path == "lora.rank":
+            label, default = "LoRA rank (empty: full parameters)", ""
+        fields.append(
+            {
+                "name": path,
+                "label": label,
+                "help": info.description or "",
+                "kind": kind,
+                "choices": choices,
+                "value": values.get(path, "" if default is None else str(default)),
+                "checked": values.get(path, "on" if default is True else "") == "on",
+            }
+        )
+    return fields
+
+
+def _train_config_from_post(post: Any) -> dict[str, Any]:
+    """Nested config dict from the flat form; blank fields keep TrainConfig's defaults."""
+    config: dict[str, Any] = {}
+    for path in TRAIN_FORM_FIELDS:
+        raw = post.get(path, "")
+        owner, _, leaf = path.rpartition(".")
+        if path in ("drop_equal_groups", "gradient_checkpointing"):
+            value: Any = raw == "on"
+        elif raw == "":
+            continue
+        else:
+            value = raw
+        (config.setdefault(owner, {}) if owner else config)[leaf] = value
+    for name in ("loss", "env_params"):
+        text = post.get(name, "").strip()
+        if text:
+            try:
+                config[name] = json.loads(text)
+            except ValueError as exc:
+                raise ValidationError({f"config.{name}": [f"not valid JSON ({exc}); write an object like {{}}"]})
+    return config
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def train_new(request: HttpRequest) -> HttpResponse:
+    versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TASKS).select_related("dataset")
+    rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
+    errors: list[str] = []
+    values = {k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+    if request.method == "POST":
+        try:
+            dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
+            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
+            errors.append("pick a tasks dataset version and a reward config version")
+        else:
+            try:
+                run = services.run_launch_train(
+                    created_by=request.user,  # type: ignore[arg-type]
+                    dataset_version=dataset_version,
+                    reward_version=reward_version,
+                    config=_train_config_from_post(request.POST),
+                    name=request.POST.get("name", ""),
+                )
+            except ValidationError as exc:
+                errors = _errors(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    return render(
+        request,
+        "runs/train_new.html",
+        {
+            "versions": versions,
+            "rewards": rewards,
+            "errors": errors,
+            "fields": _train_form_fields(values),
+            "values": values,
+        },
+    )
+
+
+@needs(Capability.LAUNCH)
+@require_POST
+def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        child = services.run_resume(run=run, user=request.user)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        messages.error(request, "; ".join(_errors(exc)))
+        return redirect("web:run", run_id=run.pk)
+    messages.info(request, f"Run {child.pk} resumes run {run.pk} from its latest checkpoint.")
+    return redirect("web:run", run_id=child.pk)

@@ -18,36 +18,47 @@
   let opened = 0;
   const points = new Map(); // step -> {name: value}
   const names = new Set();
-  let metricsChart = null;
   let histChart = null;
   const wsState = document.getElementById("ws-state");
 
   function chartWidth(el) { return Math.max(300, el.clientWidth - 8); }
 
-  function metricsData() {
-    const steps = Array.from(points.keys()).sort((a, b) => a - b);
-    const cols = Array.from(names).sort();
-    const data = [steps];
-    for (const n of cols) data.push(steps.map((s) => (n in points.get(s) ? points.get(s)[n] : null)));
-    return { cols, data };
+  // One small chart per metric (small multiples): reward, loss, KL and timings live on different scales.
+  const charts = new Map(); // name -> uPlot
+  const FIRST = ["reward_mean", "loss", "kl", "entropy", "clip_fraction", "tokens_per_second"];
+  function order(a, b) {
+    const ia = FIRST.indexOf(a), ib = FIRST.indexOf(b);
+    if (ia !== ib) return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib);
+    return a < b ? -1 : a > b ? 1 : 0;
+  }
+
+  function seriesData(name) {
+    const steps = Array.from(points.keys()).filter((s) => name in points.get(s)).sort((a, b) => a - b);
+    return [steps, steps.map((s) => points.get(s)[name])];
   }
 
   function drawMetrics() {
     const el = document.getElementById("chart-metrics");
-    const { cols, data } = metricsData();
+    const cols = Array.from(names).sort(order);
     if (!cols.length) { el.textContent = "No metrics yet."; return; }
-    const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
-    const key = cols.join("|");
-    if (metricsChart && metricsChart._key === key) { metricsChart.setData(data); return; }
-    if (metricsChart) metricsChart.destroy();
-    el.textContent = "";
-    metricsChart = new uPlot({
-      width: chartWidth(el), height: 260,
-      scales: { x: { time: false } },
-      axes: [{ label: "step" }, {}],
-      series: [{ label: "step" }].concat(cols.map((n, i) => ({ label: n, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }))),
-    }, data, el);
-    metricsChart._key = key;
+    if (!charts.size) el.textContent = "";
+    cols.forEach((name, i) => {
+      const data = seriesData(name);
+      if (charts.has(name)) { charts.get(name).setData(data); return; }
+      const box = document.createElement("div");
+      box.className = "small-chart";
+      box.dataset.metric = name;
+      el.appendChild(box);
+      const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+      charts.set(name, new uPlot({
+        title: name, width: Math.max(240, Math.floor(el.clientWidth / 2) - 12), height: 160,
+        scales: { x: { time: false } }, legend: { show: false },
+        axes: [{ size: 28 }, { size: 50 }],
+        series: [{ label: "step" }, { label: name, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }],
+      }, data, box));
+    });
+    // Keep the boxes in a stable, useful order as new metrics appear.
+    for (const name of cols) { const c = charts.get(name); if (c) el.appendChild(c.root.parentNode); }
   }
 
   function drawHistogram(h) {

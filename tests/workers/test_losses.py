@@ -445,3 +445,26 @@ def test_dr_grpo_requires_max_completion_length() -> None:
 def test_defaults_reject_an_unknown_algorithm() -> None:
     with pytest.raises(ValueError, match="^algorithm must be one of"):
         LossConfig.defaults("ppo")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "cispo", "gspo"])
+def test_micro_batch_losses_with_the_batch_normalisers_add_up_to_the_whole_batch(algorithm):
+    torch.manual_seed(0)
+    logp = (torch.randn(4, 5, dtype=torch.float64) - 2).requires_grad_()
+    old = logp.detach() + 0.1 * torch.randn(4, 5, dtype=torch.float64)
+    ref = logp.detach() + 0.1 * torch.randn(4, 5, dtype=torch.float64)
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 1, 1, 0]], dtype=torch.float64)
+    config = LossConfig.defaults(algorithm, max_completion_length=5)
+    config = LossConfig(**{**config.__dict__, "kl_coef": 0.1})
+    whole = policy_loss(logp, old, adv, mask, config, ref).loss
+    (grad_whole,) = torch.autograd.grad(whole, logp)
+    parts = [
+        policy_loss(
+            logp[rows], old[rows], adv[rows], mask[rows], config, ref[rows], batch_sequences=4, batch_tokens=13.0
+        ).loss
+        for rows in (slice(0, 1), slice(1, 4))
+    ]
+    (grad_parts,) = torch.autograd.grad(sum(parts), logp)
+    assert torch.allclose(sum(parts), whole, rtol=1e-12)
+    assert torch.allclose(grad_parts, grad_whole, rtol=1e-12)

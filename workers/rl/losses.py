@@ -228,6 +228,9 @@ def policy_loss(
     mask: Tensor,
     config: LossConfig,
     ref_logp: Tensor | None = None,
+    *,
+    batch_sequences: int | None = None,
+    batch_tokens: float | None = None,
 ) -> LossOutput:
     """The loss −J of ``config.algorithm`` for one batch of completions (methods.md P1-P5).
 
@@ -238,6 +241,9 @@ def policy_loss(
         mask: ``[B, T]`` bool or 0/1 float, 1 for tokens that count.
         config: the algorithm and its hyperparameters.
         ref_logp: ``[B, T]`` log π_ref, required when ``config.kl_coef > 0`` and ignored otherwise.
+        batch_sequences, batch_tokens: when these B rows are one micro-batch of a larger optimizer batch, that
+            batch's sequence count and valid-token count (N). The normalisers below then use them, so the micro-batch
+            losses (and their gradients) add up to the whole batch's loss. Default: this micro-batch's own.
 
     Normalisation (|o_i| = valid tokens of sequence i, N = Σ_i |o_i|):
         grpo, gspo: mean over sequences of the per-sequence token mean (P1, P5); empty sequences count as 0.
@@ -264,7 +270,7 @@ def policy_loss(
         ratio = torch.exp((log_ratio * weights).sum(dim=1) / tokens_per_seq.clamp(min=1.0))  # [B]
         nonempty = tokens_per_seq > 0
         per_seq = _clipped_surrogate_loss(ratio, adv, config) * nonempty.to(dtype)
-        surrogate_loss = per_seq.mean()
+        surrogate_loss = per_seq.sum() / (batch_sequences or per_seq.shape[0])
         ratio_valid = nonempty
         clipped = _clip_region(ratio.detach(), adv, config)
     else:
@@ -283,7 +289,7 @@ def policy_loss(
             ratio = torch.exp(log_ratio)
             per_token = _clipped_surrogate_loss(ratio, adv_tok, config)
             clipped = _clip_region(ratio.detach(), adv_tok, config)
-        surrogate_loss = _normalise(per_token, weights, config)
+        surrogate_loss = _normalise(per_token, weights, config, batch_sequences, batch_tokens)
         ratio_valid = valid
 
     loss = surrogate_loss
@@ -292,7 +298,7 @@ def policy_loss(
         assert ref_logp is not None  # checked in _check_inputs
         per_token_kl = kl_estimate(logp_f, ref_logp.detach().to(dtype), config.kl_estimator)
         # methods.md P1: −β·D_KL sits inside the same normalisation as the surrogate.
-        loss = loss + config.kl_coef * _normalise(per_token_kl, weights, config)
+        loss = loss + config.kl_coef * _normalise(per_token_kl, weights, config, batch_sequences, batch_tokens)
         kl_mean = (per_token_kl.detach() * weights).sum() / weights.sum().clamp(min=1.0)
 
     with torch.no_grad():
@@ -332,15 +338,24 @@ def _clip_region(ratio: Tensor, adv: Tensor, config: LossConfig) -> Tensor:
     return high | low
 
 
-def _normalise(per_token: Tensor, weights: Tensor, config: LossConfig) -> Tensor:
+def _normalise(
+    per_token: Tensor,
+    weights: Tensor,
+    config: LossConfig,
+    batch_sequences: int | None = None,
+    batch_tokens: float | None = None,
+) -> Tensor:
     """Reduce ``[B, T]`` per-token terms to a scalar with the algorithm's normaliser (see `policy_loss`)."""
     masked = per_token * weights
+    sequences = batch_sequences or per_token.shape[0]
     if config.algorithm in ("grpo", "gspo"):
-        return (masked.sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)).mean()  # methods.md P1: (1/G) Σ_i 1/|o_i|
+        # methods.md P1: (1/G) Σ_i 1/|o_i|
+        return (masked.sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)).sum() / sequences
     if config.algorithm == "dr_grpo":
         assert config.max_completion_length is not None  # checked by LossConfig
-        return masked.sum() / (per_token.shape[0] * config.max_completion_length)  # methods.md P2
-    return masked.sum() / weights.sum().clamp(min=1.0)  # methods.md P3/P4: 1 / Σ_i |o_i|
+        return masked.sum() / (sequences * config.max_completion_length)  # methods.md P2
+    tokens = batch_tokens if batch_tokens is not None else weights.sum().clamp(min=1.0)
+    return masked.sum() / tokens  # methods.md P3/P4: 1 / Σ_i |o_i|
 
 
 def _check_inputs(

@@ -1,0 +1,280 @@
+"""The trainer job (`python -m workers.jobs.train`): policy-gradient RL of a language model on Ray.
+
+Rollout actors generate groups of G completions per prompt with the current policy, run the environment's
+episodes and score them with the run's reward config; the learner actor computes advantages and the loss, steps
+AdamW and sends the new weights to the rollout actors (a delta-compressed update by default). In async mode the
+rollouts of step t+1 are generated while step t trains, and every sample's policy version is checked against
+`max_staleness`. Checkpoints go to object storage every `checkpoint_every` steps and are registered with the
+control plane; a run created with `resume_from` continues the step counter, optimizer, RNG and data order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import Any
+
+import ray
+
+from workers.jobs.common import JobSpec, load_spec, read_bytes, reporter_for, write_bytes
+from workers.reporting import Reporter
+from workers.rl.config import TrainConfig
+from workers.rl.rollout import RolloutResult, Sample
+
+log = logging.getLogger("crucible.train")
+RESOURCE_WAIT_REPORT_SECONDS = 10.0
+
+
+class TrainSpec(JobSpec):
+    config: TrainConfig
+    input_uri: str
+    reward: dict[str, Any]
+    output_prefix: str  # checkpoints/ and trajectories/ go under it
+    resume_from: str | None = None  # URI of a checkpoint written by this job
+    max_rows: int = 100_000
+
+
+def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
+    """Row indices for `step`: epochs of a seeded permutation, so a resumed run continues the same order."""
+    out: list[int] = []
+    position = step * per_step
+    while len(out) < per_step:
+        epoch, offset = divmod(position, num_rows)
+        order = list(range(num_rows))
+        random.Random(seed * 1_000_003 + epoch).shuffle(order)
+        take = min(per_step - len(out), num_rows - offset)
+        out += order[offset : offset + take]
+        position += take
+    return out
+
+
+class _RolloutActor:
+    def __init__(self, model_path: str, config: TrainConfig, reward: dict[str, Any], threads: int) -> None:
+        import torch
+
+        from workers.models import make_backend
+        from workers.rl.rollout import RolloutWorker
+        from workers.rl.weightsync import WeightSyncReceiver
+
+        torch.set_num_threads(threads)
+        backend = make_backend(config.backend, model_path)
+        self.worker = RolloutWorker(
+            backend,
+            environment=config.environment,
+            env_params=config.env_params,
+            reward=reward,
+            temperature=config.sampling.temperature,
+            top_p=config.sampling.top_p,
+            max_new_tokens=config.sampling.max_new_tokens,
+        )
+        self.receiver = WeightSyncReceiver()
+
+    def ready(self) -> bool:
+        return True
+
+    def rollout(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> RolloutResult:
+        return self.worker.rollout(rows, group_size=group_size, seed=seed)
+
+    def apply(self, blob: bytes, version: int) -> int:
+        state = self.receiver.receive(blob)
+        self.worker.backend.load_state_dict(state, version)
+        return version
+
+
+class _LearnerActor:
+    def __init__(self, model_path: str, config: TrainConfig, threads: int) -> None:
+        from workers.rl.learner import Learner
+
+        self.learner = Learner(model_path, config, threads=threads)
+
+    def ready(self) -> bool:
+        return True
+
+    def state(self) -> tuple[int, int]:
+        return self.learner.step, self.learner.version
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        return self.learner.train_step(samples)
+
+    def weight_update(self) -> tuple[bytes, dict[str, float], int]:
+        blob, stats = self.learner.weight_update()
+        return blob, stats, self.learner.version
+
+    def checkpoint(self, data_position: int) -> bytes:
+        return self.learner.checkpoint_bytes(data_position=data_position)
+
+    def load_checkpoint(self, blob: bytes) -> dict[str, Any]:
+        payload = self.learner.load_checkpoint(blob)
+        return {"step": payload["step"], "version": payload["version"]}
+
+
+def _wait_for_resources(actors: list[Any], reporter: Reporter, config: TrainConfig) -> None:
+    """Actors whose resources the cluster cannot give yet stay pending: say so on the run's page while waiting."""
+    pending = [a.ready.remote() for a in actors]
+    started = time.monotonic()
+    reported = False
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=RESOURCE_WAIT_REPORT_SECONDS)
+        if pending:
+            free = ray.available_resources()  # type: ignore[no-untyped-call]
+            message = (
+                f"waiting for resources: this run asks for {config.compute.cpus:g} CPUs, "
+                f"{config.compute.gpus:g} GPUs, {config.compute.memory_gb:g} GB; the cluster has "
+                f"{free.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} GPUs free (another run may hold them); "
+                f"waited {time.monotonic() - started:.0f}s"
+            )
+            reporter.log(message)
+            reporter.summary({"waiting_for_resources": message})
+            reported = True
+    if reported:
+        reporter.summary({"waiting_for_resources": None})
+        reporter.log("resources granted; starting")
+
+
+def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
+    return {
+        "trajectory_id": sample.trajectory["id"],
+        "task_id": sample.task_id,
+        "step": step,
+        "reward": sample.reward,
+        "terms": sample.terms,
+        "num_turns": sample.num_turns,
+        "error": sample.error,
+    }
+
+
+def run(spec: TrainSpec) -> dict[str, Any]:
+    from workers.envs.registry import get_environment
+    from workers.models.registry import resolve_base_model
+
+    config = spec.config
+    opts = spec.storage_options
+    with reporter_for(spec) as reporter:
+        env_cls = get_environment(config.environment)
+        raw = read_bytes(spec.input_uri, opts).decode()
+        rows = [json.loads(line) for line in raw.splitlines() if line.strip()][: spec.max_rows]
+        for index, row in enumerate(rows, start=1):
+            env_cls.validate_task_row(row, index=index)
+        model_path = str(resolve_base_model(config.base_model))
+        reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {config.algorithm}, mode {config.mode}")
+        reporter.progress(0, config.steps)
+
+        ray.init(ignore_reinit_error=True, log_to_driver=False)
+        workers = config.compute.rollout_workers
+        # Ray's CPU count is for scheduling; torch uses every CPU the run asked for in each actor, since in sync
+        # mode the learner and the rollouts take turns.
+        cpu_share = config.compute.cpus / (workers + 1)
+        gpu_share = config.compute.gpus / (workers + 1)
+        memory = int(config.compute.memory_gb * 1024**3 / (workers + 1))
+        threads = max(1, int(config.compute.cpus))
+        options = {"num_cpus": cpu_share, "num_gpus": gpu_share, "memory": memory}
+        learner_cls: Any = ray.remote(_LearnerActor)
+        rollout_cls: Any = ray.remote(_RolloutActor)
+        learner: Any = learner_cls.options(**options).remote(model_path, config, threads)
+        rollouts: list[Any] = [
+            rollout_cls.options(**options).remote(model_path, config, spec.reward, threads) for _ in range(workers)
+        ]
+        _wait_for_resources([learner, *rollouts], reporter, config)
+
+        start_step = 0
+        if spec.resume_from:
+            state = ray.get(learner.load_checkpoint.remote(read_bytes(spec.resume_from, opts)))
+            start_step = int(state["step"])
+            reporter.log(f"resumed from {spec.resume_from} at step {start_step} (policy version {state['version']})")
+        blob, stats, version = ray.get(learner.weight_update.remote())
+        blob_ref = ray.put(blob)
+        ray.get([r.apply.remote(blob_ref, version) for r in rollouts])
+
+        per_step = config.prompts_per_step
+        shares = [per_step // workers + (1 if i < per_step % workers else 0) for i in range(workers)]
+
+        def launch(step: int) -> list[Any]:
+            order = data_order(len(rows), config.seed, step, per_step)
+            futures, at = [], 0
+            for worker, share in zip(rollouts, shares, strict=True):
+                if share:
+                    chunk = [rows[i] for i in order[at : at + share]]
+                    futures.append(worker.rollout.remote(chunk, config.group_size, config.seed * 100_003 + step))
+                    at += share
+            return futures
+
+        pending = launch(start_step)
+        last_metrics: dict[str, float] = {}
+        step = start_step
+        for step in range(start_step, config.steps):
+            wait_started = time.perf_counter()
+            results: list[RolloutResult] = ray.get(pending)
+            wait_seconds = time.perf_counter() - wait_started
+            samples = [s for r in results for s in r.samples]
+            staleness = max(version - r.policy_version for r in results)
+            if staleness > config.max_staleness:
+                # Too old to train on (can only happen if an update overtook a queued rollout): regenerate.
+                reporter.log(f"step {step}: samples {staleness} versions old > max_staleness; regenerating")
+                pending = launch(step)
+                results = ray.get(pending)
+                samples = [s for r in results for s in r.samples]
+                staleness = max(version - r.policy_version for r in results)
+            if config.mode == "async" and step + 1 < config.steps:
+                pending = launch(step + 1)  # generated with the current weights while this step trains
+            metrics = ray.get(learner.train_step.remote(samples))
+            new_blob, sync, new_version = ray.get(learner.weight_update.remote())
+            if new_version != version:
+                ref = ray.put(new_blob)
+                ray.get([r.apply.remote(ref, new_version) for r in rollouts])
+                version = new_version
+            if config.mode == "sync" and step + 1 < config.steps:
+                pending = launch(step + 1)
+            generation_seconds = max(r.generation_seconds for r in results)
+            sampled = sum(r.sampled_tokens for r in results)
+            metrics.update(sync)
+            metrics.update(
+                {
+                    "staleness": float(staleness),
+                    "generation_seconds": generation_seconds,
+                    "rollout_wait_seconds": wait_seconds,
+                    "tokens_per_second": sampled / max(generation_seconds + metrics["train_seconds"], 1e-9),
+                    "policy_version": float(version),
+                }
+            )
+            reporter.metric(step + 1, metrics)
+            for sample in samples:
+                reporter.trajectory(**_trajectory_summary(sample, step + 1))
+            keep = samples[: config.trajectory_samples_per_step]
+            if keep:
+                uri = f"{spec.output_prefix}/trajectories/step-{step + 1:06d}.jsonl"
+                payload = "".join(json.dumps(s.trajectory) + "\n" for s in keep).encode()
+                write_bytes(uri, payload, opts)
+            reporter.progress(step + 1, config.steps)
+            reporter.log(
+                f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f} loss {metrics['loss']:.4f} "
+                f"dropped groups {metrics['dropped_groups']:.0f} ({generation_seconds:.1f}s gen, "
+                f"{metrics['train_seconds']:.1f}s train)"
+            )
+            last_metrics = metrics
+            if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
+                blob = ray.get(learner.checkpoint.remote((step + 1) * per_step))
+                uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}.pt"
+                write_bytes(uri, blob, opts)
+                reporter.checkpoint(
+                    step + 1, uri, {k: last_metrics[k] for k in ("reward_mean", "loss") if k in last_metrics}
+                )
+                reporter.log(f"checkpoint {uri} ({len(blob) / 1e6:.1f} MB)")
+        summary = {
+            "steps": config.steps,
+            "start_step": start_step,
+            "final_reward_mean": last_metrics.get("reward_mean"),
+            "policy_version": version,
+        }
+        reporter.summary(summary)
+    return summary
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO)
+    run(load_spec(TrainSpec))
+
+
+if __name__ == "__main__":
+    main()

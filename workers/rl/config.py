@@ -1,0 +1,170 @@
+"""The training run's spec: what a person chooses when launching a run, validated by the same typed schema in the
+control plane (at launch, so a bad value is refused before any compute starts) and in the trainer job.
+
+Every default names its source in `Field(description=...)`: the UI shows it as help text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Algorithm = Literal["grpo", "dr_grpo", "dapo", "cispo", "gspo"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SamplingConfig(_Strict):
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="1.0: sample from the policy as is (on-policy)")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="1.0 keeps the whole distribution (on-policy)")
+    max_new_tokens: int = Field(default=64, ge=1, le=4096, description="Completion length cap per turn")
+
+
+class LoraConfig(_Strict):
+    rank: int = Field(
+        default=16, ge=1, le=256, description="Context-1 trained gpt-oss-20b with LoRA (rank not published)"
+    )
+    alpha: int = Field(default=32, ge=1, le=1024, description="Scale = alpha / rank; 2x rank is the common default")
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: tuple[str, ...] = Field(
+        default=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        description="Linear layers that get adapters",
+    )
+
+
+class ComputeRequest(_Strict):
+    """Maps to Ray resources. On the embedded local Ray, two runs that together ask for more than the machine
+    has do not share silently: the second one's actors wait, and its page says what it waits for."""
+
+    cpus: float = Field(default=2, gt=0, le=512, description="CPUs for the run's actors (learner + rollout workers)")
+    gpus: float = Field(default=0, ge=0, le=64, description="GPUs for the run's actors; 0 runs on CPU")
+    memory_gb: float = Field(default=8, gt=0, le=4096, description="Memory reserved for the run's actors")
+    rollout_workers: int = Field(default=1, ge=1, le=256, description="Rollout actors generating in parallel")
+
+
+class TrainConfig(_Strict):
+    base_model: str = Field(
+        default="smollm2-135m-instruct",
+        min_length=1,
+        description="A built-in model name or a local directory with config.json (nothing downloads)",
+    )
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Rollout inference: transformers (CPU or GPU) or vLLM (GPU clusters)"
+    )
+    environment: str = Field(default="exact_answer", min_length=1, description="Episode environment (workers/envs)")
+    env_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment")
+    algorithm: Algorithm = Field(default="grpo", description="Policy loss (methods.md section 4)")
+    loss: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Overrides of the algorithm's defaults (epsilon_low, epsilon_high, kl_coef, kl_estimator...)",
+    )
+    scale_rewards: Literal["none", "group"] = Field(
+        default="group",
+        description="'group' divides advantages by the group std (GRPO, P1); 'none' is Dr. GRPO / Composer 2 (C1)",
+    )
+    drop_equal_groups: bool = Field(
+        True, description="Drop groups whose rewards are all equal (no signal; Context-1 RL, DAPO dynamic sampling)"
+    )
+    learning_rate: float = Field(default=1e-6, ge=0, le=1.0, description="DeepSeekMath GRPO used 1e-6 (P1)")
+    weight_decay: float = Field(default=0.0, ge=0, le=1.0)
+    max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping by global norm")
+    steps: int = Field(default=20, ge=1, le=1_000_000, description="Optimizer steps")
+    prompts_per_step: int = Field(default=8, ge=1, le=65_536, description="Distinct prompts per step (batch size)")
+    group_size: int = Field(default=4, ge=2, le=1024, description="Completions per prompt, G (Context-1: 8; GRPO: 64)")
+    lora: LoraConfig | None = Field(
+        default=None, description="None trains every parameter (Composer 2: full parameters)"
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations: less memory, about 30% slower"
+    )
+    mode: Literal["sync", "async"] = Field(
+        "sync", description="'async' generates step t+1's rollouts while step t trains (PipelineRL-style)"
+    )
+    max_staleness: int = Field(
+        default=1, ge=0, le=64, description="Async: oldest policy version a sample may come from"
+    )
+    weight_sync: Literal["full", "delta"] = Field(
+        "delta", description="Delta: XOR of bit patterns + zstd, rebuilt bit-for-bit (Composer 2 C5)"
+    )
+    checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints to object storage")
+    max_tokens_per_pack: int = Field(
+        1024, ge=64, le=1_048_576, description="Learner micro-batch in packed tokens: bounds activation memory"
+    )
+    trajectory_samples_per_step: int = Field(default=2, ge=0, le=1024, description="Full trajectories kept in storage")
+    seed: int = Field(default=0, ge=0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    compute: ComputeRequest = Field(default_factory=ComputeRequest)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> TrainConfig:
+        if self.backend == "vllm" and self.compute.gpus == 0:
+            raise ValueError("backend 'vllm' needs compute.gpus >= 1; use 'transformers' on CPU")
+        return self
+
+
+def samples_per_step(config: TrainConfig) -> int:
+    return config.prompts_per_step * config.group_size
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+
+
+# Built-in models' shapes, so a run can be checked at creation without loading (or converting) the model.
+BUILTIN_SHAPES = {
+    "smollm2-135m-instruct": ModelShape(parameters=134_515_008, layers=30, hidden=576, vocab=49_152),
+    "tiny-llama-smollm2-tokenizer": ModelShape(parameters=3_300_000, layers=2, hidden=64, vocab=49_152),
+}
+
+
+def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
+    hidden, layers, vocab = int(config["hidden_size"]), int(config["num_hidden_layers"]), int(config["vocab_size"])
+    intermediate = int(config.get("intermediate_size", 4 * hidden))
+    return ModelShape(
+        parameters=layers * (4 * hidden * hidden + 3 * hidden * intermediate) + 2 * vocab * hidden,
+        layers=layers,
+        hidden=hidden,
+        vocab=vocab,
+    )
+
+
+def estimate_memory_gb(config: TrainConfig, shape: ModelShape) -> dict[str, float]:
+    """A conservative estimate of the run's peak memory (fp32), calibrated on SmolLM2-135M on CPU
+    (machine-notes.md: batch 8 x 256 tokens peaked at 8 GB, 4.4 GB with gradient checkpointing).
+
+    Learner: weights, gradients and AdamW's two moments (16 bytes/parameter; LoRA trains few, so 4 + a little),
+    a reference copy when the KL term is on, activations of one packed micro-batch (about 160 bytes per layer
+    and hidden unit per token, 40% of that with checkpointing) and its completion logits. Each rollout worker:
+    the weights and a KV cache."""
+    gb = 1024**3
+    p = shape.parameters
+    full = config.lora is None
+    learner = (16 * p if full else 4.2 * p) / gb
+    from workers.rl.losses import LossConfig
+
+    kl = {**LossConfig.defaults(config.algorithm, max_completion_length=1).__dict__, **config.loss}.get("kl_coef", 0)
+    reference = 4 * p / gb if (kl and full) else 0.0
+    per_token = 160 * shape.layers * shape.hidden * (0.4 if config.gradient_checkpointing else 1.0)
+    tokens = config.max_tokens_per_pack
+    activations = (tokens * per_token + tokens * shape.vocab * 8) / gb
+    context = config.sampling.max_new_tokens + 256  # a typical prompt plus one turn's completion
+    # K and V per layer per token; grouped-query attention (SmolLM2, Llama 3, Qwen) keeps well under half the width.
+    kv = 2 * shape.layers * (shape.hidden // 2) * 4 * context * config.prompts_per_step * config.group_size
+    rollout = config.compute.rollout_workers * (4 * p + kv) / gb
+    total = learner + reference + activations + rollout
+    return {
+        "learner_state": round(learner, 2),
+        "reference": round(reference, 2),
+        "activations": round(activations, 2),
+        "rollout_workers": round(rollout, 2),
+        "total": round(total, 2),
+    }

@@ -1,0 +1,283 @@
+"""The learner: advantages, the policy loss over packed micro-batches, AdamW, weight sync and checkpoints.
+
+Plain Python over a transformers causal LM (full parameters or LoRA through peft); the trainer job wraps it in a
+Ray actor. One `train_step` is one optimizer step on one rollout batch (single epoch, as Composer 2 and
+Context-1 train): micro-batches of at most `max_tokens_per_pack` tokens each run forward and backward with the
+whole batch's normalisers, so their gradients add up to the batch's.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from workers.rl.advantages import group_advantages
+from workers.rl.config import TrainConfig
+from workers.rl.losses import LossConfig, policy_loss
+from workers.rl.packing import completion_logprobs
+from workers.rl.rollout import Sample
+from workers.rl.weightsync import WeightSyncSender
+
+CHECKPOINT_FORMAT = 1
+
+
+def loss_config_for(config: TrainConfig) -> LossConfig:
+    """The algorithm's defaults (with their sources), overridden by the run's `loss` settings."""
+    base = LossConfig.defaults(config.algorithm, max_completion_length=config.sampling.max_new_tokens)
+    fields = {k: v for k, v in base.__dict__.items() if k != "source"}
+    unknown = sorted(set(config.loss) - set(fields))
+    if unknown:
+        raise ValueError(f"loss: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(fields))}")
+    return LossConfig(**{**fields, **config.loss}, source=base.source)
+
+
+@dataclass
+class StepMetrics:
+    values: dict[str, float]
+
+
+def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Indices of samples grouped so each group has at most `budget` tokens (longest first; one per group if a
+    single sample is longer)."""
+    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
+    groups: list[list[int]] = []
+    sizes: list[int] = []
+    for i in order:
+        n = len(samples[i].token_ids)
+        for g, size in enumerate(sizes):
+            if size + n <= budget:
+                groups[g].append(i)
+                sizes[g] += n
+                break
+        else:
+            groups.append([i])
+            sizes.append(n)
+    return groups
+
+
+def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
+    width = max((len(r) for r in rows), default=0)
+    out = torch.zeros(len(rows), max(width, 1), dtype=dtype)
+    for i, row in enumerate(rows):
+        if len(row):
+            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+class Learner:
+    def __init__(self, model_path: Path | str, config: TrainConfig, *, threads: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.loss_config = loss_config_for(config)
+        model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
+        self.reference: Any = None
+        if self.loss_config.kl_coef > 0 and config.lora is None:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        if config.lora is not None:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(
+                model,
+                LoraConfig(
+                    r=config.lora.rank,
+                    lora_alpha=config.lora.alpha,
+                    lora_dropout=config.lora.dropout,
+                    target_modules=list(config.lora.target_modules),
+                ),
+            )
+        if config.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+            model.config.use_cache = False
+        self.model: Any = model
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
+        self.version = 0
+        self.step = 0
+        self.sender = WeightSyncSender()
+        self.temperature = config.sampling.temperature or 1.0
+
+    # --- training -------------------------------------------------------------------------------------------
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        started = time.perf_counter()
+        cfg = self.config
+        rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+        adv = group_advantages(
+            rewards, cfg.group_size, scale=cfg.scale_rewards, drop_equal_groups=cfg.drop_equal_groups
+        )
+        kept = [i for i in range(len(samples)) if bool(adv.keep[i]) and samples[i].sampled_tokens > 0]
+        metrics: dict[str, float] = {
+            "reward_mean": float(rewards.mean()),
+            "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+            "advantage_mean": float(adv.advantages[adv.keep].mean()) if bool(adv.keep.any()) else 0.0,
+            "advantage_abs_mean": float(adv.advantages[adv.keep].abs().mean()) if bool(adv.keep.any()) else 0.0,
+            "dropped_groups": float(adv.dropped_groups),
+            "groups": float(adv.num_groups),
+            "response_length": float(np.mean([s.sampled_tokens for s in samples])),
+        }
+        terms = sorted({k for s in samples for k in s.terms})
+        for name in terms:
+            metrics[f"term/{name}"] = float(np.mean([s.terms.get(name, 0.0) for s in samples]))
+        batch_tokens = float(sum(samples[i].sampled_tokens for i in kept))
+        sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio_mean": 0.0}
+        ratio_max = 0.0
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        for group in _micro_batches([samples[i] for i in kept], cfg.max_tokens_per_pack):
+            batch = [samples[kept[j]] for j in group]
+            advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32)
+            seqs = [s.token_ids for s in batch]
+            starts = [s.completion_start for s in batch]
+            logps, entropy = completion_logprobs(
+                self.model,
+                seqs,
+                starts,
+                max_tokens_per_pack=cfg.max_tokens_per_pack,
+                temperature=self.temperature,
+                with_entropy=True,
+            )
+            logp = torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
+            old = _padded([s.old_logprobs for s in batch], torch.float32)
+            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32)
+            ref = self._reference_logprobs(seqs, starts) if self.loss_config.kl_coef > 0 else None
+            out = policy_loss(
+                logp,
+                old,
+                advantages,
+                mask,
+                self.loss_config,
+                ref,
+                batch_sequences=len(kept),
+                batch_tokens=batch_tokens,
+            )
+            out.loss.backward()  # type: ignore[no-untyped-call]
+            share = float(mask.sum()) / max(batch_tokens, 1.0)
+            sums["loss"] += float(out.loss)
+            sums["policy_loss"] += out.policy_loss * share
+            sums["kl"] += out.kl * share
+            sums["clip_fraction"] += out.clip_fraction * share
+            sums["ratio_mean"] += out.ratio_mean * share
+            sums["entropy"] += float(torch.nan_to_num(entropy).mean()) * share
+            ratio_max = max(ratio_max, out.ratio_max)
+        grad_norm = 0.0
+        if kept:
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
+            self.optimizer.step()
+            self.version += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        seconds = time.perf_counter() - started
+        metrics.update({k: v for k, v in sums.items()})
+        metrics.update(
+            {
+                "ratio_max": ratio_max,
+                "grad_norm": grad_norm,
+                "train_seconds": seconds,
+                "train_tokens": float(sum(len(samples[i].token_ids) for i in kept)),
+                "trained_samples": float(len(kept)),
+            }
+        )
+        return metrics
+
+    @torch.no_grad()
+    def _reference_logprobs(self, seqs: list[list[int]], starts: list[int]) -> Tensor:
+        if self.reference is not None:
+            logps = completion_logprobs(
+                self.reference,
+                seqs,
+                starts,
+                max_tokens_per_pack=self.config.max_tokens_per_pack,
+                temperature=self.temperature,
+            )
+        else:  # LoRA: the reference policy is the base model, i.e. the adapters switched off
+            with self.model.disable_adapter():
+                logps = completion_logprobs(
+                    self.model,
+                    seqs,
+                    starts,
+                    max_tokens_per_pack=self.config.max_tokens_per_pack,
+                    temperature=self.temperature,
+                )
+        return torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
+
+    # --- weights --------------------------------------------------------------------------------------------
+    def policy_state(self) -> dict[str, Tensor]:
+        """The policy's full weights under the base model's parameter names (LoRA adapters merged in)."""
+        if self.config.lora is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        base = self.model.get_base_model()
+        deltas = {
+            f"{name}.weight": module.get_delta_weight("default")  # type: ignore[attr-defined]
+            for name, module in base.named_modules()
+            if isinstance(module, LoraLayer)
+        }
+        state: dict[str, Tensor] = {}
+        for key, value in base.state_dict().items():
+            if "lora_" in key:
+                continue
+            name = key.replace(".base_layer", "")
+            state[name] = (value + deltas[name]).detach() if name in deltas else value.detach()
+        return state
+
+    def weight_update(self) -> tuple[bytes, dict[str, float]]:
+        """The update for rollout workers: a delta against the last one sent (or the full weights)."""
+        started = time.perf_counter()
+        update = self.sender.push(self.policy_state(), version=self.version, full=self.config.weight_sync == "full")
+        return update.blob, {
+            "sync_bytes": float(update.stats.bytes),
+            "sync_seconds": time.perf_counter() - started,
+            "sync_ratio_vs_full": float(update.stats.ratio_vs_full),
+        }
+
+    # --- checkpoints ----------------------------------------------------------------------------------------
+    def checkpoint_bytes(self, *, data_position: int) -> bytes:
+        trainable = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
+        payload = {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "version": self.version,
+            "data_position": data_position,
+            "trainable": trainable,
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "python_rng": random.getstate(),
+            "numpy_rng": np.random.get_state(),
+            "config": self.config.model_dump(mode="json"),
+        }
+        buffer = io.BytesIO()
+        torch.save(payload, buffer)
+        return buffer.getvalue()
+
+    def load_checkpoint(self, blob: bytes) -> dict[str, Any]:
+        payload: dict[str, Any] = torch.load(io.BytesIO(blob), weights_only=False)
+        if payload.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {payload.get('format')!r} is not {CHECKPOINT_FORMAT}")
+        named = dict(self.model.named_parameters())
+        missing = sorted(set(payload["trainable"]) - set(named))
+        if missing:
+            raise ValueError(f"checkpoint does not fit this model: unknown parameters {missing[:3]}...")
+        with torch.no_grad():
+            for name, value in payload["trainable"].items():
+                named[name].copy_(value)
+        self.optimizer.load_state_dict(payload["optimizer"])
+        torch.set_rng_state(payload["torch_rng"])
+        random.setstate(payload["python_rng"])
+        np.random.set_state(payload["numpy_rng"])
+        self.step, self.version = int(payload["step"]), int(payload["version"])
+        self.sender.reset()
+        return payload

@@ -1,0 +1,169 @@
+"""Rollouts: run groups of episodes of an environment with the policy and score them with the run's reward.
+
+Token in, token out: a sample's `token_ids` are exactly the prompt tokens, the tokens the policy sampled and the
+environment's observation tokens between turns, in order. `loss_mask` marks the sampled ones (the only tokens the
+learner trains on) and `old_logprobs` holds their log-probabilities under the policy that sampled them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from workers.envs.base import Environment, Message
+from workers.envs.registry import make_env
+from workers.models.base import PolicyBackend, SamplingParams
+from workers.rewards.schema import RewardSpec, validate_reward_spec
+from workers.rewards.score import score_trajectory
+from workers.trajectories import Trajectory
+
+
+@dataclass
+class Sample:
+    """One scored episode. `loss_mask`, `old_logprobs` cover `token_ids[completion_start:]` (the same length)."""
+
+    task_id: str
+    group: int
+    token_ids: list[int]
+    completion_start: int
+    loss_mask: list[int]
+    old_logprobs: list[float]
+    reward: float
+    terms: dict[str, float]
+    policy_version: int
+    num_turns: int
+    malformed_tool_calls: int
+    finish_reason: str
+    error: str | None
+    trajectory: dict[str, Any] = field(repr=False)
+
+    @property
+    def sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+@dataclass
+class RolloutResult:
+    samples: list[Sample]
+    generation_seconds: float
+    sampled_tokens: int
+    policy_version: int
+
+
+@dataclass
+class _Episode:
+    env: Environment
+    group: int
+    token_ids: list[int]
+    completion_start: int
+    loss_mask: list[int] = field(default_factory=list)
+    old_logprobs: list[float] = field(default_factory=list)
+    finish_reason: str = "stop"
+
+
+def chatml_continuation(tokenizer: Any, messages: Sequence[Message], *, closed: bool) -> list[int]:
+    """Token ids that follow a sampled assistant turn: close it (unless the policy already sampled its
+    end-of-turn token), the observation messages, then the next assistant header. ChatML, as SmolLM2 and Qwen use:
+    `<|im_start|>role\\ncontent<|im_end|>\\n`."""
+    text = ("\n" if closed else "<|im_end|>\n") + "".join(
+        f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages
+    )
+    ids: list[int] = tokenizer.encode(text + "<|im_start|>assistant\n", add_special_tokens=False)
+    return ids
+
+
+class RolloutWorker:
+    """Generates and scores episodes with one policy backend. Plain Python: the trainer wraps it in a Ray actor."""
+
+    def __init__(
+        self,
+        backend: PolicyBackend,
+        *,
+        environment: str,
+        env_params: Mapping[str, Any],
+        reward: Mapping[str, Any] | RewardSpec,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 64,
+        max_context_tokens: int = 2048,
+    ) -> None:
+        self.backend = backend
+        self.environment = environment
+        self.env_params = dict(env_params)
+        self.reward = reward if isinstance(reward, RewardSpec) else validate_reward_spec(dict(reward))
+        self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
+        self.max_context_tokens = max_context_tokens
+        make_env(environment, **self.env_params)  # fail now, not mid-run, on a bad name or parameter
+
+    def rollout(self, task_rows: Sequence[Mapping[str, Any]], *, group_size: int, seed: int) -> RolloutResult:
+        """`group_size` episodes per task row, all turns batched across every live episode."""
+        started = time.perf_counter()
+        version = self.backend.policy_version
+        tokenizer = self.backend.tokenizer
+        episodes: list[_Episode] = []
+        for group, row in enumerate(task_rows):
+            for _ in range(group_size):
+                env = make_env(self.environment, **self.env_params)
+                task = env.validate_task_row(dict(row))
+                prompt = self.backend.encode_chat(env.reset(task))
+                episodes.append(_Episode(env=env, group=group, token_ids=prompt, completion_start=len(prompt)))
+        live = list(episodes)
+        turn = 0
+        while live:
+            params = SamplingParams(
+                temperature=self.temperature,
+                top_p=self.top_p,
+                max_new_tokens=self.max_new_tokens,
+                seed=seed * 1000 + turn,
+            )
+            generations = self.backend.generate([e.token_ids for e in live], params)
+            still: list[_Episode] = []
+            for episode, generation in zip(live, generations, strict=True):
+                episode.token_ids += generation.token_ids
+                episode.loss_mask += [1] * len(generation.token_ids)
+                episode.old_logprobs += generation.logprobs
+                episode.finish_reason = generation.finish_reason
+                result = episode.env.step(generation.text)
+                if result.done:
+                    continue
+                observation = result.observation.messages if result.observation else []
+                more = chatml_continuation(tokenizer, observation, closed=generation.finish_reason == "stop")
+                if len(episode.token_ids) + len(more) + self.max_new_tokens > self.max_context_tokens:
+                    episode.env.abort(f"context over {self.max_context_tokens} tokens")
+                    continue
+                episode.token_ids += more
+                episode.loss_mask += [0] * len(more)
+                episode.old_logprobs += [0.0] * len(more)
+                still.append(episode)
+            live = still
+            turn += 1
+        samples = [self._score(e, index, version) for index, e in enumerate(episodes)]
+        return RolloutResult(
+            samples=samples,
+            generation_seconds=time.perf_counter() - started,
+            sampled_tokens=sum(s.sampled_tokens for s in samples),
+            policy_version=version,
+        )
+
+    def _score(self, episode: _Episode, index: int, version: int) -> Sample:
+        record = episode.env.trajectory(f"{episode.env.task.id}-v{version}-{index}")
+        result = score_trajectory(self.reward, Trajectory.model_validate(record))
+        counts = record.get("counts", {})
+        return Sample(
+            task_id=str(episode.env.task.id),
+            group=episode.group,
+            token_ids=episode.token_ids,
+            completion_start=episode.completion_start,
+            loss_mask=episode.loss_mask,
+            old_logprobs=episode.old_logprobs,
+            reward=float(result.reward),
+            terms={k: float(v) for k, v in result.terms.items()},
+            policy_version=version,
+            num_turns=int(counts.get("turns", 0)),
+            malformed_tool_calls=int(counts.get("malformed_tool_calls", 0)),
+            finish_reason=episode.finish_reason,
+            error=record.get("error"),
+            trajectory=record,
+        )
