@@ -26,11 +26,16 @@ def users(make_user):  # type: ignore[no-untyped-def]
 def client_for(users):  # type: ignore[no-untyped-def]
     """An API client authenticated with a bearer token holding all of the role's capabilities."""
 
+    clients: dict[str, APIClient] = {}
+
     def make(role: str) -> APIClient:
+        if role in clients:
+            return clients[role]
         user = users[role]
         _, secret = api_token_create(user=user, name=f"test-{role}", scopes=sorted(user.capabilities))
         client = APIClient()
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {secret}")
+        clients[role] = client
         return client
 
     return make

@@ -37,7 +37,13 @@ from apps.runs.storage import storage_uri, worker_storage_options
 from workers.envs.base import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
 from workers.events import EVENTS_LIST
-from workers.rl.config import BUILTIN_SHAPES, TrainConfig, estimate_memory_gb, shape_from_hf_config
+from workers.rl.config import (
+    BUILTIN_SHAPES,
+    TrainConfig,
+    estimate_memory_gb,
+    loss_config_for,
+    shape_from_hf_config,
+)
 
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
@@ -109,6 +115,10 @@ def train_config_check(
     except PydanticError as exc:
         raise ValidationError(_pydantic_fields(exc, "config"))
     problems: dict[str, list[str]] = {}
+    try:
+        loss_config_for(parsed)
+    except ValueError as exc:
+        problems["config.loss"] = [str(exc)]
     shape = BUILTIN_SHAPES.get(parsed.base_model)
     if shape is None:
         model_dir = Path(parsed.base_model).expanduser()
@@ -144,7 +154,7 @@ def train_config_check(
         reward_problems = check_reward_compatible(env_cls, reward_version.spec)
         if reward_problems:
             problems["reward_version"] = reward_problems
-    if shape is not None:
+    if shape is not None and "config.loss" not in problems:
         memory = estimate_memory_gb(parsed, shape)
         if memory["total"] > parsed.compute.memory_gb:
             problems["config.compute.memory_gb"] = [

@@ -98,7 +98,7 @@ class _LearnerActor:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.learner.train_step(samples)
 
-    def weight_update(self) -> tuple[bytes, dict[str, float], int]:
+    def weight_update(self) -> tuple[bytes | None, dict[str, float], int]:
         blob, stats = self.learner.weight_update()
         return blob, stats, self.learner.version
 
@@ -220,7 +220,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 pending = launch(step + 1)  # generated with the current weights while this step trains
             metrics = ray.get(learner.train_step.remote(samples))
             new_blob, sync, new_version = ray.get(learner.weight_update.remote())
-            if new_version != version:
+            if new_blob is not None:
                 ref = ray.put(new_blob)
                 ray.get([r.apply.remote(ref, new_version) for r in rollouts])
                 version = new_version

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+if TYPE_CHECKING:
+    from workers.rl.losses import LossConfig
 
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "cispo", "gspo"]
 
@@ -107,6 +110,19 @@ class TrainConfig(_Strict):
         return self
 
 
+def loss_config_for(config: TrainConfig) -> LossConfig:
+    """The algorithm's defaults (with their sources), overridden by the run's `loss` settings. Raises ValueError
+    naming an unknown or invalid setting."""
+    from workers.rl.losses import LossConfig
+
+    base = LossConfig.defaults(config.algorithm, max_completion_length=config.sampling.max_new_tokens)
+    fields = {k: v for k, v in base.__dict__.items() if k != "source"}
+    unknown = sorted(set(config.loss) - set(fields))
+    if unknown:
+        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(fields))}")
+    return LossConfig(**{**fields, **config.loss}, source=base.source)
+
+
 def samples_per_step(config: TrainConfig) -> int:
     return config.prompts_per_step * config.group_size
 
@@ -149,9 +165,7 @@ def estimate_memory_gb(config: TrainConfig, shape: ModelShape) -> dict[str, floa
     p = shape.parameters
     full = config.lora is None
     learner = (16 * p if full else 4.2 * p) / gb
-    from workers.rl.losses import LossConfig
-
-    kl = {**LossConfig.defaults(config.algorithm, max_completion_length=1).__dict__, **config.loss}.get("kl_coef", 0)
+    kl = loss_config_for(config).kl_coef
     reference = 4 * p / gb if (kl and full) else 0.0
     per_token = 160 * shape.layers * shape.hidden * (0.4 if config.gradient_checkpointing else 1.0)
     tokens = config.max_tokens_per_pack

@@ -19,26 +19,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from workers.rl.advantages import group_advantages
-from workers.rl.config import TrainConfig
-from workers.rl.losses import LossConfig, policy_loss
+from workers.rl.config import TrainConfig, loss_config_for
+from workers.rl.losses import policy_loss
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import Sample
 from workers.rl.weightsync import WeightSyncSender
 
 CHECKPOINT_FORMAT = 1
-
-
-def loss_config_for(config: TrainConfig) -> LossConfig:
-    """The algorithm's defaults (with their sources), overridden by the run's `loss` settings."""
-    base = LossConfig.defaults(config.algorithm, max_completion_length=config.sampling.max_new_tokens)
-    fields = {k: v for k, v in base.__dict__.items() if k != "source"}
-    unknown = sorted(set(config.loss) - set(fields))
-    if unknown:
-        raise ValueError(f"loss: unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(fields))}")
-    return LossConfig(**{**fields, **config.loss}, source=base.source)
 
 
 @dataclass
@@ -234,8 +224,11 @@ class Learner:
             state[name] = (value + deltas[name]).detach() if name in deltas else value.detach()
         return state
 
-    def weight_update(self) -> tuple[bytes, dict[str, float]]:
-        """The update for rollout workers: a delta against the last one sent (or the full weights)."""
+    def weight_update(self) -> tuple[bytes | None, dict[str, float]]:
+        """The update for rollout workers: a delta against the last one sent (or the full weights); None when the
+        policy has not changed since (a step whose groups were all dropped)."""
+        if self.sender.version == self.version:
+            return None, {}
         started = time.perf_counter()
         update = self.sender.push(self.policy_state(), version=self.version, full=self.config.weight_sync == "full")
         return update.blob, {
