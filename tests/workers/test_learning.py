@@ -80,7 +80,8 @@ def _train(path, algorithm: str, learning_rate: float) -> list[float]:  # type: 
     for step in range(STEPS):
         result = rollouts.rollout(tasks[(step * 4) % 32 : (step * 4) % 32 + 4], group_size=4, seed=step)
         for sample in result.samples:
-            sampled = [t for t, m in zip(sample.token_ids[sample.completion_start :], sample.loss_mask) if m]
+            completion = sample.token_ids[sample.completion_start :]
+            sampled = [t for t, m in zip(completion, sample.loss_mask, strict=True) if m]
             sample.reward = sum(1 for t in sampled if t == TARGET) / max(len(sampled), 1)
         rewards.append(statistics.mean(s.reward for s in result.samples))
         learner.train_step(result.samples)
