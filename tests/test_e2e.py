@@ -181,3 +181,60 @@ def test_a_job_that_crashes_on_ray_fails_its_run_with_the_reason_and_log_tail(st
     assert run.failure_reason
     assert "FileNotFoundError" in run.log_tail or "No such file" in run.log_tail
     assert Run.objects.filter(status="running").count() == 0
+
+
+def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, users, client):
+    """GRPO on the tiny model: Celery submits the trainer job, the learner and a rollout actor run on the local Ray,
+    every step's metrics reach the websocket, checkpoints land in storage and are registered; then the run resumes
+    from its last checkpoint as a linked run."""
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import Checkpoint, MetricPoint, Run
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    operator = users["operator"]
+    tasks = tasks_version(owner=operator, rows=arithmetic_tasks(16, seed=1), name="e2e-arith")
+    reward = exact_answer_version(owner=operator, name="e2e-exact")
+    _, token = api_token_create(user=operator, name="e2e-train", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    config = {
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "steps": 3,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "checkpoint_every": 2,
+        "learning_rate": 1e-3,
+        "sampling": {"max_new_tokens": 6},
+        "compute": {"cpus": 1, "memory_gb": 2},
+    }
+    launched = api.post(
+        "/runs/", json={"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+    )
+    assert launched.status_code == 201, launched.text
+    run_id = launched.json()["id"]
+    client.force_login(operator)
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    frames = asyncio.run(_watch(f"{stack['ws']}/ws/runs/{run_id}/", cookie, stack["web"], timeout=240))
+
+    run = Run.objects.get(pk=run_id)
+    logs = {p.name: p.read_text()[-3000:] for p in (stack["var"] / "log").glob("*.log")}
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail, logs)
+    steps = sorted(MetricPoint.objects.filter(run=run, name="reward_mean").values_list("step", flat=True))
+    assert steps == [1, 2, 3]
+    assert MetricPoint.objects.filter(run=run, name="loss").count() == 3
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [2, 3]
+    checkpoint = Checkpoint.objects.get(run=run, step=3)
+    assert Path(checkpoint.uri.removeprefix("file://")).stat().st_size > 0
+    assert run.trajectories.count() == 3 * 2 * 2
+    chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
+    assert any("reward_mean" in f["series"] and "loss" in f["series"] for f in chart_frames)
+
+    resumed = api.post(f"/runs/{run_id}/resume/")
+    assert resumed.status_code == 201, resumed.text
+    child_id = resumed.json()["id"]
+    asyncio.run(_watch(f"{stack['ws']}/ws/runs/{child_id}/", cookie, stack["web"], timeout=240))
+    child = Run.objects.get(pk=child_id)
+    assert child.status == "succeeded", (child.failure_reason, child.log_tail)
+    assert child.parent_id == run_id and child.summary["start_step"] == 3
+    assert "resumed from" in child.log_tail
+    assert not MetricPoint.objects.filter(run=child).exists()  # nothing re-done, nothing written twice

@@ -352,7 +352,12 @@ def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
             )
         return run
     status = RAY_TO_STATUS.get(ray_state.status, RunStatus.RUNNING)
-    tail = ray_jobs.logs_tail(run.ray_job_id, run.ray_address or None) if status in TERMINAL_STATUSES else None
+    tail = None
+    if status == RunStatus.FAILED:
+        # The worker's own log lines stay; Ray's output (the traceback) follows them.
+        ray_tail = ray_jobs.logs_tail(run.ray_job_id, run.ray_address or None)
+        reported = run.log_tail.splitlines()[-(LOG_TAIL_LINES // 2) :]
+        tail = "\n".join([*reported, "--- Ray job output ---", *ray_tail.splitlines()]) if ray_tail else None
     reason = ray_state.message if status == RunStatus.FAILED else ""
     return _reconcile_apply(run_id, status, reason, log_tail=tail, checked_at=now)
 

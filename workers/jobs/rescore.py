@@ -110,6 +110,7 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
     run(load_spec(RescoreSpec))
 
 
