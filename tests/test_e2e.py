@@ -204,6 +204,8 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
         "group_size": 2,
         "checkpoint_every": 2,
         "learning_rate": 1e-3,
+        "mode": "async",  # step t+1's rollouts are generated while step t trains
+        "max_staleness": 1,
         "sampling": {"max_new_tokens": 6},
         "compute": {"cpus": 1, "memory_gb": 2},
     }
@@ -222,6 +224,8 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     steps = sorted(MetricPoint.objects.filter(run=run, name="reward_mean").values_list("step", flat=True))
     assert steps == [1, 2, 3]
     assert MetricPoint.objects.filter(run=run, name="loss").count() == 3
+    staleness = dict(MetricPoint.objects.filter(run=run, name="staleness").values_list("step", "value"))
+    assert staleness[1] == 0 and max(staleness.values()) <= 1
     assert list(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [2, 3]
     checkpoint = Checkpoint.objects.get(run=run, step=3)
     assert Path(checkpoint.uri.removeprefix("file://")).stat().st_size > 0
@@ -238,3 +242,38 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     assert child.parent_id == run_id and child.summary["start_step"] == 3
     assert "resumed from" in child.log_tail
     assert not MetricPoint.objects.filter(run=child).exists()  # nothing re-done, nothing written twice
+
+
+def test_a_run_that_asks_for_more_than_the_cluster_has_waits_and_says_so(stack, users):
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import Run
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    operator = users["operator"]
+    tasks = tasks_version(owner=operator, rows=arithmetic_tasks(4, seed=2), name="e2e-greedy")
+    reward = exact_answer_version(owner=operator, name="e2e-greedy-exact")
+    _, token = api_token_create(user=operator, name="e2e-greedy", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    config = {
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "compute": {"cpus": 64, "memory_gb": 2},
+    }
+    launched = api.post(
+        "/runs/", json={"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+    )
+    assert launched.status_code == 201, launched.text
+    run = Run.objects.get(pk=launched.json()["id"])
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and "waiting for resources" not in run.log_tail:
+        time.sleep(1)
+        run.refresh_from_db()
+    assert "waiting for resources" in run.log_tail and "64 CPUs" in run.log_tail, (run.status, run.log_tail)
+    assert run.summary.get("waiting_for_resources") and run.status == "running"
+    assert api.post(f"/runs/{run.pk}/cancel/").status_code == 202
+    while time.monotonic() < deadline and not run.is_terminal:
+        time.sleep(1)
+        run.refresh_from_db()
+    assert run.status == "stopped", (run.status, run.failure_reason)
