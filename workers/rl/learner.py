@@ -131,11 +131,14 @@ class Learner:
             advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32)
             seqs = [s.token_ids for s in batch]
             starts = [s.completion_start for s in batch]
+            # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
+            # mask hides, so short rows packed first-fit beat one long row (helper measurement: 1.7x vs 0.17x).
+            row = max(len(seq) for seq in seqs)
             logps, entropy = completion_logprobs(
                 self.model,
                 seqs,
                 starts,
-                max_tokens_per_pack=cfg.max_tokens_per_pack,
+                max_tokens_per_pack=row,
                 temperature=self.temperature,
                 with_entropy=True,
             )
@@ -189,7 +192,7 @@ class Learner:
                 self.reference,
                 seqs,
                 starts,
-                max_tokens_per_pack=self.config.max_tokens_per_pack,
+                max_tokens_per_pack=max(len(s) for s in seqs),
                 temperature=self.temperature,
             )
         else:  # LoRA: the reference policy is the base model, i.e. the adapters switched off
@@ -198,7 +201,7 @@ class Learner:
                     self.model,
                     seqs,
                     starts,
-                    max_tokens_per_pack=self.config.max_tokens_per_pack,
+                    max_tokens_per_pack=max(len(s) for s in seqs),
                     temperature=self.temperature,
                 )
         return torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
