@@ -233,15 +233,19 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
     assert any("reward_mean" in f["series"] and "loss" in f["series"] for f in chart_frames)
 
+    # As if the run had crashed right after step 2's checkpoint: resume continues from it.
+    Checkpoint.objects.filter(run=run, step=3).delete()
     resumed = api.post(f"/runs/{run_id}/resume/")
     assert resumed.status_code == 201, resumed.text
     child_id = resumed.json()["id"]
     asyncio.run(_watch(f"{stack['ws']}/ws/runs/{child_id}/", cookie, stack["web"], timeout=240))
     child = Run.objects.get(pk=child_id)
     assert child.status == "succeeded", (child.failure_reason, child.log_tail)
-    assert child.parent_id == run_id and child.summary["start_step"] == 3
-    assert "resumed from" in child.log_tail
-    assert not MetricPoint.objects.filter(run=child).exists()  # nothing re-done, nothing written twice
+    assert child.parent_id == run_id and child.summary["start_step"] == 2
+    assert "resumed from" in child.log_tail and "step-000002" in child.log_tail
+    # The step counter continues: only step 3, once.
+    assert list(MetricPoint.objects.filter(run=child, name="loss").values_list("step", flat=True)) == [3]
+    assert list(Checkpoint.objects.filter(run=child).values_list("step", flat=True)) == [3]
 
 
 def test_a_run_that_asks_for_more_than_the_cluster_has_waits_and_says_so(stack, users):

@@ -129,7 +129,10 @@ def train_config_check(
                 "directory with config.json on the control plane host"
             ]
         else:
-            shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+            try:
+                shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+            except (ValueError, KeyError, TypeError) as exc:
+                problems["config.base_model"] = [f"{model_dir}/config.json is not a usable model config ({exc})"]
     try:
         env_cls = get_environment(parsed.environment)
         make_env(parsed.environment, **parsed.env_params)
@@ -141,8 +144,11 @@ def train_config_check(
             f"{dataset_version} is a {dataset_version.dataset.kind} dataset; training needs a dataset of kind 'tasks'"
         ]
     elif env_cls is not None:
-        with dataset_version.file.open("rb") as handle:
-            rows = [json.loads(line) for line in handle.read().decode().splitlines() if line.strip()]
+        try:
+            with dataset_version.file.open("rb") as handle:
+                rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
         row_problems = check_task_rows(env_cls, rows, max_errors=10)
         if row_problems:
             problems["dataset_version"] = row_problems
@@ -213,6 +219,11 @@ def run_resume(*, run: Run, user: User) -> Run:
     checkpoint = run.checkpoints.order_by("-step").first()
     if checkpoint is None:
         raise ValidationError({"run": [f"run {run.pk} wrote no checkpoint yet; launch it again instead"]})
+    steps = int(run.spec["config"]["steps"])
+    if checkpoint.step >= steps:
+        raise ValidationError(
+            {"run": [f"run {run.pk} finished all {steps} steps; launch a new run with more steps to train further"]}
+        )
     assert run.dataset_version is not None and run.reward_version is not None
     return run_launch_train(
         created_by=user,

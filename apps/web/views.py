@@ -365,7 +365,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
                     dataset_version=dataset_version,
                     reward_version=reward_version,
                     config=_train_config_from_post(request.POST),
-                    name=request.POST.get("name", ""),
+                    name=request.POST.get("name", "")[:200],
                 )
             except ValidationError as exc:
                 errors = _errors(exc)

@@ -65,6 +65,8 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
         ({**TINY, "surprise": 1}, "config.surprise", "Extra inputs"),
         ({**TINY, "loss": {"epsilon": 0.2}}, "config.loss", "epsilon_high"),
         ({**TINY, "loss": {"kl_estimator": "k9"}}, "config.loss", "kl_estimator"),
+        ({**TINY, "loss": {"algorithm": "cispo"}}, "config.loss", "unknown setting"),
+        ({**TINY, "mode": "async", "max_staleness": 0}, "config", "max_staleness >= 1"),
     ],
 )
 def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):
@@ -117,8 +119,11 @@ def test_resume_continues_from_the_latest_checkpoint_as_a_linked_run(launch, cli
     Checkpoint.objects.create(run=parent, step=1, uri="file:///tmp/c1.pt")
     Checkpoint.objects.create(run=parent, step=2, uri="file:///tmp/c2.pt")
     assert client_for("viewer").post(f"/api/v1/runs/{parent.pk}/resume/").status_code == 403
+    finished = api.post(f"/api/v1/runs/{parent.pk}/resume/")  # step 2 of 2: nothing left to train
+    assert finished.status_code == 400 and "finished all 2 steps" in finished.json()["detail"]
+    Checkpoint.objects.filter(run=parent, step=2).delete()  # as if it crashed after step 1's checkpoint
     reply = api.post(f"/api/v1/runs/{parent.pk}/resume/")
     assert reply.status_code == 201, reply.json()
     child = Run.objects.get(pk=reply.json()["id"])
-    assert child.parent_id == parent.pk and child.spec["resume_from"]["step"] == 2
-    assert child.spec["config"] == parent.spec["config"] and child.progress_done == 2
+    assert child.parent_id == parent.pk and child.spec["resume_from"]["step"] == 1
+    assert child.spec["config"] == parent.spec["config"] and child.progress_done == 1

@@ -59,7 +59,8 @@ class _RolloutActor:
         from workers.rl.weightsync import WeightSyncReceiver
 
         torch.set_num_threads(threads)
-        backend = make_backend(config.backend, model_path)
+        device = {"device": "cuda"} if config.backend == "transformers" and config.compute.gpus > 0 else {}
+        backend = make_backend(config.backend, model_path, **device)
         self.worker = RolloutWorker(
             backend,
             environment=config.environment,
@@ -74,8 +75,8 @@ class _RolloutActor:
     def ready(self) -> bool:
         return True
 
-    def rollout(self, rows: list[dict[str, Any]], group_size: int, seed: int) -> RolloutResult:
-        return self.worker.rollout(rows, group_size=group_size, seed=seed)
+    def rollout(self, rows: list[dict[str, Any]], group_size: int, seed: int, id_prefix: str) -> RolloutResult:
+        return self.worker.rollout(rows, group_size=group_size, seed=seed, id_prefix=id_prefix)
 
     def apply(self, blob: bytes, version: int) -> int:
         state = self.receiver.receive(blob)
@@ -87,7 +88,7 @@ class _LearnerActor:
     def __init__(self, model_path: str, config: TrainConfig, threads: int) -> None:
         from workers.rl.learner import Learner
 
-        self.learner = Learner(model_path, config, threads=threads)
+        self.learner = Learner(model_path, config, threads=threads, device="cuda" if config.compute.gpus > 0 else "cpu")
 
     def ready(self) -> bool:
         return True
@@ -153,13 +154,12 @@ def run(spec: TrainSpec) -> dict[str, Any]:
     opts = spec.storage_options
     with reporter_for(spec) as reporter:
         env_cls = get_environment(config.environment)
-        raw = read_bytes(spec.input_uri, opts).decode()
-        rows = [json.loads(line) for line in raw.splitlines() if line.strip()][: spec.max_rows]
+        raw = read_bytes(spec.input_uri, opts)
+        rows = [json.loads(line) for line in raw.split(b"\n") if line.strip()][: spec.max_rows]
         for index, row in enumerate(rows, start=1):
             env_cls.validate_task_row(row, index=index)
         model_path = str(resolve_base_model(config.base_model))
         reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {config.algorithm}, mode {config.mode}")
-        reporter.progress(0, config.steps)
 
         ray.init(ignore_reinit_error=True, log_to_driver=False)
         workers = config.compute.rollout_workers
@@ -168,7 +168,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         cpu_share = config.compute.cpus / (workers + 1)
         gpu_share = config.compute.gpus / (workers + 1)
         memory = int(config.compute.memory_gb * 1024**3 / (workers + 1))
-        threads = max(1, int(config.compute.cpus))
+        # In async mode they run at once, so each gets its share instead.
+        threads = max(1, int(config.compute.cpus if config.mode == "sync" else cpu_share))
         options = {"num_cpus": cpu_share, "num_gpus": gpu_share, "memory": memory}
         learner_cls: Any = ray.remote(_LearnerActor)
         rollout_cls: Any = ray.remote(_RolloutActor)
@@ -183,6 +184,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             state = ray.get(learner.load_checkpoint.remote(read_bytes(spec.resume_from, opts)))
             start_step = int(state["step"])
             reporter.log(f"resumed from {spec.resume_from} at step {start_step} (policy version {state['version']})")
+        reporter.progress(start_step, config.steps)
         blob, stats, version = ray.get(learner.weight_update.remote())
         blob_ref = ray.put(blob)
         ray.get([r.apply.remote(blob_ref, version) for r in rollouts])
@@ -192,15 +194,20 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
         def launch(step: int) -> list[Any]:
             order = data_order(len(rows), config.seed, step, per_step)
-            futures, at = [], 0
+            futures: list[Any] = []
+            at = 0
             for worker, share in zip(rollouts, shares, strict=True):
                 if share:
                     chunk = [rows[i] for i in order[at : at + share]]
-                    futures.append(worker.rollout.remote(chunk, config.group_size, config.seed * 100_003 + step))
+                    futures.append(
+                        worker.rollout.remote(
+                            chunk, config.group_size, config.seed * 100_003 + step, f"s{step + 1}-w{len(futures)}-"
+                        )
+                    )
                     at += share
             return futures
 
-        pending = launch(start_step)
+        pending = launch(start_step) if start_step < config.steps else []
         last_metrics: dict[str, float] = {}
         step = start_step
         for step in range(start_step, config.steps):

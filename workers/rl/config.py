@@ -107,6 +107,10 @@ class TrainConfig(_Strict):
     def _consistent(self) -> TrainConfig:
         if self.backend == "vllm" and self.compute.gpus == 0:
             raise ValueError("backend 'vllm' needs compute.gpus >= 1; use 'transformers' on CPU")
+        if self.mode == "async" and self.max_staleness < 1:
+            raise ValueError(
+                "mode 'async' trains on samples one policy version old: set max_staleness >= 1, or use 'sync'"
+            )
         return self
 
 
@@ -115,12 +119,25 @@ def loss_config_for(config: TrainConfig) -> LossConfig:
     naming an unknown or invalid setting."""
     from workers.rl.losses import LossConfig
 
-    base = LossConfig.defaults(config.algorithm, max_completion_length=config.sampling.max_new_tokens)
-    fields = {k: v for k, v in base.__dict__.items() if k != "source"}
+    # Dr. GRPO's constant normaliser must cover a whole episode's completion region: every turn's tokens.
+    try:
+        from workers.envs.registry import make_env
+
+        turns = int(make_env(config.environment, **config.env_params).max_turns)
+    except (ValueError, TypeError):
+        turns = 1  # the environment check reports the problem
+    longest = config.sampling.max_new_tokens * turns + (turns - 1) * 512
+    base = LossConfig.defaults(config.algorithm, max_completion_length=longest)
+    fields = {k: v for k, v in base.__dict__.items() if k not in ("source", "algorithm", "max_completion_length")}
     unknown = sorted(set(config.loss) - set(fields))
     if unknown:
         raise ValueError(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(fields))}")
-    return LossConfig(**{**fields, **config.loss}, source=base.source)
+    return LossConfig(
+        **{**fields, **config.loss},
+        algorithm=base.algorithm,
+        max_completion_length=base.max_completion_length,
+        source=base.source,
+    )
 
 
 def samples_per_step(config: TrainConfig) -> int:

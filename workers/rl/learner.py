@@ -65,7 +65,9 @@ def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
 
 
 class Learner:
-    def __init__(self, model_path: Path | str, config: TrainConfig, *, threads: int | None = None) -> None:
+    def __init__(
+        self, model_path: Path | str, config: TrainConfig, *, threads: int | None = None, device: str = "cpu"
+    ) -> None:
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -74,6 +76,8 @@ class Learner:
         self.config = config
         self.loss_config = loss_config_for(config)
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
+        self.device = torch.device(device)
+        model = model.to(self.device)
         self.reference: Any = None
         if self.loss_config.kl_coef > 0 and config.lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -128,7 +132,7 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         for group in _micro_batches([samples[i] for i in kept], cfg.max_tokens_per_pack):
             batch = [samples[kept[j]] for j in group]
-            advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32)
+            advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32).to(self.device)
             seqs = [s.token_ids for s in batch]
             starts = [s.completion_start for s in batch]
             # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
@@ -143,8 +147,8 @@ class Learner:
                 with_entropy=True,
             )
             logp = torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
-            old = _padded([s.old_logprobs for s in batch], torch.float32)
-            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32)
+            old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
             ref = self._reference_logprobs(seqs, starts) if self.loss_config.kl_coef > 0 else None
             out = policy_loss(
                 logp,
@@ -159,7 +163,7 @@ class Learner:
             out.loss.backward()  # type: ignore[no-untyped-call]
             share = float(mask.sum()) / max(batch_tokens, 1.0)
             sums["loss"] += float(out.loss)
-            sums["policy_loss"] += out.policy_loss * share
+            sums["policy_loss"] += out.policy_loss  # already normalised by the whole batch, like `loss`
             sums["kl"] += out.kl * share
             sums["clip_fraction"] += out.clip_fraction * share
             sums["ratio_mean"] += out.ratio_mean * share

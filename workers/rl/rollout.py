@@ -97,8 +97,11 @@ class RolloutWorker:
         self.max_context_tokens = max_context_tokens
         make_env(environment, **self.env_params)  # fail now, not mid-run, on a bad name or parameter
 
-    def rollout(self, task_rows: Sequence[Mapping[str, Any]], *, group_size: int, seed: int) -> RolloutResult:
-        """`group_size` episodes per task row, all turns batched across every live episode."""
+    def rollout(
+        self, task_rows: Sequence[Mapping[str, Any]], *, group_size: int, seed: int, id_prefix: str = ""
+    ) -> RolloutResult:
+        """`group_size` episodes per task row, all turns batched across every live episode. Trajectory ids are
+        `<id_prefix><task id>-<index>`: give each call a distinct prefix (the trainer uses step and worker)."""
         started = time.perf_counter()
         version = self.backend.policy_version
         tokenizer = self.backend.tokenizer
@@ -139,7 +142,7 @@ class RolloutWorker:
                 still.append(episode)
             live = still
             turn += 1
-        samples = [self._score(e, index, version) for index, e in enumerate(episodes)]
+        samples = [self._score(e, f"{id_prefix}{e.env.task.id}-{i}", version) for i, e in enumerate(episodes)]
         return RolloutResult(
             samples=samples,
             generation_seconds=time.perf_counter() - started,
@@ -147,8 +150,8 @@ class RolloutWorker:
             policy_version=version,
         )
 
-    def _score(self, episode: _Episode, index: int, version: int) -> Sample:
-        record = episode.env.trajectory(f"{episode.env.task.id}-v{version}-{index}")
+    def _score(self, episode: _Episode, trajectory_id: str, version: int) -> Sample:
+        record = episode.env.trajectory(trajectory_id)
         result = score_trajectory(self.reward, Trajectory.model_validate(record))
         counts = record.get("counts", {})
         return Sample(
