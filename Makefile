@@ -45,6 +45,7 @@ fmt: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/ingest_vs_mlflow.py
+	$(PY) bench/trainer_vs_trl.py
 
 clean-var:
 	rm -rf var
