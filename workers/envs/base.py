@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar, Literal, TypedDict
 
-from workers.envs.toolcalls import ToolCall, ToolSpec, parse_tool_calls, render_tool_prompt
+from workers.envs.toolcalls import ToolCall, ToolSpec, json_kind, parse_tool_calls, render_tool_prompt
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.terms import PRUNE_TOOL
 
@@ -132,20 +132,6 @@ def extract_answer(text: str, answer_format: AnswerFormat) -> str | None:
 # --- the interface ------------------------------------------------------------------------------------------------
 
 
-def _describe(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
 class Environment(abc.ABC):
     """Base of every environment. Subclasses set the class attributes and implement `step`.
 
@@ -203,7 +189,7 @@ class Environment(abc.ABC):
             return TaskFieldError(f"{where}: {problem}", field=field_name, environment=cls.name)
 
         if not isinstance(row, dict):
-            raise fail(None, f"expected a JSON object, got {_describe(row)}")
+            raise fail(None, f"expected a JSON object, got {json_kind(row)}")
         for name in sorted(cls.required_task_fields):
             if row.get(name) is None:
                 present = ", ".join(sorted(map(str, row))) or "none"
@@ -215,7 +201,7 @@ class Environment(abc.ABC):
 
         raw_id = row.get("id", "")
         if isinstance(raw_id, bool) or not isinstance(raw_id, str | int) or (isinstance(raw_id, str) and not raw_id):
-            raise fail("id", f"field 'id' must be a non-empty string or an integer, got {_describe(raw_id)}")
+            raise fail("id", f"field 'id' must be a non-empty string or an integer, got {json_kind(raw_id)}")
 
         prompt = row.get("prompt", "")
         if isinstance(prompt, str):
@@ -235,7 +221,7 @@ class Environment(abc.ABC):
             task_prompt = messages
         else:
             raise fail(
-                "prompt", f"field 'prompt' must be text or a non-empty list of messages, got {_describe(prompt)}"
+                "prompt", f"field 'prompt' must be text or a non-empty list of messages, got {json_kind(prompt)}"
             )
 
         raw_answer = row.get("answer")
@@ -251,7 +237,7 @@ class Environment(abc.ABC):
                     raise fail(
                         "answer",
                         "field 'answer' must be a non-blank string, a finite number or a non-empty list of them, "
-                        f"got {_describe(value)}",
+                        f"got {json_kind(value)}",
                     )
 
         metadata = {key: value for key, value in row.items() if key not in ("id", "prompt", "answer")}

@@ -133,7 +133,8 @@ def _reject_constant(name: str) -> float:
     raise ValueError(f"{name} is not a valid JSON number")
 
 
-def _json_kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """How an error message names a JSON value's type."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -176,7 +177,7 @@ def _parse_block(body: str, tools: dict[str, ToolSpec]) -> ToolCall | str:
     except ValueError as exc:
         return _format_error(f"invalid JSON in {TOOL_CALL_OPEN} block: {exc}")
     if not isinstance(obj, dict):
-        return _format_error(f"the {TOOL_CALL_OPEN} block holds {_json_kind(obj)}, not an object")
+        return _format_error(f"the {TOOL_CALL_OPEN} block holds {json_kind(obj)}, not an object")
     extra = sorted(set(obj) - {"name", "arguments"})
     if extra:
         keys = ", ".join(f"'{key}'" for key in extra)
@@ -191,7 +192,7 @@ def _parse_block(body: str, tools: dict[str, ToolSpec]) -> ToolCall | str:
     arguments = obj.get("arguments", {})
     if not isinstance(arguments, dict):
         return _format_error(
-            f"'arguments' of '{name}' must be a JSON object, not {_json_kind(arguments)}", spec.example_call()
+            f"'arguments' of '{name}' must be a JSON object, not {json_kind(arguments)}", spec.example_call()
         )
     known = {p.name: p for p in spec.parameters}
     unknown = sorted(set(arguments) - set(known))
@@ -209,7 +210,7 @@ def _parse_block(body: str, tools: dict[str, ToolSpec]) -> ToolCall | str:
         value = arguments[param.name]
         if not _matches(value, param.type):
             return _format_error(
-                f"argument '{param.name}' of tool '{name}' must be {_TYPE_WORDS[param.type]}, got {_json_kind(value)}",
+                f"argument '{param.name}' of tool '{name}' must be {_TYPE_WORDS[param.type]}, got {json_kind(value)}",
                 spec.example_call(),
             )
     return ToolCall(name=name, arguments=dict(arguments))
