@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, TypeVar
 
@@ -19,6 +20,11 @@ class JobSpec(BaseModel):
     kind: str
     ingest_url: str
     storage_options: dict[str, Any] = {}
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
 
 
 def load_spec(model: type[SpecT]) -> SpecT:

@@ -14,7 +14,7 @@ from typing import Any
 
 import ray
 
-from workers.jobs.common import JobSpec, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
@@ -109,8 +109,7 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
+    configure_logging()
     run(load_spec(RescoreSpec))
 
 

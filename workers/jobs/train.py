@@ -18,7 +18,7 @@ from typing import Any
 
 import ray
 
-from workers.jobs.common import JobSpec, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig
 from workers.rl.rollout import RolloutResult, Sample
@@ -279,8 +279,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
 
 def main() -> None:
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
+    configure_logging()
     run(load_spec(TrainSpec))
 
 

@@ -13,7 +13,6 @@ import io
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +28,6 @@ from workers.rl.rollout import Sample
 from workers.rl.weightsync import WeightSyncSender
 
 CHECKPOINT_FORMAT = 1
-
-
-@dataclass
-class StepMetrics:
-    values: dict[str, float]
 
 
 def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
@@ -61,6 +55,20 @@ def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
     for i, row in enumerate(rows):
         if len(row):
             out[i, : len(row)] = torch.tensor(row, dtype=dtype)
+    return out
+
+
+def _untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Drop names that share storage with an earlier one (tied embeddings and LM head): the receiver's model ties
+    them too, so sending the tensor once halves that part of every sync."""
+    seen: set[int] = set()
+    out: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer in seen:
+            continue
+        seen.add(pointer)
+        out[name] = tensor
     return out
 
 
@@ -162,7 +170,7 @@ class Learner:
             )
             out.loss.backward()  # type: ignore[no-untyped-call]
             share = float(mask.sum()) / max(batch_tokens, 1.0)
-            sums["loss"] += float(out.loss)
+            sums["loss"] += out.loss.item()
             sums["policy_loss"] += out.policy_loss  # already normalised by the whole batch, like `loss`
             sums["kl"] += out.kl * share
             sums["clip_fraction"] += out.clip_fraction * share
@@ -214,7 +222,7 @@ class Learner:
     def policy_state(self) -> dict[str, Tensor]:
         """The policy's full weights under the base model's parameter names (LoRA adapters merged in)."""
         if self.config.lora is None:
-            return {k: v.detach() for k, v in self.model.state_dict().items()}
+            return _untied({k: v.detach() for k, v in self.model.state_dict().items()})
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -229,7 +237,7 @@ class Learner:
                 continue
             name = key.replace(".base_layer", "")
             state[name] = (value + deltas[name]).detach() if name in deltas else value.detach()
-        return state
+        return _untied(state)
 
     def weight_update(self) -> tuple[bytes | None, dict[str, float]]:
         """The update for rollout workers: a delta against the last one sent (or the full weights); None when the
