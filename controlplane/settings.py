@@ -33,6 +33,7 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.gates",
     "apps.review",
+    "apps.search",
     "apps.web",
 ]
 

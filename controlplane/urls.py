@@ -33,11 +33,13 @@ api_v1 = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
+    path("", include("apps.search.urls")),
     path("", include(router.urls)),
 ]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
+    path("search/", include("apps.search.pages")),
     path("", include("apps.web.urls")),
 ]

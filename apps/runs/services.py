@@ -48,8 +48,13 @@ from workers.rl.config import (
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
 
-# The module each run kind executes on Ray; later issues add train, eval, index and datagen.
-JOB_MODULES = {RunKind.RESCORE: "workers.jobs.rescore", RunKind.TRAIN: "workers.jobs.train"}
+# The module each run kind executes on Ray; the eval kind comes with the benchmarks issue.
+JOB_MODULES = {
+    RunKind.RESCORE: "workers.jobs.rescore",
+    RunKind.TRAIN: "workers.jobs.train",
+    RunKind.INDEX: "workers.jobs.build_index",
+    RunKind.DATAGEN: "workers.jobs.datagen",
+}
 
 
 # --- ingest tokens -------------------------------------------------------------------------------------------
@@ -266,6 +271,9 @@ def worker_spec(run: Run) -> dict[str, Any]:
             "output_prefix": storage_uri(f"runs/{run.pk}"),
             "resume_from": resume["uri"] if resume else None,
         }
+    if run.kind in (RunKind.INDEX, RunKind.DATAGEN):
+        # Their launch services (apps/search) store the job's whole input in the spec at creation.
+        return {**base, **run.spec["job"]}
     raise ValueError(f"no worker spec for kind {run.kind}")
 
 
