@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
+from django.utils.module_loading import import_string
 from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
@@ -54,6 +55,13 @@ JOB_MODULES = {
     RunKind.TRAIN: "workers.jobs.train",
     RunKind.INDEX: "workers.jobs.build_index",
     RunKind.DATAGEN: "workers.jobs.datagen",
+}
+
+# What the control plane does once a run of a kind succeeds, by dotted path (run id in, idempotent: a retried
+# task or a second call changes nothing). Run by the `run_succeeded` Celery task after the status commits.
+SUCCESS_HOOKS = {
+    RunKind.INDEX: "apps.search.index_services.index_finalize",
+    RunKind.DATAGEN: "apps.search.datagen_services.datagen_finalize",
 }
 
 
@@ -290,6 +298,22 @@ def _finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = N
         fields.append("log_tail")
     run.save(update_fields=fields)
     _publish_status_on_commit(run)
+    if status == RunStatus.SUCCEEDED and run.kind in SUCCESS_HOOKS:
+        _succeeded_on_commit(run)
+
+
+def _succeeded_on_commit(run: Run) -> None:
+    from apps.runs.tasks import run_succeeded
+
+    transaction.on_commit(lambda: run_succeeded.delay(run.pk))
+
+
+def run_success_hook(*, run_id: int) -> None:
+    """Run the kind's success hook (SUCCESS_HOOKS) for a succeeded run; nothing for other runs."""
+    run = Run.objects.get(pk=run_id)
+    path = SUCCESS_HOOKS.get(RunKind(run.kind))
+    if run.status == RunStatus.SUCCEEDED and path:
+        import_string(path)(run_id=run.pk)
 
 
 def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:

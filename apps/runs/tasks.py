@@ -32,6 +32,15 @@ def cancel_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
         raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
+@shared_task(bind=True, max_retries=5, acks_late=True)
+def run_succeeded(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
+    """The run kind's success hook (services.SUCCESS_HOOKS): registers what the job produced."""
+    try:
+        services.run_success_hook(run_id=run_id)
+    except OSError as exc:  # storage briefly unreachable
+        raise self.retry(exc=exc, countdown=2**self.request.retries)
+
+
 @shared_task
 def reconcile_runs() -> int:
     """Beat: reconcile every live run with Ray, and re-dispatch pending runs whose dispatch was lost."""
