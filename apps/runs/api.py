@@ -56,6 +56,13 @@ class LaunchSerializer(serializers.Serializer):
         default=dict,
         help_text="kind=train: the training config (workers.rl.config.TrainConfig); omitted fields take defaults",
     )
+    corpus_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="kind=train with environment 'search': the corpus version whose index the agent searches",
+    )
 
 
 class TrajectorySerializer(serializers.ModelSerializer):
@@ -89,7 +96,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         if data["kind"] == "train":
             if not isinstance(data["config"], dict):
                 raise ValidationError({"config": ["must be a JSON object of training settings"]})
-            run = services.run_launch_train(**common, config=data["config"])
+            run = services.run_launch_train(**common, config=data["config"], corpus_version=data["corpus_version"])
         else:
             run = services.run_launch_rescore(**common)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -118,11 +118,64 @@ def _pydantic_fields(exc: PydanticError, prefix: str) -> dict[str, list[str]]:
     return fields
 
 
+def _search_env_params(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
+    """The search environment reads a corpus version's index: fill `env_params.index_uri` from the ready index of
+    `corpus_version` (400 naming the field when it is missing, not a corpus, or has no index yet)."""
+    from apps.search.index_services import ready_index_uri
+
+    if corpus_version is None:
+        raise ValidationError(
+            {
+                "corpus_version": [
+                    "environment 'search' needs corpus_version: the id of the corpus dataset version to search"
+                ]
+            }
+        )
+    if corpus_version.dataset.kind != DatasetKind.CORPUS:
+        raise ValidationError(
+            {"corpus_version": [f"{corpus_version} is a {corpus_version.dataset.kind} dataset, not a corpus"]}
+        )
+    env_params = dict(config.get("env_params") or {})
+    env_params["index_uri"] = ready_index_uri(corpus_version)
+    return {**config, "env_params": env_params}
+
+
+def corpus_chunk_ids(corpus_version: DatasetVersion) -> set[str]:
+    from workers.search.types import iter_chunks_jsonl
+
+    with corpus_version.file.open("rb") as handle:
+        return {chunk.chunk_id for chunk in iter_chunks_jsonl(handle.read())}
+
+
+def _missing_chunks(rows: list[Any], corpus_version: DatasetVersion, limit: int = 10) -> list[str]:
+    from workers.envs.search import SearchEnv
+
+    known = corpus_chunk_ids(corpus_version)
+    problems: list[str] = []
+    for index, row in enumerate(rows, start=1):
+        missing = sorted(SearchEnv.task_chunk_ids(row) - known) if isinstance(row, dict) else []
+        if missing:
+            problems.append(
+                f"task row {index} names chunk(s) not in {corpus_version}: {', '.join(missing[:5])}; "
+                "generate the tasks from this corpus version or pick the one they came from"
+            )
+            if len(problems) >= limit:
+                break
+    return problems
+
+
 def train_config_check(
-    *, config: dict[str, Any], dataset_version: DatasetVersion, reward_version: RewardConfigVersion
+    *,
+    config: dict[str, Any],
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    corpus_version: DatasetVersion | None = None,
 ) -> TrainConfig:
     """Everything that can be known before compute starts: a refused run costs a 400 now, not a failure in an hour.
-    Checks the typed config, the base model, the environment, every task row, the reward's inputs and memory."""
+    Checks the typed config, the base model, the environment, every task row, the reward's inputs and memory; for
+    the search environment also the corpus version, its index and that every chunk a task names exists."""
+    if isinstance(config, dict) and config.get("environment") == "search":
+        config = _search_env_params(config, corpus_version)
     try:
         parsed = TrainConfig.model_validate(config)
     except PydanticError as exc:
@@ -163,6 +216,8 @@ def train_config_check(
         except (OSError, ValueError) as exc:
             raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
         row_problems = check_task_rows(env_cls, rows, max_errors=10)
+        if not row_problems and parsed.environment == "search" and corpus_version is not None:
+            row_problems = _missing_chunks(rows, corpus_version)
         if row_problems:
             problems["dataset_version"] = row_problems
         if len(rows) < parsed.prompts_per_step:
@@ -197,13 +252,18 @@ def run_launch_train(
     tags: list[str] | None = None,
     parent: Run | None = None,
     resume_from: Checkpoint | None = None,
+    corpus_version: DatasetVersion | None = None,
 ) -> Run:
-    parsed = train_config_check(config=config, dataset_version=dataset_version, reward_version=reward_version)
+    parsed = train_config_check(
+        config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
+    )
     spec: dict[str, Any] = {
         "config": parsed.model_dump(mode="json"),
         "dataset_version": dataset_version.pk,
         "reward_version": reward_version.pk,
     }
+    if corpus_version is not None and parsed.environment == "search":
+        spec["corpus_version"] = corpus_version.pk
     if resume_from is not None:
         spec["resume_from"] = {"checkpoint": resume_from.pk, "uri": resume_from.uri, "step": resume_from.step}
     run = Run.objects.create(
@@ -247,6 +307,11 @@ def run_resume(*, run: Run, user: User) -> Run:
         tags=list(run.tags),
         parent=run,
         resume_from=checkpoint,
+        corpus_version=(
+            DatasetVersion.objects.filter(pk=run.spec["corpus_version"]).first()
+            if run.spec.get("corpus_version")
+            else None
+        ),
     )
 
 

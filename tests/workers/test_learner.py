@@ -120,3 +120,61 @@ def test_the_data_order_of_a_resumed_run_continues_the_uninterrupted_one():
     assert straight[2:] == [data_order(10, seed=3, step=s, per_step=4) for s in range(2, 6)]
     first_epoch = [i for step in straight for i in step][:10]
     assert sorted(first_epoch) == list(range(10))  # every task once per epoch
+
+
+def _split(sample: Sample, at: int, gap: int) -> Sample:
+    """The same episode as two segments: the first ends after `at` completion tokens; the second re-encodes
+    everything so far (with `gap` observation tokens the first segment never trained on) as its prompt."""
+    tokens, start = sample.token_ids, sample.completion_start
+    observation = list(range(7000, 7000 + gap))
+    first = tokens[: start + at]
+    second_prompt = first + observation
+    second = second_prompt + tokens[start + at :]
+    return Sample(
+        **{
+            **sample.__dict__,
+            "token_ids": second,
+            "completion_start": len(second_prompt),
+            "prior_segments": [(first, start)],
+        }
+    )
+
+
+def test_a_segmented_episode_trains_exactly_like_the_same_tokens_in_one_sequence(model_path):
+    """A context rewrite (the search environment's prune) splits an episode into segments; when the rewrite
+    changes nothing, the loss and the update must equal those of the one-sequence episode with the observation
+    masked out."""
+    plain = Learner(model_path, _config())
+    segmented = Learner(model_path, _config())
+    samples = _samples(plain, 0)
+    gap = 3
+    joined: list[Sample] = []
+    split: list[Sample] = []
+    for sample in samples:
+        at = 2
+        observation = list(range(7000, 7000 + gap))
+        completion = sample.token_ids[sample.completion_start :]
+        tokens = sample.token_ids[: sample.completion_start] + completion[:at] + observation + completion[at:]
+        with torch.no_grad():
+            (old,) = completion_logprobs(plain.model, [tokens], [sample.completion_start])
+        mask = [1] * at + [0] * gap + [1] * (len(completion) - at)
+        joined.append(
+            Sample(**{**sample.__dict__, "token_ids": tokens, "loss_mask": mask, "old_logprobs": old.tolist()})
+        )
+        kept_old = [value for value, m in zip(old.tolist(), mask, strict=True) if m]
+        split.append(_split(Sample(**{**sample.__dict__, "old_logprobs": kept_old}), at, gap))
+    assert split[0].total_tokens == len(split[0].prior_segments[0][0]) + len(split[0].token_ids)
+    # Compare gradients, not updated weights: AdamW turns float noise on near-zero gradients into lr-sized steps.
+    grads: dict[str, list[torch.Tensor]] = {"plain": [], "segmented": []}
+    for key, learner in (("plain", plain), ("segmented", segmented)):
+        learner.optimizer.register_step_pre_hook(
+            lambda opt, args, kwargs, key=key, learner=learner: grads[key].extend(  # type: ignore[misc]
+                p.grad.detach().clone() for p in learner.params
+            )
+        )
+    a = plain.train_step(joined)
+    b = segmented.train_step(split)
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5, abs=1e-7)
+    assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for g, h in zip(grads["plain"], grads["segmented"], strict=True):
+        torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-7)

@@ -330,6 +330,11 @@ class Environment(abc.ABC):
             return [canonical_number(answer) or answer for answer in gold]
         return gold
 
+    def episode_metrics(self, record: Mapping[str, Any]) -> dict[str, float]:
+        """Environment-specific metrics of a finished episode's record (the trainer averages them per step as
+        `env/<name>`); none by default."""
+        return {}
+
     def trajectory_fields(self) -> dict[str, Any]:
         """Extra trajectory fields a subclass fills (output_doc_ids, seen_doc_ids, ...); none by default."""
         return {}

@@ -9,9 +9,10 @@ from typing import Any
 from workers.envs.base import Environment
 from workers.envs.calculator import CalculatorEnv
 from workers.envs.exact_answer import ExactAnswerEnv
+from workers.envs.search import SearchEnv
 
-ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv)}
-"""Every environment a run may name; the search environment and others register here."""
+ENVIRONMENTS: dict[str, type[Environment]] = {cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv)}
+"""Every environment a run may name."""
 
 
 def environment_choices() -> list[tuple[str, str]]:

@@ -22,6 +22,7 @@ from workers.jobs.common import JobSpec, configure_logging, load_spec, read_byte
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig
 from workers.rl.rollout import RolloutResult, Sample
+from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
 RESOURCE_WAIT_REPORT_SECONDS = 10.0
@@ -51,8 +52,19 @@ def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
 
 
 class _RolloutActor:
-    def __init__(self, model_path: str, config: TrainConfig, reward: dict[str, Any], threads: int) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        config: TrainConfig,
+        reward: dict[str, Any],
+        threads: int,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         import torch
+
+        from workers.envs import search
+
+        search.STORAGE_OPTIONS.update(storage_options or {})  # the search environment loads its index with them
 
         from workers.models import make_backend
         from workers.rl.rollout import RolloutWorker
@@ -75,8 +87,10 @@ class _RolloutActor:
     def ready(self) -> bool:
         return True
 
-    def rollout(self, rows: list[dict[str, Any]], group_size: int, seed: int, id_prefix: str) -> RolloutResult:
-        return self.worker.rollout(rows, group_size=group_size, seed=seed, id_prefix=id_prefix)
+    def rollout(
+        self, rows: list[dict[str, Any]], group_size: int, seed: int, id_prefix: str, f_beta: float | None = None
+    ) -> RolloutResult:
+        return self.worker.rollout(rows, group_size=group_size, seed=seed, id_prefix=id_prefix, f_beta=f_beta)
 
     def apply(self, blob: bytes, version: int) -> int:
         state = self.receiver.receive(blob)
@@ -175,7 +189,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         rollout_cls: Any = ray.remote(_RolloutActor)
         learner: Any = learner_cls.options(**options).remote(model_path, config, threads)
         rollouts: list[Any] = [
-            rollout_cls.options(**options).remote(model_path, config, spec.reward, threads) for _ in range(workers)
+            rollout_cls.options(**options).remote(model_path, config, spec.reward, threads, opts)
+            for _ in range(workers)
         ]
         _wait_for_resources([learner, *rollouts], reporter, config)
 
@@ -192,6 +207,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         per_step = config.prompts_per_step
         shares = [per_step // workers + (1 if i < per_step % workers else 0) for i in range(workers)]
 
+        def f_beta(step: int) -> float | None:
+            # methods.md X3: beta annealed between epochs
+            schedule = config.beta_schedule
+            return schedule.beta(step * per_step // len(rows)) if schedule else None
+
         def launch(step: int) -> list[Any]:
             order = data_order(len(rows), config.seed, step, per_step)
             futures: list[Any] = []
@@ -201,7 +221,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                     chunk = [rows[i] for i in order[at : at + share]]
                     futures.append(
                         worker.rollout.remote(
-                            chunk, config.group_size, config.seed * 100_003 + step, f"s{step + 1}-w{len(futures)}-"
+                            chunk,
+                            config.group_size,
+                            config.seed * 100_003 + step,
+                            f"s{step + 1}-w{len(futures)}-",
+                            f_beta(step),
                         )
                     )
                     at += share
@@ -236,6 +260,10 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             generation_seconds = max(r.generation_seconds for r in results)
             sampled = sum(r.sampled_tokens for r in results)
             metrics.update(sync)
+            metrics.update({f"env/{k}": v for k, v in mean_metrics(s.episode_metrics for s in samples).items()})
+            beta = f_beta(step)
+            if beta is not None:
+                metrics["f_beta"] = beta
             metrics.update(
                 {
                     "staleness": float(staleness),

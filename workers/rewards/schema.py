@@ -333,3 +333,9 @@ def context1_spec(beta: float = 4.0, floor: float = 0.0) -> RewardSpec:
         floor=floor,
         cap_at_pre_penalty=True,
     )
+
+
+def with_f_beta(spec: RewardSpec, beta: float) -> RewardSpec:
+    """`spec` with every f_beta term's beta set to `beta` (the X3 schedule anneals it between epochs)."""
+    terms = [term.model_copy(update={"beta": beta}) if isinstance(term, FBetaTerm) else term for term in spec.terms]
+    return spec.model_copy(update={"terms": terms})

@@ -50,6 +50,21 @@ class ComputeRequest(_Strict):
     rollout_workers: int = Field(default=1, ge=1, le=256, description="Rollout actors generating in parallel")
 
 
+class BetaSchedule(_Strict):
+    """Context-1's F-beta anneal (methods.md X3): beta = `start` in the first epoch, moving linearly to `end` by
+    epoch `epochs` - 1 and staying there. It overrides the beta of every f_beta term of the reward config."""
+
+    start: float = Field(default=4.0, gt=0, le=100, description="Context-1: 4 at initialisation (recall 16x)")
+    end: float = Field(default=2.0, gt=0, le=100, description="Context-1: annealed to weight recall 4x (beta 2)")
+    epochs: int = Field(default=5, ge=1, le=10_000, description="Epochs over which beta moves (Context-1 ran 5)")
+
+    def beta(self, epoch: int) -> float:
+        if self.epochs <= 1:
+            return self.end
+        t = min(max(epoch, 0), self.epochs - 1) / (self.epochs - 1)
+        return self.start + (self.end - self.start) * t
+
+
 class TrainConfig(_Strict):
     base_model: str = Field(
         default="smollm2-135m-instruct",
@@ -100,6 +115,9 @@ class TrainConfig(_Strict):
     )
     trajectory_samples_per_step: int = Field(default=2, ge=0, le=1024, description="Full trajectories kept in storage")
     seed: int = Field(default=0, ge=0)
+    beta_schedule: BetaSchedule | None = Field(
+        default=None, description="Anneal the reward's F-beta between epochs (Context-1 X3); None keeps its beta"
+    )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
 

@@ -33,11 +33,11 @@ CHECKPOINT_FORMAT = 1
 def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
     """Indices of samples grouped so each group has at most `budget` tokens (longest first; one per group if a
     single sample is longer)."""
-    order = sorted(range(len(samples)), key=lambda i: -len(samples[i].token_ids))
+    order = sorted(range(len(samples)), key=lambda i: -samples[i].total_tokens)
     groups: list[list[int]] = []
     sizes: list[int] = []
     for i in order:
-        n = len(samples[i].token_ids)
+        n = samples[i].total_tokens
         for g, size in enumerate(sizes):
             if size + n <= budget:
                 groups[g].append(i)
@@ -47,6 +47,28 @@ def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
             groups.append([i])
             sizes.append(n)
     return groups
+
+
+def _flatten_segments(batch: Sequence[Sample]) -> tuple[list[list[int]], list[int], list[int]]:
+    """Every segment of every sample as its own sequence, with the index of the sample it belongs to."""
+    seqs: list[list[int]] = []
+    starts: list[int] = []
+    owners: list[int] = []
+    for index, sample in enumerate(batch):
+        for ids, start in sample.segments:
+            seqs.append(ids)
+            starts.append(start)
+            owners.append(index)
+    return seqs, starts, owners
+
+
+def _per_sample(logps: Sequence[Tensor], owners: Sequence[int], samples: int) -> Tensor:
+    """Concatenate each sample's segment log-probs in order (matching its loss_mask) and pad to [samples, T]."""
+    parts: list[list[Tensor]] = [[] for _ in range(samples)]
+    for logp, owner in zip(logps, owners, strict=True):
+        parts[owner].append(logp)
+    rows = [torch.cat(p) if len(p) > 1 else p[0] for p in parts]
+    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
 
 
 def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
@@ -141,8 +163,7 @@ class Learner:
         for group in _micro_batches([samples[i] for i in kept], cfg.max_tokens_per_pack):
             batch = [samples[kept[j]] for j in group]
             advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32).to(self.device)
-            seqs = [s.token_ids for s in batch]
-            starts = [s.completion_start for s in batch]
+            seqs, starts, owners = _flatten_segments(batch)
             # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
             # mask hides, so short rows packed first-fit beat one long row (helper measurement: 1.7x vs 0.17x).
             row = max(len(seq) for seq in seqs)
@@ -154,10 +175,10 @@ class Learner:
                 temperature=self.temperature,
                 with_entropy=True,
             )
-            logp = torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
+            logp = _per_sample(list(logps), owners, len(batch))
             old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
             mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
-            ref = self._reference_logprobs(seqs, starts) if self.loss_config.kl_coef > 0 else None
+            ref = self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_coef > 0 else None
             out = policy_loss(
                 logp,
                 old,
@@ -191,14 +212,14 @@ class Learner:
                 "ratio_max": ratio_max,
                 "grad_norm": grad_norm,
                 "train_seconds": seconds,
-                "train_tokens": float(sum(len(samples[i].token_ids) for i in kept)),
+                "train_tokens": float(sum(samples[i].total_tokens for i in kept)),
                 "trained_samples": float(len(kept)),
             }
         )
         return metrics
 
     @torch.no_grad()
-    def _reference_logprobs(self, seqs: list[list[int]], starts: list[int]) -> Tensor:
+    def _reference_logprobs(self, seqs: list[list[int]], starts: list[int], owners: list[int], samples: int) -> Tensor:
         if self.reference is not None:
             logps = completion_logprobs(
                 self.reference,
@@ -216,7 +237,7 @@ class Learner:
                     max_tokens_per_pack=max(len(s) for s in seqs),
                     temperature=self.temperature,
                 )
-        return torch.nn.utils.rnn.pad_sequence(list(logps), batch_first=True)
+        return _per_sample(list(logps), owners, samples)
 
     # --- weights --------------------------------------------------------------------------------------------
     def policy_state(self) -> dict[str, Tensor]:

@@ -3,6 +3,11 @@
 Token in, token out: a sample's `token_ids` are exactly the prompt tokens, the tokens the policy sampled and the
 environment's observation tokens between turns, in order. `loss_mask` marks the sampled ones (the only tokens the
 learner trains on) and `old_logprobs` holds their log-probabilities under the policy that sampled them.
+
+An environment that rewrites earlier messages (the search environment's `prune_chunks`) cannot be appended to:
+the worker then closes the current token sequence as a segment and re-encodes the rewritten conversation as the
+next segment's prompt. A sample is one or more segments; the learner scores each segment in its own context and
+trains on their completion tokens as one sequence, so the loss is the same as for an unsegmented episode.
 """
 
 from __future__ import annotations
@@ -15,14 +20,16 @@ from typing import Any
 from workers.envs.base import Environment, Message
 from workers.envs.registry import make_env
 from workers.models.base import PolicyBackend, SamplingParams
-from workers.rewards.schema import RewardSpec, validate_reward_spec
+from workers.rewards.schema import RewardSpec, validate_reward_spec, with_f_beta
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory
 
 
 @dataclass
 class Sample:
-    """One scored episode. `loss_mask`, `old_logprobs` cover `token_ids[completion_start:]` (the same length)."""
+    """One scored episode. `token_ids`/`completion_start` are its last segment and `prior_segments` the earlier
+    ones (empty unless the environment rewrote its context); `loss_mask` and `old_logprobs` cover the segments'
+    completion regions (`ids[start:]` of each), concatenated in order."""
 
     task_id: str
     group: int
@@ -38,10 +45,21 @@ class Sample:
     finish_reason: str
     error: str | None
     trajectory: dict[str, Any] = field(repr=False)
+    prior_segments: list[tuple[list[int], int]] = field(default_factory=list, repr=False)
+    episode_metrics: dict[str, float] = field(default_factory=dict)
 
     @property
     def sampled_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def segments(self) -> list[tuple[list[int], int]]:
+        """(token ids, completion start) of every segment, in order."""
+        return [*self.prior_segments, (self.token_ids, self.completion_start)]
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.segments)
 
 
 @dataclass
@@ -61,6 +79,7 @@ class _Episode:
     loss_mask: list[int] = field(default_factory=list)
     old_logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
+    prior_segments: list[tuple[list[int], int]] = field(default_factory=list)
 
 
 def chatml_continuation(tokenizer: Any, messages: Sequence[Message], *, closed: bool) -> list[int]:
@@ -98,10 +117,18 @@ class RolloutWorker:
         make_env(environment, **self.env_params)  # fail now, not mid-run, on a bad name or parameter
 
     def rollout(
-        self, task_rows: Sequence[Mapping[str, Any]], *, group_size: int, seed: int, id_prefix: str = ""
+        self,
+        task_rows: Sequence[Mapping[str, Any]],
+        *,
+        group_size: int,
+        seed: int,
+        id_prefix: str = "",
+        f_beta: float | None = None,
     ) -> RolloutResult:
         """`group_size` episodes per task row, all turns batched across every live episode. Trajectory ids are
-        `<id_prefix><task id>-<index>`: give each call a distinct prefix (the trainer uses step and worker)."""
+        `<id_prefix><task id>-<index>`: give each call a distinct prefix (the trainer uses step and worker).
+        `f_beta`, when given, replaces the beta of the reward's f_beta terms (the X3 schedule)."""
+        reward = self.reward if f_beta is None else with_f_beta(self.reward, f_beta)
         started = time.perf_counter()
         version = self.backend.policy_version
         tokenizer = self.backend.tokenizer
@@ -109,6 +136,9 @@ class RolloutWorker:
         for group, row in enumerate(task_rows):
             for _ in range(group_size):
                 env = make_env(self.environment, **self.env_params)
+                bind = getattr(env, "bind_token_counter", None)
+                if bind is not None:
+                    bind(self._count_tokens)
                 task = env.validate_task_row(dict(row))
                 prompt = self.backend.encode_chat(env.reset(task))
                 episodes.append(_Episode(env=env, group=group, token_ids=prompt, completion_start=len(prompt)))
@@ -131,10 +161,22 @@ class RolloutWorker:
                 result = episode.env.step(generation.text)
                 if result.done:
                     continue
+                limit = self._context_limit(episode.env)
+                if getattr(episode.env, "view_changed", False):
+                    # The environment rewrote earlier messages: close this segment after the sampled reply and
+                    # start the next from the rewritten conversation.
+                    prompt = self.backend.encode_chat(episode.env.messages)
+                    if len(prompt) + self.max_new_tokens > limit:
+                        episode.env.abort(f"context over {limit} tokens")
+                        continue
+                    episode.prior_segments.append((episode.token_ids, episode.completion_start))
+                    episode.token_ids, episode.completion_start = list(prompt), len(prompt)
+                    still.append(episode)
+                    continue
                 observation = result.observation.messages if result.observation else []
                 more = chatml_continuation(tokenizer, observation, closed=generation.finish_reason == "stop")
-                if len(episode.token_ids) + len(more) + self.max_new_tokens > self.max_context_tokens:
-                    episode.env.abort(f"context over {self.max_context_tokens} tokens")
+                if len(episode.token_ids) + len(more) + self.max_new_tokens > limit:
+                    episode.env.abort(f"context over {limit} tokens")
                     continue
                 episode.token_ids += more
                 episode.loss_mask += [0] * len(more)
@@ -142,7 +184,7 @@ class RolloutWorker:
                 still.append(episode)
             live = still
             turn += 1
-        samples = [self._score(e, f"{id_prefix}{e.env.task.id}-{i}", version) for i, e in enumerate(episodes)]
+        samples = [self._score(e, f"{id_prefix}{e.env.task.id}-{i}", version, reward) for i, e in enumerate(episodes)]
         return RolloutResult(
             samples=samples,
             generation_seconds=time.perf_counter() - started,
@@ -150,9 +192,17 @@ class RolloutWorker:
             policy_version=version,
         )
 
-    def _score(self, episode: _Episode, trajectory_id: str, version: int) -> Sample:
+    def _count_tokens(self, text: str) -> int:
+        return len(self.backend.tokenizer.encode(text, add_special_tokens=False))
+
+    def _context_limit(self, env: Environment) -> int:
+        """The worker's context limit, raised to the environment's own budget (plus a reply) when it has one."""
+        budget = getattr(env, "context_limit", None)
+        return max(self.max_context_tokens, int(budget) + self.max_new_tokens) if budget else self.max_context_tokens
+
+    def _score(self, episode: _Episode, trajectory_id: str, version: int, reward: RewardSpec) -> Sample:
         record = episode.env.trajectory(trajectory_id)
-        result = score_trajectory(self.reward, Trajectory.model_validate(record))
+        result = score_trajectory(reward, Trajectory.model_validate(record))
         counts = record.get("counts", {})
         return Sample(
             task_id=str(episode.env.task.id),
@@ -169,4 +219,6 @@ class RolloutWorker:
             finish_reason=episode.finish_reason,
             error=record.get("error"),
             trajectory=record,
+            prior_segments=episode.prior_segments,
+            episode_metrics=episode.env.episode_metrics(record),
         )
