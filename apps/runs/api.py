@@ -46,7 +46,10 @@ class RunSerializer(serializers.ModelSerializer):
 
 
 class LaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=["rescore", "train"], help_text="Run kinds that can be launched so far")
+    kind = serializers.ChoiceField(
+        choices=["rescore", "train", "sft"],
+        help_text="Run kinds launched here (index and datagen: /search-indexes/, /datagen/)",
+    )
     dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
     reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
@@ -97,6 +100,12 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
             if not isinstance(data["config"], dict):
                 raise ValidationError({"config": ["must be a JSON object of training settings"]})
             run = services.run_launch_train(**common, config=data["config"], corpus_version=data["corpus_version"])
+        elif data["kind"] == "sft":
+            if not isinstance(data["config"], dict):
+                raise ValidationError(
+                    {"config": ["must be a JSON object of SFT settings (workers.jobs.sft.SFTConfig)"]}
+                )
+            run = services.run_launch_sft(**common, config=data["config"], corpus_version=data["corpus_version"])
         else:
             run = services.run_launch_rescore(**common)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -10,6 +10,7 @@ class RunKind(models.TextChoices):
     EVAL = "eval", "Evaluation"
     INDEX = "index", "Index build"
     DATAGEN = "datagen", "Data generation"
+    SFT = "sft", "SFT warm-up"
 
 
 class RunStatus(models.TextChoices):

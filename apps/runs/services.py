@@ -55,6 +55,7 @@ JOB_MODULES = {
     RunKind.TRAIN: "workers.jobs.train",
     RunKind.INDEX: "workers.jobs.build_index",
     RunKind.DATAGEN: "workers.jobs.datagen",
+    RunKind.SFT: "workers.jobs.sft",
 }
 
 # What the control plane does once a run of a kind succeeds, by dotted path (run id in, idempotent: a retried
@@ -283,6 +284,73 @@ def run_launch_train(
     return run
 
 
+@transaction.atomic
+def run_launch_sft(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    config: dict[str, Any],
+    name: str = "",
+    tags: list[str] | None = None,
+    corpus_version: DatasetVersion | None = None,
+) -> Run:
+    """An SFT warm-up run: rejection-sample the teacher's trajectories on the tasks, fine-tune the base model on
+    the kept ones. Checked like a training run: the config, the models, the environment, every task row, the
+    reward's inputs and, for search, the corpus index and the tasks' chunk ids."""
+    from workers.jobs.sft import SFTConfig
+
+    if isinstance(config, dict) and config.get("environment", "search") == "search":
+        config = _search_env_params({**config, "environment": "search"}, corpus_version)
+    try:
+        parsed = SFTConfig.model_validate(config)
+    except PydanticError as exc:
+        raise ValidationError(_pydantic_fields(exc, "config"))
+    problems: dict[str, list[str]] = {}
+    for field_name in ("teacher_model", "base_model"):
+        value = getattr(parsed, field_name)
+        if value not in BUILTIN_SHAPES and not (Path(value).expanduser() / "config.json").is_file():
+            problems[f"config.{field_name}"] = [
+                f"unknown model {value!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
+                "directory with config.json"
+            ]
+    try:
+        env_cls = get_environment(parsed.environment)
+        make_env(parsed.environment, **parsed.env_params)
+    except (ValueError, TypeError) as exc:
+        raise ValidationError({**problems, "config.environment": [str(exc)]})
+    if dataset_version.dataset.kind != DatasetKind.TASKS:
+        problems["dataset_version"] = [f"{dataset_version} is a {dataset_version.dataset.kind} dataset, not tasks"]
+    else:
+        with dataset_version.file.open("rb") as handle:
+            rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
+        row_problems = check_task_rows(env_cls, rows, max_errors=10)
+        if not row_problems and parsed.environment == "search" and corpus_version is not None:
+            row_problems = _missing_chunks(rows, corpus_version)
+        if row_problems:
+            problems["dataset_version"] = row_problems
+    reward_problems = check_reward_compatible(env_cls, reward_version.spec)
+    if reward_problems:
+        problems["reward_version"] = reward_problems
+    if problems:
+        raise ValidationError(problems)
+    spec: dict[str, Any] = {"config": parsed.model_dump(mode="json")}
+    if corpus_version is not None:
+        spec["corpus_version"] = corpus_version.pk
+    run = Run.objects.create(
+        kind=RunKind.SFT,
+        name=name or f"SFT warm-up of {parsed.base_model} on {dataset_version.dataset.name}",
+        spec=spec,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        tags=tags or [],
+        ingest_nonce=secrets.token_hex(16),
+        created_by=created_by,
+    )
+    _dispatch_on_commit(run)
+    return run
+
+
 def run_resume(*, run: Run, user: User) -> Run:
     """A new run that continues `run` from its latest checkpoint (step counter, optimizer, RNG, data order)."""
     if run.kind != RunKind.TRAIN:
@@ -343,6 +411,15 @@ def worker_spec(run: Run) -> dict[str, Any]:
             "reward": run.reward_version.spec,
             "output_prefix": storage_uri(f"runs/{run.pk}"),
             "resume_from": resume["uri"] if resume else None,
+        }
+    if run.kind == RunKind.SFT:
+        assert run.dataset_version is not None and run.reward_version is not None
+        return {
+            **base,
+            "config": run.spec["config"],
+            "input_uri": storage_uri(run.dataset_version.file.name),
+            "reward": run.reward_version.spec,
+            "output_prefix": storage_uri(f"runs/{run.pk}"),
         }
     if run.kind in (RunKind.INDEX, RunKind.DATAGEN):
         # Their launch services (apps/search) store the job's whole input in the spec at creation.

@@ -352,7 +352,6 @@ class SearchEnv(ToolUseEnvironment):
                 f"longer need with {PRUNE_TOOL}, or give your final answer."
             )
         pending[-1][0].append(_Block("\n" + "\n".join(notes)))
-        usage += sum(self._count(note) for note in notes)
 
         replies: list[Message] = []
         for blocks, detail in pending:
@@ -377,6 +376,11 @@ class SearchEnv(ToolUseEnvironment):
             self._finish(answer=None, error=f"no final answer within max_turns={self.max_turns}")
             return StepResult(None, True, {**info, "truncated": True})
         return StepResult(Observation(replies), False, info)
+
+    def run_tool(self, call: ToolCall) -> str:
+        """One call on its own (outside a turn's budget accounting), for tools and tests that need a result text."""
+        blocks, _ = self._run(call, [])
+        return _render(blocks)
 
     @property
     def view_changed(self) -> bool:

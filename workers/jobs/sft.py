@@ -1,0 +1,213 @@
+"""The SFT warm-up job (`python -m workers.jobs.sft`): rejection sampling, then supervised fine-tuning.
+
+Context-1 warmed its policy up on trajectories of the same agent loop run by a larger model, filtered by recall
+(methods.md section 3, "SFT warm-up"). This job does the same with any model Crucible can run:
+1. generate `rollouts_per_task` episodes per task with the `teacher` model in the run's environment;
+2. keep those `workers.search.rejection` selects, counting every drop by reason (the run page shows the counts);
+3. fine-tune the `base_model` on the kept episodes: cross-entropy on the tokens the teacher sampled (tool results
+   and prompts are context, not targets), packed like the RL learner's micro-batches;
+4. save the fine-tuned model (a transformers directory) to object storage, and the kept trajectories beside it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.rl.config import SamplingConfig
+from workers.search.rejection import FilterConfig
+
+log = logging.getLogger("crucible.sft")
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    teacher_model: str = Field("smollm2-135m-instruct", min_length=1, description="Generates the trajectories")
+    base_model: str = Field("smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
+    environment: str = Field("search", min_length=1)
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    rollouts_per_task: int = Field(4, ge=1, le=64, description="Episodes per task before filtering")
+    max_tasks: int = Field(64, ge=1, le=100_000)
+    filter: FilterConfig = Field(default_factory=FilterConfig)
+    epochs: int = Field(2, ge=1, le=100)
+    learning_rate: float = Field(1e-5, gt=0, le=1.0)
+    max_tokens_per_pack: int = Field(4096, ge=64, le=1_048_576)
+    max_grad_norm: float = Field(1.0, gt=0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    threads: int = Field(2, ge=1, le=512)
+    seed: int = Field(0, ge=0)
+
+
+class SFTSpec(JobSpec):
+    config: SFTConfig
+    input_uri: str
+    reward: dict[str, Any]
+    output_prefix: str
+
+
+def _upload_dir(local: Path, uri: str, storage_options: dict[str, Any]) -> None:
+    for path in sorted(local.rglob("*")):
+        if path.is_file():
+            write_bytes(f"{uri.rstrip('/')}/{path.relative_to(local).as_posix()}", path.read_bytes(), storage_options)
+
+
+def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any = None) -> list[float]:
+    """Cross-entropy on each sample's sampled tokens (loss_mask), one AdamW step per packed micro-batch; returns
+    the mean loss of every epoch."""
+    import torch
+
+    from workers.rl.learner import _flatten_segments, _micro_batches, _padded, _per_sample
+    from workers.rl.packing import completion_logprobs
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
+    rng = random.Random(config.seed)
+    losses: list[float] = []
+    model.train()
+    batches_total = config.epochs * len(_micro_batches(samples, config.max_tokens_per_pack))
+    done = 0
+    for _ in range(config.epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        shuffled = [samples[i] for i in order]
+        total, tokens = 0.0, 0.0
+        for group in _micro_batches(shuffled, config.max_tokens_per_pack):
+            batch = [shuffled[i] for i in group]
+            seqs, starts, owners = _flatten_segments(batch)
+            logps = completion_logprobs(model, seqs, starts, max_tokens_per_pack=max(len(s) for s in seqs))
+            logp = _per_sample(list(logps), owners, len(batch))
+            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32)
+            count = mask.sum().clamp(min=1.0)
+            loss = -(logp * mask).sum() / count
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # type: ignore[no-untyped-call]
+            torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+            optimizer.step()
+            total += float(loss.item()) * float(count)
+            tokens += float(count)
+            done += 1
+            if progress is not None:
+                progress(done, batches_total)
+        losses.append(total / max(tokens, 1.0))
+    return losses
+
+
+def run(spec: SFTSpec) -> dict[str, Any]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from workers.envs import search
+    from workers.envs.registry import get_environment
+    from workers.models import make_backend
+    from workers.models.registry import resolve_base_model
+    from workers.rl.rollout import RolloutWorker
+    from workers.search.metrics import mean_metrics
+    from workers.search.rejection import select_trajectories
+
+    config, opts = spec.config, spec.storage_options
+    search.STORAGE_OPTIONS.update(opts)
+    torch.manual_seed(config.seed)
+    with reporter_for(spec) as reporter:
+        env_cls = get_environment(config.environment)
+        rows = [json.loads(line) for line in read_bytes(spec.input_uri, opts).split(b"\n") if line.strip()]
+        rows = rows[: config.max_tasks]
+        for index, row in enumerate(rows, start=1):
+            env_cls.validate_task_row(row, index=index)
+        reporter.log(f"{len(rows)} tasks x {config.rollouts_per_task} rollouts with {config.teacher_model}")
+        teacher = make_backend("transformers", str(resolve_base_model(config.teacher_model)), threads=config.threads)
+        worker = RolloutWorker(
+            teacher,
+            environment=config.environment,
+            env_params=config.env_params,
+            reward=spec.reward,
+            temperature=config.sampling.temperature,
+            top_p=config.sampling.top_p,
+            max_new_tokens=config.sampling.max_new_tokens,
+        )
+        # Phase 1: generation (the first half of the progress bar).
+        samples = []
+        started = time.perf_counter()
+        batch = 4
+        for at in range(0, len(rows), batch):
+            result = worker.rollout(
+                rows[at : at + batch], group_size=config.rollouts_per_task, seed=config.seed + at, id_prefix="sft-"
+            )
+            samples += result.samples
+            reporter.progress(min(at + batch, len(rows)), 2 * len(rows))
+        generation_seconds = time.perf_counter() - started
+        del teacher, worker
+        records = [s.trajectory for s in samples]
+        teacher_metrics = mean_metrics(s.episode_metrics for s in samples)
+        selected = select_trajectories(records, config.filter)
+        report = selected.report(len(records))
+        report["teacher_metrics"] = teacher_metrics
+        reporter.summary({"sft_filter": report})
+        reporter.log(f"generated {len(records)} trajectories in {generation_seconds:.0f}s; kept {len(selected.kept)}")
+        for sample in samples:
+            reporter.trajectory(
+                trajectory_id=sample.trajectory["id"],
+                task_id=sample.task_id,
+                step=0,
+                reward=sample.reward,
+                terms=sample.terms,
+                num_turns=sample.num_turns,
+                error=sample.error,
+            )
+        kept = [samples[i] for i in selected.kept]
+        write_bytes(
+            f"{spec.output_prefix}/sft/kept.jsonl",
+            "".join(json.dumps(s.trajectory) + "\n" for s in kept).encode(),
+            opts,
+        )
+        if not kept:
+            reporter.log("no trajectory passed the filter: nothing to fine-tune on (see the filter counts)")
+            summary = {"sft_filter": report, "fine_tuned": False}
+            reporter.summary(summary)
+            return summary
+
+        # Phase 2: fine-tuning (the second half).
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(resolve_base_model(config.base_model)), dtype=torch.float32, local_files_only=True
+        )
+        steps_seen = 0
+
+        def progress(done: int, total: int) -> None:
+            nonlocal steps_seen
+            steps_seen = done
+            reporter.progress(len(rows) + round(len(rows) * done / max(total, 1)), 2 * len(rows))
+
+        losses = fine_tune(model, kept, config, progress)
+        for epoch, loss in enumerate(losses, start=1):
+            reporter.metric(epoch, {"sft_loss": loss, "sft_examples": float(len(kept))})
+        uri = f"{spec.output_prefix}/sft/model"
+        with tempfile.TemporaryDirectory() as tmp:
+            model.save_pretrained(tmp)
+            from transformers import AutoTokenizer
+
+            AutoTokenizer.from_pretrained(
+                str(resolve_base_model(config.base_model)), local_files_only=True
+            ).save_pretrained(tmp)
+            _upload_dir(Path(tmp), uri, opts)
+        reporter.checkpoint(config.epochs, uri, {"sft_loss": losses[-1]})
+        reporter.progress(2 * len(rows), 2 * len(rows))
+        summary = {"sft_filter": report, "fine_tuned": True, "model_uri": uri, "sft_loss": losses}
+        reporter.summary(summary)
+        return summary
+
+
+def main() -> None:
+    configure_logging()
+    run(load_spec(SFTSpec))
+
+
+if __name__ == "__main__":
+    main()
