@@ -19,3 +19,24 @@ def worker_storage_options() -> dict[str, Any]:
     if settings.S3_BUCKET and settings.S3_ENDPOINT_URL:
         return {"client_kwargs": {"endpoint_url": settings.S3_ENDPOINT_URL}}
     return {}
+
+
+def storage_name(uri: str) -> str | None:
+    """The storage name behind a URI from `storage_uri` (None for a URI outside this control plane's storage)."""
+    if settings.S3_BUCKET and uri.startswith(f"s3://{settings.S3_BUCKET}/"):
+        return uri[len(f"s3://{settings.S3_BUCKET}/") :]
+    if not settings.S3_BUCKET and uri.startswith("file://"):
+        root = default_storage.path("").rstrip("/") + "/"
+        path = uri[len("file://") :]
+        return path[len(root) :] if path.startswith(root) else None
+    return None
+
+
+def read_storage_uri(uri: str) -> bytes:
+    """The bytes at a URI written by a worker under `storage_uri`; FileNotFoundError when it is not ours or gone."""
+    name = storage_name(uri)
+    if name is None or not default_storage.exists(name):
+        raise FileNotFoundError(uri)
+    with default_storage.open(name, "rb") as handle:
+        data: bytes = handle.read()
+    return data

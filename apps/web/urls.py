@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import views
+from apps.web import trajectory_views, views
 
 app_name = "web"
 
@@ -16,6 +16,11 @@ urlpatterns = [
     path("runs/new/rescore/", views.rescore_new, name="rescore-new"),
     path("runs/new/train/", views.train_new, name="train-new"),
     path("runs/<int:run_id>/resume/", views.run_resume_view, name="run-resume"),
+    path(
+        "runs/<int:run_id>/trajectories/<str:trajectory_id>/",
+        trajectory_views.trajectory_detail,
+        name="trajectory",
+    ),
     path("datasets/", views.datasets_index, name="datasets"),
     path("datasets/<int:dataset_id>/", views.dataset_detail, name="dataset"),
     path("rewards/", views.rewards_index, name="rewards"),

@@ -79,7 +79,7 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
             for shard in ray.get(ready):
                 for item in shard:
                     scored.append(item)
-                    reporter.trajectory(**item)
+                    reporter.trajectory(**item, storage_uri=spec.input_uri)
                     for name, value in item["terms"].items():
                         term_sums[name] = term_sums.get(name, 0.0) + value
             done = len(scored)

@@ -274,13 +274,15 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 }
             )
             reporter.metric(step + 1, metrics)
-            for sample in samples:
-                reporter.trajectory(**_trajectory_summary(sample, step + 1))
             keep = samples[: config.trajectory_samples_per_step]
+            stored_uri = f"{spec.output_prefix}/trajectories/step-{step + 1:06d}.jsonl"
             if keep:
-                uri = f"{spec.output_prefix}/trajectories/step-{step + 1:06d}.jsonl"
                 payload = "".join(json.dumps(s.trajectory) + "\n" for s in keep).encode()
-                write_bytes(uri, payload, opts)
+                write_bytes(stored_uri, payload, opts)
+            for index, sample in enumerate(samples):
+                # Full records are kept for the first few of each step; the trajectory page opens them.
+                where = stored_uri if index < len(keep) else ""
+                reporter.trajectory(**_trajectory_summary(sample, step + 1), storage_uri=where)
             reporter.progress(step + 1, config.steps)
             reporter.log(
                 f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f} loss {metrics['loss']:.4f} "
