@@ -1,0 +1,64 @@
+"""The SFT warm-up's fine-tuning: cross-entropy on the sampled tokens only, over segmented episodes too."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from workers.jobs.sft import SFTConfig, fine_tune
+from workers.models.registry import TINY_LLAMA, resolve_base_model
+from workers.rl.packing import completion_logprobs
+from workers.rl.rollout import Sample
+
+
+def _sample(rng: random.Random, segmented: bool) -> Sample:
+    prompt = [rng.randrange(100, 5000) for _ in range(6)]
+    target = [11, 22, 33, 44, 55, 66]
+    observation = [rng.randrange(100, 5000) for _ in range(3)]
+    tokens = prompt + target[:3] + observation + target[3:]
+    mask = [1, 1, 1, 0, 0, 0, 1, 1, 1]
+    prior: list[tuple[list[int], int]] = []
+    start = len(prompt)
+    if segmented:
+        prior = [(prompt + target[:3], len(prompt))]
+        tokens = prompt + target[:3] + observation + target[3:]
+        start = len(prompt) + 3 + len(observation)
+        mask = [1] * 6
+    return Sample(
+        task_id="t",
+        group=0,
+        token_ids=tokens,
+        completion_start=start,
+        loss_mask=mask,
+        old_logprobs=[0.0] * len(mask),
+        reward=1.0,
+        terms={},
+        policy_version=0,
+        num_turns=2,
+        malformed_tool_calls=0,
+        finish_reason="stop",
+        error=None,
+        trajectory={"id": "x"},
+        prior_segments=prior,
+    )
+
+
+def test_fine_tuning_raises_the_likelihood_of_the_sampled_tokens_and_not_of_the_context() -> None:
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_base_model(TINY_LLAMA)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32, local_files_only=True)
+    rng = random.Random(0)
+    samples = [_sample(rng, segmented=i % 2 == 1) for i in range(6)]
+    probe = samples[0]
+    with torch.no_grad():
+        (before,) = completion_logprobs(model, [probe.token_ids], [probe.completion_start])
+    losses = fine_tune(model, samples, SFTConfig(epochs=6, learning_rate=3e-3, max_tokens_per_pack=256))
+    with torch.no_grad():
+        (after,) = completion_logprobs(model, [probe.token_ids], [probe.completion_start])
+    assert losses[-1] < losses[0] * 0.7
+    trained = torch.tensor(probe.loss_mask, dtype=torch.bool)
+    # The sampled tokens became likelier; the observation tokens were never targets.
+    assert (after[trained] - before[trained]).mean() > 1.0
+    assert (after[~trained] - before[~trained]).mean() < (after[trained] - before[trained]).mean() / 4
