@@ -51,6 +51,12 @@ class DatasetSerializer(serializers.ModelSerializer):
 class UploadSerializer(serializers.Serializer):
     file = serializers.FileField()
     notes = serializers.CharField(required=False, allow_blank=True, default="")
+    chunker = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text='Corpus datasets only: chunker options as a JSON object, e.g. {"max_words": 150}',
+    )
 
 
 class DatasetViewSet(viewsets.ModelViewSet):
@@ -70,7 +76,11 @@ class DatasetViewSet(viewsets.ModelViewSet):
 
     @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser, FormParser])
     def versions(self, request: Request, pk: str | None = None) -> Response:
-        """GET lists versions; POST (multipart `file`) validates the whole file and adds the next version."""
+        """GET lists versions; POST (multipart `file`) validates the whole file and adds the next version.
+
+        For a corpus, `file` is a documents JSONL or a zip of .txt/.md/.html files, chunked with the optional
+        `chunker` field (a JSON object of chunker options); the version stores the chunks.
+        """
         dataset = get_object_or_404(Dataset, pk=pk)
         if request.method == "GET":
             page = self.paginate_queryset(dataset.versions.select_related("dataset", "created_by").order_by("-number"))
@@ -85,6 +95,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
             filename=handle.name,
             created_by=request.user,
             notes=upload.validated_data["notes"],
+            chunker=upload.validated_data["chunker"] or None,
         )
         return Response(DatasetVersionSerializer(version).data, status=201)
 

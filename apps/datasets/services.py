@@ -3,6 +3,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from collections.abc import Mapping
+from itertools import islice
+from typing import Any
 
 from django.conf import settings
 from django.core.files.base import ContentFile
@@ -12,7 +15,25 @@ from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from workers.search.corpus import (
+    ChunkerConfig,
+    ChunkerOptionError,
+    CorpusError,
+    DocumentSource,
+    build_corpus,
+    canonical_report,
+    chunker_config_from,
+    is_zip,
+    looks_like_canonical_chunks,
+    parse_documents_jsonl,
+    parse_documents_zip,
+    validate_canonical,
+)
+from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
 from workers.trajectories import parse_trajectories_jsonl
+
+ChunkerOption = ChunkerConfig | Mapping[str, Any] | str | None
+CORPUS_SCHEMA = "corpus/v1"
 
 SLUG = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 
@@ -27,6 +48,9 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
         if result.row_count == 0:
             raise ValidationError({"file": ["the file holds no trajectories; upload JSONL, one object per line"]})
         return result.row_count, {"rows": result.row_count, "errors": 0, "schema": "trajectory/v1"}
+    if kind == DatasetKind.CORPUS:
+        _, row_count, report = corpus_chunks_from_upload(data=data)
+        return row_count, report
     # Other kinds get their schemas in later issues; for now any non-empty JSONL of objects is accepted.
     rows = 0
     bad: list[str] = []
@@ -72,20 +96,161 @@ def dataset_file_check_size(size: int) -> None:
         )
 
 
+def _chunker(option: ChunkerOption) -> ChunkerConfig:
+    try:
+        return chunker_config_from(option)
+    except ChunkerOptionError as exc:
+        raise ValidationError({"chunker": exc.fields.get("", []) or {k: v for k, v in exc.fields.items() if k}})
+
+
+def _corpus_report(chunks: list[Chunk], report: dict[str, Any]) -> dict[str, Any]:
+    if not chunks:
+        blank = report["empty_documents"]
+        raise ValidationError(
+            {
+                "file": [
+                    f"the corpus holds no text ({blank} blank document(s), {report['skipped_files']} skipped "
+                    "file(s)); upload documents with non-empty 'text' (JSONL) or .txt/.md/.html files (zip)"
+                ]
+            }
+        )
+    return {"schema": CORPUS_SCHEMA, "rows": len(chunks), "errors": 0, **report}
+
+
+def corpus_chunks_from_source(
+    *, source: DocumentSource, chunker: ChunkerOption = None
+) -> tuple[bytes, int, dict[str, Any]]:
+    """Chunk parsed documents: (canonical chunk JSONL, chunk count, report); a corpus with no text is a 400."""
+    chunks, report = build_corpus(
+        source.documents, _chunker(chunker), skipped_files=source.skipped_files, source=source.source
+    )
+    return dump_chunks_jsonl(chunks), len(chunks), _corpus_report(chunks, report)
+
+
+def corpus_chunks_from_upload(*, data: bytes, chunker: ChunkerOption = None) -> tuple[bytes, int, dict[str, Any]]:
+    """An uploaded corpus, as (canonical chunk JSONL, chunk count, report), or a 400 naming the bad line or file.
+
+    The upload is a zip of .txt/.md/.html files (told by its magic bytes), a JSONL of documents, or canonical
+    chunk JSONL (a stored version exported and uploaded again), which is checked and kept as it is.
+    """
+    config = _chunker(chunker)
+    try:
+        if is_zip(data):
+            source = parse_documents_zip(data, max_bytes=settings.DATASET_MAX_BYTES)
+        elif looks_like_canonical_chunks(data):
+            if chunker not in (None, "") and config != ChunkerConfig():
+                raise ValidationError(
+                    {"chunker": ["this file is already chunked (it has chunk_id); leave chunker out"]}
+                )
+            chunks = validate_canonical(data)
+            return dump_chunks_jsonl(chunks), len(chunks), _corpus_report(chunks, canonical_report(chunks))
+        else:
+            source = parse_documents_jsonl(data)
+    except CorpusError as exc:
+        raise ValidationError({"file": exc.errors})
+    return corpus_chunks_from_source(source=source, chunker=config)
+
+
 def dataset_version_create(
-    *, dataset: Dataset, data: bytes, filename: str, created_by: User, notes: str = ""
+    *,
+    dataset: Dataset,
+    data: bytes,
+    filename: str,
+    created_by: User,
+    notes: str = "",
+    chunker: ChunkerOption = None,
 ) -> DatasetVersion:
-    """Validate the whole file first, so a bad line leaves nothing behind; then store it as the next version."""
+    """Validate the whole file first, so a bad line leaves nothing behind; then store it as the next version.
+
+    A corpus upload (documents JSONL or a zip, see `corpus_chunks_from_upload`) is chunked with `chunker` and
+    stored as canonical chunk JSONL; its hash is that of the chunks, so the same documents chunked the same way
+    are refused as a duplicate.
+    """
     dataset_file_check_size(len(data))
-    row_count, report = validate_dataset_file(kind=dataset.kind, data=data)
+    if dataset.kind == DatasetKind.CORPUS:
+        upload_bytes = len(data)
+        data, row_count, report = corpus_chunks_from_upload(data=data, chunker=chunker)
+        report["upload_bytes"] = upload_bytes
+    elif chunker not in (None, ""):
+        raise ValidationError({"chunker": [f"only corpus datasets are chunked; {dataset.name} holds {dataset.kind}"]})
+    else:
+        row_count, report = validate_dataset_file(kind=dataset.kind, data=data)
+    return _version_store(
+        dataset=dataset,
+        data=data,
+        row_count=row_count,
+        report=report,
+        filename=filename,
+        created_by=created_by,
+        notes=notes,
+    )
+
+
+def corpus_version_create(
+    *,
+    dataset: Dataset,
+    source: DocumentSource,
+    created_by: User,
+    chunker: ChunkerOption = None,
+    filename: str = "corpus",
+    notes: str = "",
+) -> DatasetVersion:
+    """Chunk already-parsed documents (a folder, the built-in corpus) into the corpus dataset's next version."""
+    if dataset.kind != DatasetKind.CORPUS:
+        raise ValidationError(
+            {"dataset": [f"{dataset.name} holds {dataset.kind}, not a corpus; pick a corpus dataset"]}
+        )
+    data, row_count, report = corpus_chunks_from_source(source=source, chunker=chunker)
+    return _version_store(
+        dataset=dataset,
+        data=data,
+        row_count=row_count,
+        report=report,
+        filename=filename,
+        created_by=created_by,
+        notes=notes,
+    )
+
+
+def _corpus_file_name(filename: str) -> str:
+    stem = filename.rsplit("/", 1)[-1].split(".", 1)[0] or "corpus"
+    return f"{stem}.chunks.jsonl"
+
+
+def _version_store(
+    *,
+    dataset: Dataset,
+    data: bytes,
+    row_count: int,
+    report: dict[str, Any],
+    filename: str,
+    created_by: User,
+    notes: str,
+) -> DatasetVersion:
+    if dataset.kind == DatasetKind.CORPUS:
+        if len(data) > settings.DATASET_MAX_BYTES:
+            raise ValidationError(
+                {
+                    "file": [
+                        f"chunked, the corpus is {len(data)} bytes, over the {settings.DATASET_MAX_BYTES}-byte limit "
+                        "(CRUCIBLE_DATASET_MAX_BYTES); split the documents into several corpora"
+                    ]
+                }
+            )
+        filename = _corpus_file_name(filename)
     content_hash = hashlib.sha256(data).hexdigest()
     with transaction.atomic():
         Dataset.objects.select_for_update().get(pk=dataset.pk)
         existing = DatasetVersion.objects.filter(dataset=dataset, content_hash=content_hash).first()
         if existing is not None:
-            raise ValidationError(
-                {"file": [f"identical content is already {existing}; reuse that version instead of uploading again"]}
-            )
+            if dataset.kind == DatasetKind.CORPUS:
+                message = (
+                    f"the same documents chunked with the same settings are already {existing}; reuse that version "
+                    "or change the documents or the chunker"
+                )
+            else:
+                message = f"identical content is already {existing}; reuse that version instead of uploading again"
+            raise ValidationError({"file": [message]})
         number = (DatasetVersion.objects.filter(dataset=dataset).aggregate(n=Max("number"))["n"] or 0) + 1
         version = DatasetVersion(
             dataset=dataset,
@@ -105,3 +270,15 @@ def dataset_version_create(
             version.file.delete(save=False)
             raise
     return version
+
+
+def corpus_chunk_sample(*, version: DatasetVersion, limit: int = 20) -> list[Chunk]:
+    """The first `limit` chunks of a corpus version, read line by line (the file may be large)."""
+    if version.dataset.kind != DatasetKind.CORPUS or version.validation_report.get("schema") != CORPUS_SCHEMA:
+        return []  # a version stored before corpora were chunked holds no chunk records
+    try:
+        with version.file.open("rb") as handle:
+            head = b"".join(islice((line for line in handle if line.strip()), limit))
+    except OSError:
+        return []  # the page still shows the report when the file is unreachable
+    return list(iter_chunks_jsonl(head))

@@ -19,7 +19,12 @@ from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
+from apps.datasets.services import (
+    corpus_chunk_sample,
+    dataset_create,
+    dataset_file_check_size,
+    dataset_version_create,
+)
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 from apps.runs import selectors, services
@@ -156,33 +161,54 @@ def datasets_index(request: HttpRequest) -> HttpResponse:
     )
 
 
+CORPUS_SAMPLE_CHUNKS = 20
+
+
 @needs(Capability.READ)
 @require_http_methods(["GET", "POST"])
 def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     dataset = get_object_or_404(Dataset, pk=dataset_id)
+    is_corpus = dataset.kind == DatasetKind.CORPUS
     errors: list[str] = []
     if request.method == "POST":
         if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
             raise PermissionDenied("your role cannot upload dataset versions")
         upload = request.FILES.get("file")
         if upload is None:
-            errors.append("file: choose a JSONL file to upload")
+            errors.append("file: choose a file to upload")
         else:
             try:
                 dataset_file_check_size(upload.size or 0)
-                dataset_version_create(
+                version = dataset_version_create(
                     dataset=dataset,
                     data=upload.read(),
                     filename=upload.name or "data.jsonl",
-                    created_by=request.user,
+                    created_by=request.user,  # type: ignore[arg-type]
                     notes=request.POST.get("notes", ""),
-                )  # type: ignore[arg-type]
-                messages.info(request, "Uploaded and validated.")
+                    chunker=request.POST.get("chunker", "") if is_corpus else None,
+                )
+                if is_corpus:
+                    report = version.validation_report
+                    messages.info(request, f"Chunked {report['documents']} documents into {report['chunks']} chunks.")
+                else:
+                    messages.info(request, "Uploaded and validated.")
                 return redirect("web:dataset", dataset_id=dataset.pk)
             except ValidationError as exc:
                 errors = _errors(exc)
-    versions = dataset.versions.select_related("created_by").order_by("-number")
-    return render(request, "datasets/detail.html", {"dataset": dataset, "versions": versions, "errors": errors})
+    versions = list(dataset.versions.select_related("created_by").order_by("-number"))
+    shown = versions[0] if versions else None
+    if is_corpus and request.GET.get("version"):
+        shown = next((v for v in versions if str(v.number) == request.GET["version"]), shown)
+    context = {
+        "dataset": dataset,
+        "versions": versions,
+        "errors": errors,
+        "is_corpus": is_corpus,
+        "shown": shown,
+        "chunks": corpus_chunk_sample(version=shown, limit=CORPUS_SAMPLE_CHUNKS) if is_corpus and shown else [],
+        "chunker_text": request.POST.get("chunker", "") if request.method == "POST" else "",
+    }
+    return render(request, "datasets/detail.html", context)
 
 
 @needs(Capability.READ)

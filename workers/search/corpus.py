@@ -1,0 +1,787 @@
+"""Corpus import: documents in (JSONL, a folder or a zip of text / Markdown / HTML files), chunks out.
+
+A corpus dataset version is stored as canonical chunk JSONL (`workers.search.types.dump_chunks_jsonl`). This
+module turns what a user has into that form:
+
+- parsers return `Document`s or raise `CorpusError` listing every problem with its line or file and the fix;
+- `chunk_document` splits one document into chunks of at most `ChunkerConfig.max_words` words, breaking at
+  blank lines first, then sentence ends, then line ends, then spaces, so a chunk reads as whole paragraphs or
+  sentences where the text allows it;
+- `build_corpus` chunks a whole corpus and reports what it did.
+
+Chunk ids are `<doc_id>#<position>`, so a doc id may hold neither '#' nor whitespace (a model copies ids into
+`prune_chunks` and its final answer, and the harness splits them at '#').
+Everything here is deterministic: the same documents and config give the same chunks, byte for byte.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from workers.search.types import Chunk, chunk_id_for
+
+MAX_ERRORS = 50
+MAX_DOC_ID_CHARS = 256
+REPORT_EXAMPLES = 20
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
+DOCUMENT_FIELDS = ("doc_id", "id", "text", "title", "metadata")
+DOCUMENT_EXAMPLE = '{"doc_id": "guide/intro", "text": "...", "title": "Intro", "metadata": {}}'
+CHUNK_FIELDS = ("chunk_id", "doc_id", "position", "title", "text", "metadata")
+
+
+class CorpusError(ValueError):
+    """Bad corpus input. `errors` lists each problem with where it is (line, file or option) and the fix."""
+
+    def __init__(self, errors: Sequence[str]) -> None:
+        self.errors = list(errors)
+        super().__init__("; ".join(self.errors))
+
+
+class ChunkerOptionError(CorpusError):
+    """A bad chunker option. `fields` maps each option ('' for the whole object) to its messages."""
+
+    def __init__(self, fields: Mapping[str, Sequence[str]]) -> None:
+        self.fields = {name: list(messages) for name, messages in fields.items()}
+        super().__init__(
+            [f"chunker.{name}: {m}" if name else f"chunker: {m}" for name, ms in self.fields.items() for m in ms]
+        )
+
+
+@dataclass(frozen=True)
+class Document:
+    doc_id: str
+    text: str
+    title: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class DocumentSource:
+    """What a parser read: the documents in a stable order, and the files it skipped (unsupported or hidden)."""
+
+    documents: list[Document]
+    source: str
+    skipped_files: list[str] = field(default_factory=list)
+
+
+class ChunkerConfig(BaseModel):
+    """How documents are cut into chunks. Stored in each corpus version's report, so a version can be rebuilt."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_words: int = Field(
+        default=200,
+        ge=20,
+        le=5000,
+        strict=True,
+        description="Most words (whitespace-separated) in one chunk; a shorter document is a single chunk",
+    )
+    overlap_words: int = Field(
+        default=0,
+        ge=0,
+        strict=True,
+        description=(
+            "At most this many words of whole sentences from the end of a chunk are repeated at the start of the "
+            "next. 0 by default: repeated text makes grep and the harness's seen-chunk dedup show a sentence twice"
+        ),
+    )
+    max_chars: int = Field(
+        default=3000,
+        ge=200,
+        le=100_000,
+        strict=True,
+        description="Most characters in one chunk: a guard for long tokens (URLs, code, base64) that count as one word",
+    )
+    split_at_headings: bool = Field(
+        default=True,
+        strict=True,
+        description=(
+            "A paragraph that begins with a Markdown heading ('# ' to '###### ') starts a new chunk, so a chunk "
+            "never mixes two sections (a run of headings stays with the text under them)"
+        ),
+    )
+
+    @field_validator("overlap_words")
+    @classmethod
+    def _overlap_leaves_progress(cls, value: int, info: ValidationInfo) -> int:
+        max_words = info.data.get("max_words")
+        if isinstance(max_words, int) and value * 2 > max_words:
+            raise ValueError(f"must be at most half of max_words ({max_words}), so each chunk adds new text")
+        return value
+
+
+def chunker_config_from(value: str | bytes | Mapping[str, Any] | None) -> ChunkerConfig:
+    """A ChunkerConfig from a JSON object (text or parsed); None or blank gives the defaults.
+
+    Raises ChunkerOptionError naming each bad option.
+    """
+    if isinstance(value, ChunkerConfig):
+        return value
+    if value is None:
+        return ChunkerConfig()
+    example = '{"max_words": 150}'
+    if isinstance(value, bytes | str):
+        try:
+            text = value.decode() if isinstance(value, bytes) else value
+            if not text.strip():
+                return ChunkerConfig()
+            value = json.loads(text)
+        except ValueError as exc:
+            raise ChunkerOptionError({"": [f"not valid JSON ({exc}); write an object like {example}"]})
+    if not isinstance(value, Mapping):
+        raise ChunkerOptionError({"": [f"expected a JSON object like {example}, got {_json_kind(value)}"]})
+    try:
+        return ChunkerConfig.model_validate(dict(value))
+    except ValidationError as exc:
+        allowed = ", ".join(ChunkerConfig.model_fields)
+        fields: dict[str, list[str]] = {}
+        for err in exc.errors():
+            name = ".".join(str(part) for part in err["loc"])
+            if err["type"] == "extra_forbidden":
+                message = f"unknown option; the options are {allowed}"
+            else:
+                message = err["msg"].removeprefix("Value error, ")
+            fields.setdefault(name, []).append(message)
+        raise ChunkerOptionError(fields)
+
+
+# --- chunking ------------------------------------------------------------------------------------------------
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n(?:[ \t]*\n)*")
+_LEADING_BLANK_LINES = re.compile(r"^(?:[ \t]*\n)+")
+# A sentence ends at . ! or ? (optionally closed by a quote or bracket) followed by whitespace.
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|(?<=[.!?][\"')\]])\s+")
+_LINE_BREAK = re.compile(r"[ \t]*\n\s*")
+_HEADING_START = re.compile(r"#{1,6}[ \t]+\S")
+_SPACE = re.compile(r"\s+")
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """A piece that is never split further: a paragraph, a sentence, a line or a run of words."""
+
+    sep: str  # the whitespace that preceded it in the document ("\n\n" before a paragraph)
+    text: str
+    words: int
+    paragraph_start: bool
+    paragraph_words: int  # the whole paragraph's size, set on its first unit
+    paragraph_chars: int
+    section_start: bool  # first unit of a paragraph that begins with a Markdown heading
+    heading_only: bool  # its paragraph is a single heading line
+
+
+def _split_keeping_separators(text: str, pattern: re.Pattern[str], first_sep: str) -> list[tuple[str, str]]:
+    pieces: list[tuple[str, str]] = []
+    sep, pos = first_sep, 0
+    for match in pattern.finditer(text):
+        if match.start() > pos:
+            pieces.append((sep, text[pos : match.start()]))
+            sep = match.group()
+        pos = match.end()
+    if pos < len(text):
+        pieces.append((sep, text[pos:]))
+    return pieces
+
+
+def _fits(text: str, config: ChunkerConfig) -> bool:
+    return len(text) <= config.max_chars and len(text.split()) <= config.max_words
+
+
+def _split_words(sep: str, text: str, config: ChunkerConfig) -> list[tuple[str, str]]:
+    """Last resort for a line with no usable break: runs of whole words, and slices of any giant token."""
+    out: list[tuple[str, str]] = []
+    run: list[tuple[str, str]] = []
+    run_words = run_chars = 0
+
+    def flush() -> None:
+        nonlocal run, run_words, run_chars
+        if run:
+            out.append((run[0][0], run[0][1] + "".join(s + w for s, w in run[1:])))
+        run, run_words, run_chars = [], 0, 0
+
+    for word_sep, word in _split_keeping_separators(text, _SPACE, sep):
+        while len(word) > config.max_chars:
+            flush()
+            out.append((word_sep, word[: config.max_chars]))
+            word, word_sep = word[config.max_chars :], ""
+        added = len(word) + (len(word_sep) if run else 0)
+        if run and (run_words + 1 > config.max_words or run_chars + added > config.max_chars):
+            flush()
+            added = len(word)
+        run.append((word_sep, word))
+        run_words += 1
+        run_chars += added
+    flush()
+    return out
+
+
+def _paragraph_units(paragraph: str, config: ChunkerConfig) -> list[tuple[str, str]]:
+    if _fits(paragraph, config):
+        return [("\n\n", paragraph)]
+    pieces: list[tuple[str, str]] = []
+    for sep, sentence in _split_keeping_separators(paragraph, _SENTENCE_BREAK, "\n\n"):
+        if _fits(sentence, config):
+            pieces.append((sep, sentence))
+            continue
+        for line_sep, line in _split_keeping_separators(sentence, _LINE_BREAK, sep):
+            if _fits(line, config):
+                pieces.append((line_sep, line))
+            else:
+                pieces.extend(_split_words(line_sep, line, config))
+    return pieces
+
+
+def _units(text: str, config: ChunkerConfig) -> list[_Unit]:
+    units: list[_Unit] = []
+    for paragraph in _PARAGRAPH_BREAK.split(text):
+        # Leading spaces stay: they are the indentation of a code example or a quoted block.
+        paragraph = _LEADING_BLANK_LINES.sub("", paragraph.rstrip())
+        if not paragraph.strip():
+            continue
+        para_words, para_chars = len(paragraph.split()), len(paragraph)
+        heading = _HEADING_START.match(paragraph) is not None
+        heading_only = heading and "\n" not in paragraph
+        for i, (sep, piece) in enumerate(_paragraph_units(paragraph, config)):
+            units.append(
+                _Unit(sep, piece, len(piece.split()), i == 0, para_words, para_chars, heading and i == 0, heading_only)
+            )
+    return units
+
+
+def _joined_chars(units: Sequence[_Unit]) -> int:
+    return sum(len(u.text) for u in units) + sum(len(u.sep) for u in units[1:])
+
+
+def _overlap_tail(units: Sequence[_Unit], config: ChunkerConfig) -> list[_Unit]:
+    tail: list[_Unit] = []
+    words = 0
+    # Never the whole chunk: the next chunk must add something new.
+    for unit in reversed(units[1:]):
+        if words + unit.words > config.overlap_words:
+            break
+        tail.insert(0, unit)
+        words += unit.words
+    return tail
+
+
+def _pack(units: Sequence[_Unit], config: ChunkerConfig) -> list[list[_Unit]]:
+    groups: list[list[_Unit]] = []
+    current: list[_Unit] = []
+    words = chars = 0
+    for unit in units:
+        if current and config.split_at_headings and unit.section_start and not all(u.heading_only for u in current):
+            # A new section: no overlap, the previous section's last sentence says nothing about this one.
+            groups.append(current)
+            current = []
+        if current:
+            grown_words = words + unit.words
+            grown_chars = chars + len(unit.sep) + len(unit.text)
+            # Start a new paragraph in a fresh chunk when it will not fit whole here and this chunk is already
+            # half full: chunks then begin where the author began a thought.
+            paragraph_breaks_early = (
+                unit.paragraph_start
+                and (
+                    words + unit.paragraph_words > config.max_words
+                    or chars + 2 + unit.paragraph_chars > config.max_chars
+                )
+                and words * 2 >= config.max_words
+            )
+            if paragraph_breaks_early or grown_words > config.max_words or grown_chars > config.max_chars:
+                groups.append(current)
+                current = _overlap_tail(current, config) if config.overlap_words else []
+                if current and not _fits_with(current, unit, config):
+                    current = []
+        current.append(unit)
+        words = sum(u.words for u in current)
+        chars = _joined_chars(current)
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _fits_with(current: Sequence[_Unit], unit: _Unit, config: ChunkerConfig) -> bool:
+    words = sum(u.words for u in current) + unit.words
+    chars = _joined_chars(current) + len(unit.sep) + len(unit.text)
+    return words <= config.max_words and chars <= config.max_chars
+
+
+def _normalise_newlines(text: str) -> str:
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def chunk_document(document: Document, config: ChunkerConfig) -> list[Chunk]:
+    """Split one document into chunks (positions 0, 1, ...); a blank document gives none.
+
+    Each chunk holds at most `config.max_words` words and `config.max_chars` characters. The text keeps the
+    document's own whitespace inside a paragraph; paragraphs are joined by one blank line.
+    """
+    groups = _pack(_units(_normalise_newlines(document.text), config), config)
+    chunks = []
+    for position, group in enumerate(groups):
+        text = group[0].text + "".join(u.sep + u.text for u in group[1:])
+        chunks.append(
+            Chunk(
+                chunk_id=chunk_id_for(document.doc_id, position),
+                doc_id=document.doc_id,
+                position=position,
+                text=text,
+                title=document.title,
+                metadata=dict(document.metadata),
+            )
+        )
+    return chunks
+
+
+def build_corpus(
+    documents: Iterable[Document],
+    config: ChunkerConfig | None = None,
+    *,
+    skipped_files: Sequence[str] = (),
+    source: str = "",
+) -> tuple[list[Chunk], dict[str, Any]]:
+    """Chunk every document, in order. Returns (chunks, report).
+
+    The report counts documents that gave chunks, blank documents (no chunks), skipped files, chunks and words
+    per chunk, and records the chunker settings.
+    """
+    config = config or ChunkerConfig()
+    chunks: list[Chunk] = []
+    empty: list[str] = []
+    documents_with_text = 0
+    for document in documents:
+        produced = chunk_document(document, config)
+        if produced:
+            documents_with_text += 1
+            chunks.extend(produced)
+        else:
+            empty.append(document.doc_id)
+    word_counts = [len(c.text.split()) for c in chunks]
+    report: dict[str, Any] = {
+        "source": source,
+        "documents": documents_with_text,
+        "chunks": len(chunks),
+        "empty_documents": len(empty),
+        "empty_document_ids": empty[:REPORT_EXAMPLES],
+        "skipped_files": len(skipped_files),
+        # ascii() for odd names: the report is stored in PostgreSQL JSON, which refuses NUL characters.
+        "skipped_file_examples": [p if p.isprintable() else ascii(p) for p in skipped_files[:REPORT_EXAMPLES]],
+        "mean_words_per_chunk": round(sum(word_counts) / len(word_counts), 1) if word_counts else 0.0,
+        "max_words_per_chunk": max(word_counts, default=0),
+        "chunker": config.model_dump(),
+    }
+    return chunks, report
+
+
+# --- doc ids ---------------------------------------------------------------------------------------------------
+def doc_id_problem(doc_id: str) -> str | None:
+    """Why `doc_id` cannot be used, or None when it can."""
+    if not doc_id:
+        return "must not be empty"
+    if len(doc_id) > MAX_DOC_ID_CHARS:
+        return f"is {len(doc_id)} characters; use at most {MAX_DOC_ID_CHARS}"
+    if "#" in doc_id:
+        return "must not contain '#' (it separates the chunk position in chunk ids like 'guide/intro#3')"
+    if any(ch.isspace() for ch in doc_id):
+        return "must not contain whitespace (models copy ids into tool calls); use '-' or '_' instead"
+    if not doc_id.isprintable():
+        return "must not contain control characters"
+    return None
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _utf8_problem(data: bytes, exc: UnicodeDecodeError) -> str:
+    line_start = data.rfind(b"\n", 0, exc.start) + 1
+    column = exc.start - line_start + 1
+    return f"not valid UTF-8 (byte 0x{data[exc.start]:02x} at column {column}); re-save the file as UTF-8"
+
+
+# --- JSONL of documents ----------------------------------------------------------------------------------------
+def looks_like_canonical_chunks(data: bytes) -> bool:
+    """True when the first non-blank line is a chunk record (a re-upload of a stored corpus version)."""
+    for line in data.splitlines():
+        if line.strip():
+            try:
+                row = json.loads(line.decode("utf-8-sig"))
+            except ValueError:
+                return False
+            return isinstance(row, dict) and "chunk_id" in row and "position" in row
+    return False
+
+
+def _document_from_row(row: Any, where: str) -> tuple[Document | None, list[str]]:
+    if not isinstance(row, dict):
+        return None, [f"{where}: expected a JSON object like {DOCUMENT_EXAMPLE}, got {_json_kind(row)}"]
+    errors: list[str] = []
+    unknown = [key for key in row if key not in DOCUMENT_FIELDS]
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        errors.append(
+            f"{where}: unknown field {names}; put extra fields under 'metadata' "
+            "(the fields are doc_id or id, text, title, metadata)"
+        )
+    if "doc_id" in row and "id" in row:
+        errors.append(f"{where}: both 'doc_id' and 'id' are set; keep one")
+    raw_id = row.get("doc_id", row.get("id"))
+    id_field = "doc_id" if "doc_id" in row else "id"
+    doc_id = ""
+    if raw_id is None:
+        errors.append(f"{where}: field 'doc_id' is missing; give each document a unique 'doc_id' (or 'id')")
+    elif isinstance(raw_id, bool) or not isinstance(raw_id, str | int):
+        errors.append(f"{where}: field '{id_field}' must be a string or an integer, got {_json_kind(raw_id)}")
+    else:
+        doc_id = str(raw_id)
+        problem = doc_id_problem(doc_id)
+        if problem:
+            errors.append(f"{where}: field '{id_field}' {problem}")
+    text = row.get("text")
+    if "text" not in row:
+        errors.append(f"{where}: field 'text' is missing; put the document's text in 'text'")
+    elif not isinstance(text, str):
+        errors.append(f"{where}: field 'text' must be a string, got {_json_kind(text)}")
+    title = row.get("title")
+    if title is not None and not isinstance(title, str):
+        errors.append(f"{where}: field 'title' must be a string, got {_json_kind(title)}")
+    metadata = row.get("metadata")
+    if metadata is not None and not isinstance(metadata, dict):
+        errors.append(f"{where}: field 'metadata' must be an object, got {_json_kind(metadata)}")
+    if errors:
+        return None, errors
+    assert isinstance(text, str)
+    return Document(doc_id=doc_id, text=text, title=title or "", metadata=dict(metadata or {})), []
+
+
+def _json_lines(data: bytes, errors: list[str]) -> Iterable[tuple[int, Any]]:
+    """(line number, parsed value) for each non-blank line; decoding and JSON problems go to `errors`."""
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if len(errors) >= MAX_ERRORS:
+            return
+        if number == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]  # a byte-order mark some editors write; harmless
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            errors.append(f"line {number}: {_utf8_problem(raw, exc)}")
+            continue
+        if not line.strip():
+            continue
+        try:
+            yield number, json.loads(line)
+        except ValueError as exc:
+            errors.append(f"line {number}: not valid JSON ({exc}); write one JSON object per line")
+
+
+def parse_documents_jsonl(data: bytes) -> DocumentSource:
+    """Documents from JSONL, one `{"doc_id" (or "id"), "text", "title"?, "metadata"?}` object per line."""
+    errors: list[str] = []
+    documents: list[Document] = []
+    first_line: dict[str, int] = {}
+    for number, row in _json_lines(data, errors):
+        document, problems = _document_from_row(row, f"line {number}")
+        errors.extend(problems)
+        if document is None:
+            continue
+        if document.doc_id in first_line:
+            errors.append(
+                f"line {number}: doc_id {document.doc_id!r} is already used on line {first_line[document.doc_id]}; "
+                "doc ids must be unique"
+            )
+            continue
+        first_line[document.doc_id] = number
+        documents.append(document)
+    if errors:
+        raise CorpusError(errors[:MAX_ERRORS])
+    return DocumentSource(documents=documents, source="jsonl")
+
+
+def validate_canonical(data: bytes) -> list[Chunk]:
+    """Re-read canonical chunk JSONL (a stored corpus version, or one uploaded again) and check every line.
+
+    Raises CorpusError naming each bad line: fields and their types, `chunk_id == <doc_id>#<position>`,
+    unique chunk ids.
+    """
+    errors: list[str] = []
+    chunks: list[Chunk] = []
+    first_line: dict[str, int] = {}
+    for number, row in _json_lines(data, errors):
+        where = f"line {number}"
+        if not isinstance(row, dict):
+            errors.append(f"{where}: expected a chunk object, got {_json_kind(row)}")
+            continue
+        problems = []
+        missing = [key for key in ("chunk_id", "doc_id", "position", "text") if key not in row]
+        if missing:
+            problems.append(f"{where}: missing field(s) {', '.join(missing)}")
+        unknown = [key for key in row if key not in CHUNK_FIELDS]
+        if unknown:
+            problems.append(f"{where}: unknown field(s) {', '.join(unknown)}; the fields are {', '.join(CHUNK_FIELDS)}")
+        for key, kind in (("chunk_id", str), ("doc_id", str), ("text", str), ("title", str), ("metadata", dict)):
+            if key in row and not isinstance(row[key], kind):
+                problems.append(f"{where}: field '{key}' must be {'an object' if kind is dict else 'a string'}")
+        position = row.get("position")
+        if "position" in row and (isinstance(position, bool) or not isinstance(position, int) or position < 0):
+            problems.append(f"{where}: field 'position' must be an integer >= 0")
+        if problems:
+            errors.extend(problems)
+            continue
+        problem = doc_id_problem(row["doc_id"])
+        if problem:
+            errors.append(f"{where}: field 'doc_id' {problem}")
+            continue
+        expected = chunk_id_for(row["doc_id"], int(row["position"]))
+        if row["chunk_id"] != expected:
+            errors.append(f"{where}: chunk_id {row['chunk_id']!r} should be {expected!r} (<doc_id>#<position>)")
+            continue
+        if expected in first_line:
+            errors.append(f"{where}: chunk_id {expected!r} is already used on line {first_line[expected]}")
+            continue
+        first_line[expected] = number
+        chunks.append(Chunk.from_json(row))
+    if errors:
+        raise CorpusError(errors[:MAX_ERRORS])
+    return chunks
+
+
+def canonical_report(chunks: Sequence[Chunk]) -> dict[str, Any]:
+    """The report of an already-chunked upload: no chunker ran, so its settings are unknown."""
+    word_counts = [len(c.text.split()) for c in chunks]
+    return {
+        "source": "chunks",
+        "documents": len({c.doc_id for c in chunks}),
+        "chunks": len(chunks),
+        "empty_documents": 0,
+        "empty_document_ids": [],
+        "skipped_files": 0,
+        "skipped_file_examples": [],
+        "mean_words_per_chunk": round(sum(word_counts) / len(word_counts), 1) if word_counts else 0.0,
+        "max_words_per_chunk": max(word_counts, default=0),
+        "chunker": None,
+    }
+
+
+# --- files: a folder or a zip ----------------------------------------------------------------------------------
+_MARKDOWN_HEADING = re.compile(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", re.MULTILINE)
+# Tags whose content reads as its own paragraph once the markup is gone.
+_HTML_BLOCKS = (
+    "address article aside blockquote dd div dl dt figcaption figure footer form h1 h2 h3 h4 h5 h6 header hr li "
+    "main nav ol p pre section table tbody thead tfoot tr td th ul"
+).split()
+_HTML_DROPPED = ("script", "style", "noscript", "template", "svg", "head", "title")
+
+
+def html_to_text(html: str) -> tuple[str, str]:
+    """(title, text) of an HTML page: <title>, then the visible text with blocks as paragraphs."""
+    from bs4 import BeautifulSoup
+    from bs4.element import Comment, NavigableString
+
+    soup = BeautifulSoup(html, "html.parser")
+    title_tag = soup.find("title")
+    title = " ".join(title_tag.get_text().split()) if title_tag else ""
+    for tag in soup.find_all(_HTML_DROPPED):
+        tag.decompose()
+    for comment in soup.find_all(string=lambda s: isinstance(s, Comment)):
+        comment.extract()
+    # Browsers collapse whitespace in running text (pre keeps its lines); block elements start new paragraphs.
+    for string in soup.find_all(string=True):
+        if type(string) is NavigableString and string.find_parent("pre") is None:
+            string.replace_with(NavigableString(re.sub(r"[ \t\r\n\f]+", " ", str(string))))
+    for br in soup.find_all("br"):
+        br.replace_with(NavigableString("\n"))
+    # Headings become Markdown headings, so the chunker's split_at_headings sees HTML sections too.
+    for heading in soup.find_all(["h1", "h2", "h3", "h4", "h5", "h6"]):
+        heading.insert(0, NavigableString("#" * int(heading.name[1]) + " "))
+    for block in soup.find_all(_HTML_BLOCKS):
+        block.insert_before(NavigableString("\n\n"))
+        block.insert_after(NavigableString("\n\n"))
+    text = soup.get_text()
+    lines = [line.strip() for line in text.split("\n")]
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(lines)).strip()
+    return title, text
+
+
+def _decode_file(name: str, data: bytes) -> str:
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise CorpusError([f"{name} line {line}: {_utf8_problem(data, exc)}"])
+
+
+def document_from_file(relative_path: str, data: bytes) -> Document | None:
+    """A document from one file's bytes, or None for an unsupported extension.
+
+    doc_id is the path without its extension ('/' separators, whitespace and '#' replaced by '_'); the title is
+    the first Markdown heading, the HTML <title>, or the file name.
+    """
+    path = PurePosixPath(relative_path)
+    suffix = path.suffix.lower()
+    if suffix not in SUPPORTED_SUFFIXES:
+        return None
+    text = _decode_file(relative_path, data)
+    title = ""
+    if suffix in (".html", ".htm"):
+        title, text = html_to_text(text)
+    elif suffix in (".md", ".markdown"):
+        heading = _MARKDOWN_HEADING.search(text)
+        title = heading.group(1).strip() if heading else ""
+    doc_id = re.sub(r"[\s#]+", "_", str(path.with_suffix("")))
+    return Document(
+        doc_id=doc_id,
+        text=text,
+        title=title or path.stem,
+        metadata={"path": relative_path},
+    )
+
+
+def _hidden(relative_path: str) -> bool:
+    return any(part.startswith(".") or part == "__MACOSX" for part in PurePosixPath(relative_path).parts)
+
+
+def _documents_from_files(files: Iterable[tuple[str, bytes]], source: str) -> DocumentSource:
+    """Documents from (relative path, bytes) pairs in path order; reports every bad file, not just the first."""
+    errors: list[str] = []
+    documents: list[Document] = []
+    skipped: list[str] = []
+    first_path: dict[str, str] = {}
+    for relative_path, data in files:
+        if _hidden(relative_path):
+            skipped.append(relative_path)
+            continue
+        try:
+            document = document_from_file(relative_path, data)
+        except CorpusError as exc:
+            errors.extend(exc.errors)
+            continue
+        if document is None:
+            skipped.append(relative_path)
+            continue
+        problem = doc_id_problem(document.doc_id)
+        if problem:
+            errors.append(f"{relative_path}: its doc_id {document.doc_id!r} {problem}; rename the file")
+        elif document.doc_id in first_path:
+            errors.append(
+                f"{relative_path}: gives doc_id {document.doc_id!r}, as does {first_path[document.doc_id]}; "
+                "rename one of them"
+            )
+        else:
+            first_path[document.doc_id] = relative_path
+            documents.append(document)
+        if len(errors) >= MAX_ERRORS:
+            break
+    if errors:
+        raise CorpusError(errors[:MAX_ERRORS])
+    return DocumentSource(documents=documents, source=source, skipped_files=skipped)
+
+
+def _too_big(max_bytes: int) -> CorpusError:
+    return CorpusError(
+        [f"the files hold more than {max_bytes} bytes uncompressed (the dataset size limit); split the corpus"]
+    )
+
+
+def parse_documents_folder(folder: str | Path, *, max_bytes: int | None = None) -> DocumentSource:
+    """Documents from every .txt/.md/.markdown/.html/.htm file under `folder`, recursively, in path order.
+
+    Hidden files and folders (a leading '.') are skipped, as are other extensions; both are counted.
+    """
+    root = Path(folder)
+    if not root.is_dir():
+        raise CorpusError([f"{folder}: not a folder; pass the folder that holds the documents"])
+    paths = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
+
+    def files() -> Iterable[tuple[str, bytes]]:
+        total = 0
+        for path in paths:
+            relative = path.relative_to(root).as_posix()
+            if path.suffix.lower() not in SUPPORTED_SUFFIXES or _hidden(relative):
+                yield relative, b""  # skipped below, without reading it
+                continue
+            data = path.read_bytes()
+            total += len(data)
+            if max_bytes is not None and total > max_bytes:
+                raise _too_big(max_bytes)
+            yield relative, data
+
+    return _documents_from_files(files(), source="folder")
+
+
+def _archive_path_problem(name: str) -> str | None:
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "is an absolute path"
+    if ".." in re.split(r"[\\/]", name):
+        return "climbs out of the archive with '..'"
+    return None
+
+
+def parse_documents_zip(data: bytes, *, max_bytes: int) -> DocumentSource:
+    """Documents from a zip of a folder (as `parse_documents_folder` reads it).
+
+    When every file sits under one top-level folder, that folder is dropped from the doc ids, so zipping a
+    folder gives the ids that importing it directly does. Total uncompressed bytes are capped at `max_bytes`
+    (read, not trusted from the archive's header), and absolute or '..' paths are refused.
+    """
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError) as exc:
+        raise CorpusError([f"file: not a readable zip archive ({exc}); re-create it with a zip tool"])
+    with archive:
+        entries = [info for info in archive.infolist() if not info.is_dir()]
+        bad = [
+            f"zip entry {info.filename!r} {problem}; zip the folder's contents with relative paths"
+            for info in entries
+            if (problem := _archive_path_problem(info.filename))
+        ]
+        if bad:
+            raise CorpusError(bad[:MAX_ERRORS])
+        if sum(info.file_size for info in entries) > max_bytes:
+            raise _too_big(max_bytes)
+        names = sorted(info.filename.replace("\\", "/") for info in entries)
+        by_name = {info.filename.replace("\\", "/"): info for info in entries}
+        visible = [n for n in names if not _hidden(n)]
+        tops = {n.split("/", 1)[0] for n in visible}
+        prefix = f"{next(iter(tops))}/" if len(tops) == 1 and all("/" in n for n in visible) else ""
+
+        def files() -> Iterable[tuple[str, bytes]]:
+            remaining = max_bytes
+            for name in names:
+                relative = name[len(prefix) :] if prefix and name.startswith(prefix) else name
+                if PurePosixPath(name).suffix.lower() not in SUPPORTED_SUFFIXES or _hidden(name):
+                    yield relative, b""
+                    continue
+                try:
+                    with archive.open(by_name[name]) as handle:
+                        content = handle.read(remaining + 1)
+                except (zipfile.BadZipFile, NotImplementedError, RuntimeError, OSError) as exc:
+                    raise CorpusError([f"zip entry {name!r}: cannot be read ({exc}); re-create the archive"])
+                remaining -= len(content)
+                if remaining < 0:
+                    raise _too_big(max_bytes)
+                yield relative, content
+
+        return _documents_from_files(files(), source="zip")
+
+
+def is_zip(data: bytes) -> bool:
+    return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
