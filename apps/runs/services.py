@@ -309,6 +309,8 @@ def run_launch_sft(
     problems: dict[str, list[str]] = {}
     for field_name in ("teacher_model", "base_model"):
         value = getattr(parsed, field_name)
+        if field_name == "teacher_model" and value == "scripted-search":
+            continue
         if value not in BUILTIN_SHAPES and not (Path(value).expanduser() / "config.json").is_file():
             problems[f"config.{field_name}"] = [
                 f"unknown model {value!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "

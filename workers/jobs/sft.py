@@ -31,7 +31,11 @@ log = logging.getLogger("crucible.sft")
 class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    teacher_model: str = Field("smollm2-135m-instruct", min_length=1, description="Generates the trajectories")
+    teacher_model: str = Field(
+        "smollm2-135m-instruct",
+        min_length=1,
+        description="Generates the trajectories: a model, or 'scripted-search' (workers.search.teacher) for search",
+    )
     base_model: str = Field("smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
     environment: str = Field("search", min_length=1)
     env_params: dict[str, Any] = Field(default_factory=dict)
@@ -101,15 +105,65 @@ def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any =
     return losses
 
 
+def generate(
+    config: SFTConfig, rows: list[dict[str, Any]], reward: dict[str, Any], progress: Any = None, bind: Any = None
+) -> list[Any]:
+    """Phase 1: the teacher's episodes on `rows` (`rollouts_per_task` each), as samples in the student's tokens.
+    `progress(tasks_done)` after each batch; `bind(env)` prepares scripted-teacher environments."""
+    from workers.models import make_backend
+    from workers.models.registry import resolve_base_model
+    from workers.rl.rollout import RolloutWorker
+    from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent, scripted_rollout
+
+    samples: list[Any] = []
+    if config.teacher_model == SCRIPTED_TEACHER:
+        from transformers import AutoTokenizer
+
+        from workers.models.base import encode_chat
+
+        tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
+        for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
+            samples += scripted_rollout(
+                ScriptedSearchAgent(),
+                tokenizer,
+                lambda messages: encode_chat(tokenizer, messages),
+                rows,
+                environment=config.environment,
+                env_params=config.env_params,
+                reward=reward,
+                bind=bind,
+            )
+            if progress is not None:
+                progress(len(rows))
+        return samples
+    teacher = make_backend("transformers", str(resolve_base_model(config.teacher_model)), threads=config.threads)
+    worker = RolloutWorker(
+        teacher,
+        environment=config.environment,
+        env_params=config.env_params,
+        reward=reward,
+        temperature=config.sampling.temperature,
+        top_p=config.sampling.top_p,
+        max_new_tokens=config.sampling.max_new_tokens,
+    )
+    batch = 4
+    for at in range(0, len(rows), batch):
+        result = worker.rollout(
+            rows[at : at + batch], group_size=config.rollouts_per_task, seed=config.seed + at, id_prefix="sft-"
+        )
+        samples += result.samples
+        if progress is not None:
+            progress(min(at + batch, len(rows)))
+    return samples
+
+
 def run(spec: SFTSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from workers.envs import search
     from workers.envs.registry import get_environment
-    from workers.models import make_backend
     from workers.models.registry import resolve_base_model
-    from workers.rl.rollout import RolloutWorker
     from workers.search.metrics import mean_metrics
     from workers.search.rejection import select_trajectories
 
@@ -123,28 +177,9 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         for index, row in enumerate(rows, start=1):
             env_cls.validate_task_row(row, index=index)
         reporter.log(f"{len(rows)} tasks x {config.rollouts_per_task} rollouts with {config.teacher_model}")
-        teacher = make_backend("transformers", str(resolve_base_model(config.teacher_model)), threads=config.threads)
-        worker = RolloutWorker(
-            teacher,
-            environment=config.environment,
-            env_params=config.env_params,
-            reward=spec.reward,
-            temperature=config.sampling.temperature,
-            top_p=config.sampling.top_p,
-            max_new_tokens=config.sampling.max_new_tokens,
-        )
-        # Phase 1: generation (the first half of the progress bar).
-        samples = []
         started = time.perf_counter()
-        batch = 4
-        for at in range(0, len(rows), batch):
-            result = worker.rollout(
-                rows[at : at + batch], group_size=config.rollouts_per_task, seed=config.seed + at, id_prefix="sft-"
-            )
-            samples += result.samples
-            reporter.progress(min(at + batch, len(rows)), 2 * len(rows))
+        samples = generate(config, rows, spec.reward, lambda done: reporter.progress(done, 2 * len(rows)))
         generation_seconds = time.perf_counter() - started
-        del teacher, worker
         records = [s.trajectory for s in samples]
         teacher_metrics = mean_metrics(s.episode_metrics for s in samples)
         selected = select_trajectories(records, config.filter)

@@ -1,0 +1,263 @@
+"""Learning check for the Context-1 recipe on a CPU: SFT warm-up, then CISPO, on the demo search tasks.
+
+    .venv/bin/python bench/search_learning_check.py            # the README's figures (about 40 minutes, 2 cores)
+    .venv/bin/python bench/search_learning_check.py --quick    # a smoke run with the tiny test model
+
+Everything is the project's own code, in one process (no Ray, no control plane), so the numbers come from the
+same harness, reward, filter, learner and rollout code a run uses:
+1. corpus: the built-in Python docs (`workers.search.stdlib_corpus`), chunked and indexed (BM25 + MiniLM, RRF,
+   rerank); tasks: the template generator, split by task id hash into train and held-out;
+2. base: SmolLM2-135M-Instruct evaluated greedily on the held-out tasks (one episode per task);
+3. SFT warm-up: the scripted search teacher's trajectories on the train tasks, rejection-filtered
+   (`workers.search.rejection`), fine-tune the base model on them; evaluate;
+4. RL: CISPO with LoRA from the SFT model on the train tasks (Context-1 reward, F-beta anneal); evaluate.
+Each evaluation is paired per held-out task; the script prints the mean output recall with a paired bootstrap
+95% interval of the difference, a Wilcoxon signed-rank test and a sign test, and writes bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scipy import stats  # noqa: E402
+
+from workers.models import make_backend  # noqa: E402
+from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
+from workers.rewards.schema import context1_spec  # noqa: E402
+from workers.rl.config import TrainConfig  # noqa: E402
+from workers.rl.learner import Learner  # noqa: E402
+from workers.rl.rollout import RolloutWorker  # noqa: E402
+from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
+from workers.search import synth  # noqa: E402
+from workers.search.corpus import build_corpus  # noqa: E402
+from workers.search.index import IndexConfig, SearchIndex, save_index  # noqa: E402
+from workers.search.metrics import mean_metrics  # noqa: E402
+from workers.search.rejection import select_trajectories  # noqa: E402
+from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
+
+ENV = {
+    "token_budget": 3072,
+    "reserve_tokens": 256,
+    "result_budget": 320,
+    "top_k": 3,
+    "max_turns": 3,
+    "max_calls_per_turn": 3,
+    "max_output_docs": 5,
+}
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def held_out(task_id: str) -> bool:
+    return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 3 == 0
+
+
+def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str) -> list[dict[str, float]]:
+    """One greedy episode per task, in the evaluation harness (no soft-threshold message)."""
+    started = time.perf_counter()
+    out: list[dict[str, float]] = []
+    for at in range(0, len(tasks), 16):
+        result = worker.rollout(tasks[at : at + 16], group_size=1, seed=0, id_prefix=f"eval-{label}-")
+        out += [s.episode_metrics for s in result.samples]
+    means = mean_metrics(out)
+    log(
+        f"{label}: output recall {means['output_recall']:.3f}, final answer found {means['final_answer_found']:.3f}, "
+        f"trajectory recall {means['trajectory_recall']:.3f} ({time.perf_counter() - started:.0f}s)"
+    )
+    return out
+
+
+def paired(after: list[dict[str, float]], before: list[dict[str, float]], metric: str = "output_recall") -> dict:
+    a = np.array([row[metric] for row in after])
+    b = np.array([row[metric] for row in before])
+    diff = a - b
+    rng = np.random.default_rng(0)
+    boots = [diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(10_000)]
+    nonzero = diff[diff != 0]
+    wilcoxon_p = float(stats.wilcoxon(a, b, zero_method="pratt").pvalue) if len(nonzero) else 1.0
+    sign_p = float(stats.binomtest(int((nonzero > 0).sum()), len(nonzero), 0.5).pvalue) if len(nonzero) else 1.0
+    return {
+        "metric": metric,
+        "tasks": len(diff),
+        "before": float(b.mean()),
+        "after": float(a.mean()),
+        "difference": float(diff.mean()),
+        "ci95": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))],
+        "improved": int((diff > 0).sum()),
+        "worse": int((diff < 0).sum()),
+        "wilcoxon_p": wilcoxon_p,
+        "sign_test_p": sign_p,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="tiny model, few tasks: checks the script runs")
+    parser.add_argument("--tasks", type=int, default=120, help="template tasks to generate (train + held-out)")
+    parser.add_argument("--steps", type=int, default=10, help="CISPO steps")
+    parser.add_argument("--prompts-per-step", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=1e-4, help="CISPO learning rate (LoRA)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
+    args = parser.parse_args()
+    model = TINY_LLAMA if args.quick else SMOLLM2
+    if args.quick:
+        args.tasks, args.steps, args.prompts_per_step, args.group_size, args.sft_epochs = 12, 2, 2, 2, 1
+    import torch
+
+    torch.set_num_threads(args.threads)
+    random.seed(0)
+    started = time.perf_counter()
+    figures: dict[str, Any] = {"command": " ".join(sys.argv), "model": model, "env_params": ENV}
+
+    chunks, _ = build_corpus(stdlib_documents())
+    index = SearchIndex.build(chunks, IndexConfig(dense=not args.quick))
+    work = Path(tempfile.mkdtemp(prefix="crucible-learning-check-"))
+    index_uri = f"file://{work}/index"
+    save_index(index, index_uri)
+    env_params = {**ENV, "index_uri": index_uri}
+    corpus = synth.SynthCorpus(chunks)
+    made = synth.synthesize(
+        corpus, synth.SynthParams(num_tasks=args.tasks, max_hops=2), synth.TemplateGenerator(corpus)
+    )
+    train = [t for t in made.tasks if not held_out(t["id"])]
+    test = [t for t in made.tasks if held_out(t["id"])]
+    log(f"{len(chunks)} chunks indexed; {len(made.tasks)} tasks: {len(train)} train, {len(test)} held out")
+    figures.update({"chunks": len(chunks), "train_tasks": len(train), "held_out_tasks": len(test)})
+    reward = context1_spec(beta=4.0).model_dump(mode="json")
+    eval_env = {**env_params, "training": False}
+
+    def worker_for(path: str, temperature: float, params: dict[str, Any]) -> RolloutWorker:
+        backend = make_backend("transformers", path, threads=args.threads)
+        return RolloutWorker(
+            backend,
+            environment="search",
+            env_params=params,
+            reward=reward,
+            temperature=temperature,
+            max_new_tokens=96,
+        )
+
+    base_path = str(resolve_base_model(model))
+    base_eval = evaluate(worker_for(base_path, 0.0, eval_env), test, "base")
+
+    # SFT warm-up from the scripted teacher.
+    from workers.jobs.sft import SFTConfig, fine_tune, generate
+
+    sft_config = SFTConfig(
+        teacher_model="scripted-search",
+        base_model=base_path,
+        env_params=env_params,
+        rollouts_per_task=1,
+        epochs=args.sft_epochs,
+        learning_rate=2e-5,
+        max_tokens_per_pack=4096,
+    )
+    teacher_samples = generate(sft_config, train, reward)
+    selected = select_trajectories([s.trajectory for s in teacher_samples], sft_config.filter)
+    report = selected.report(len(teacher_samples))
+    report["teacher_metrics"] = mean_metrics(s.episode_metrics for s in teacher_samples)
+    log(f"teacher: {report}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
+    sft_started = time.perf_counter()
+    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config)
+    sft_path = str(work / "sft")
+    student.save_pretrained(sft_path)
+    AutoTokenizer.from_pretrained(base_path, local_files_only=True).save_pretrained(sft_path)
+    del student
+    log(f"SFT on {len(selected.kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
+    figures["sft"] = {"filter": report, "loss": losses}
+    sft_eval = evaluate(worker_for(sft_path, 0.0, eval_env), test, "sft")
+
+    # CISPO from the SFT model.
+    config = TrainConfig(
+        base_model=sft_path,
+        environment="search",
+        env_params=env_params,
+        algorithm="cispo",
+        learning_rate=args.lr,
+        steps=args.steps,
+        prompts_per_step=args.prompts_per_step,
+        group_size=args.group_size,
+        lora={"rank": 16, "alpha": 32},
+        max_tokens_per_pack=4096,
+        beta_schedule={"start": 4.0, "end": 2.0, "epochs": 3},
+        sampling={"temperature": 1.0, "max_new_tokens": 96},
+        loss={"kl_coef": 0.0},
+    )
+    learner = Learner(sft_path, config, threads=args.threads)
+    rollout = worker_for(sft_path, 1.0, env_params)
+    receiver = WeightSyncReceiver()
+    blob, _ = learner.weight_update()
+    receiver.receive(blob)
+    from workers.jobs.train import data_order
+
+    history = []
+    for step in range(config.steps):
+        order = data_order(len(train), config.seed, step, config.prompts_per_step)
+        beta = config.beta_schedule.beta(step * config.prompts_per_step // len(train)) if config.beta_schedule else None
+        result = rollout.rollout(
+            [train[i] for i in order], group_size=config.group_size, seed=step, id_prefix=f"s{step}-", f_beta=beta
+        )
+        metrics = learner.train_step(result.samples)
+        blob, _ = learner.weight_update()
+        if blob is not None:
+            rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
+        env_means = mean_metrics(s.episode_metrics for s in result.samples)
+        history.append({"step": step + 1, "reward_mean": metrics["reward_mean"], **env_means})
+        log(
+            f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, output recall "
+            f"{env_means['output_recall']:.3f}, dropped groups {metrics['dropped_groups']:.0f}, "
+            f"{result.generation_seconds:.0f}s gen, {metrics['train_seconds']:.0f}s train"
+        )
+    figures["rl"] = {"history": history, "config": config.model_dump(mode="json")}
+    rollout.temperature = 0.0
+    rollout.env_params = eval_env
+    rl_eval = evaluate(rollout, test, "cispo")
+
+    figures["comparisons"] = {
+        "cispo_vs_sft": paired(rl_eval, sft_eval),
+        "cispo_vs_base": paired(rl_eval, base_eval),
+        "sft_vs_base": paired(sft_eval, base_eval),
+    }
+    figures["means"] = {
+        name: mean_metrics(rows) for name, rows in (("base", base_eval), ("sft", sft_eval), ("cispo", rl_eval))
+    }
+    figures["seconds"] = round(time.perf_counter() - started)
+    print()
+    print(
+        f"{'held-out output recall':<28} {'before':>7} {'after':>7} {'diff':>7} {'95% CI':>17} {'W p':>8} {'sign p':>8}"
+    )
+    for name, c in figures["comparisons"].items():
+        ci = f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
+        print(
+            f"{name:<28} {c['before']:7.3f} {c['after']:7.3f} {c['difference']:+7.3f} {ci:>17} "
+            f"{c['wilcoxon_p']:8.4f} {c['sign_test_p']:8.4f}"
+        )
+    if not args.quick:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+        log(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
