@@ -1,1 +1,136 @@
-urlpatterns: list = []
+"""Pages for synthetic-task generation (under /search/, namespace "search"): the launch form, the list of datagen
+runs, and one run's verification report. Progress streams on the run's own page (web:run)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.runs import selectors
+from apps.runs.models import RunKind
+from apps.search.datagen_services import datagen_launch, datagen_report
+from apps.web.views import needs
+from workers.search.synth import DROP_REASONS, SynthParams
+
+# The form's numeric fields, in order, with their help text from the typed parameters.
+NUMBER_FIELDS = ("num_tasks", "max_hops", "distractors", "min_distractors", "seed", "max_candidates")
+SAMPLE_TASKS = 5
+
+
+def _flatten(exc: ValidationError) -> list[str]:
+    detail = exc.detail
+    if isinstance(detail, dict):
+        return [f"{field}: {m}" for field, msgs in detail.items() for m in (msgs if isinstance(msgs, list) else [msgs])]
+    return [str(d) for d in (detail if isinstance(detail, list) else [detail])]
+
+
+def _params_from_post(post: Any) -> dict[str, Any]:
+    """Form values as parameters: blank fields take the defaults; a value that is not a whole number is passed on
+    as typed, so the typed check names the field."""
+    params: dict[str, Any] = {"generator": post.get("generator", "template") or "template"}
+    if params["generator"] == "llm" and post.get("model", "").strip():
+        params["model"] = post["model"].strip()
+    for name in NUMBER_FIELDS:
+        raw = post.get(name, "").strip()
+        if raw:
+            params[name] = int(raw) if raw.lstrip("-").isdigit() else raw
+    return params
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def datagen_new(request: HttpRequest) -> HttpResponse:
+    corpora = (
+        DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS)
+        .select_related("dataset")
+        .order_by("dataset__name", "-number")
+    )
+    errors: list[str] = []
+    values: dict[str, str] = {}
+    if request.method == "POST":
+        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        raw = request.POST.get("corpus_version", "")
+        corpus_version = corpora.filter(pk=int(raw)).first() if raw.isdigit() else None
+        if corpus_version is None:
+            errors.append("corpus_version: pick a version of a corpus dataset")
+        else:
+            try:
+                run = datagen_launch(
+                    corpus_version=corpus_version,
+                    target_dataset=request.POST.get("target_dataset", "").strip(),
+                    params=_params_from_post(request.POST),
+                    user=request.user,  # type: ignore[arg-type]
+                )
+            except ValidationError as exc:
+                errors = _flatten(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    defaults = SynthParams()
+    fields = [
+        {
+            "name": name,
+            "value": values.get(name, getattr(defaults, name)),
+            "help": SynthParams.model_fields[name].description or "",
+        }
+        for name in NUMBER_FIELDS
+    ]
+    return render(
+        request,
+        "search/datagen_new.html",
+        {"corpora": corpora, "fields": fields, "values": values, "errors": errors, "default_model": defaults.model},
+    )
+
+
+@needs(Capability.READ)
+def datagen_list(request: HttpRequest) -> HttpResponse:
+    runs = selectors.run_list().filter(kind=RunKind.DATAGEN)[:100]
+    return render(request, "search/datagen_list.html", {"runs": runs})
+
+
+@needs(Capability.READ)
+def datagen_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list().filter(kind=RunKind.DATAGEN), pk=run_id)
+    report = datagen_report(run)
+    outcome = (run.summary or {}).get("datagen") or {}
+    version = None
+    samples: list[dict[str, Any]] = []
+    if outcome.get("tasks_version"):
+        version = DatasetVersion.objects.select_related("dataset").filter(pk=outcome["tasks_version"]).first()
+    if version is not None:
+        with version.file.open("rb") as handle:
+            for line in handle:
+                if line.strip():
+                    samples.append(json.loads(line))
+                if len(samples) >= SAMPLE_TASKS:
+                    break
+    dropped = []
+    if report is not None:
+        dropped = [(reason, report["dropped"].get(reason, 0)) for reason in DROP_REASONS]
+    return render(
+        request,
+        "search/datagen_detail.html",
+        {
+            "run": run,
+            "report": report,
+            "outcome": outcome,
+            "version": version,
+            "samples": samples,
+            "dropped": dropped,
+            "params": run.spec.get("params", {}),
+        },
+    )
+
+
+urlpatterns = [
+    path("datagen/", datagen_list, name="datagen-list"),
+    path("datagen/new/", datagen_new, name="datagen-new"),
+    path("datagen/<int:run_id>/", datagen_detail, name="datagen-detail"),
+]

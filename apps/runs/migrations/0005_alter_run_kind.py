@@ -4,15 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('runs', '0004_ingested_ranges'),
+        ("runs", "0004_ingested_ranges"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='run',
-            name='kind',
-            field=models.CharField(choices=[('rescore', 'Offline re-scoring'), ('train', 'Training'), ('eval', 'Evaluation'), ('index', 'Index build'), ('datagen', 'Data generation'), ('sft', 'SFT warm-up')], max_length=16),
+            model_name="run",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("rescore", "Offline re-scoring"),
+                    ("train", "Training"),
+                    ("eval", "Evaluation"),
+                    ("index", "Index build"),
+                    ("datagen", "Data generation"),
+                    ("sft", "SFT warm-up"),
+                ],
+                max_length=16,
+            ),
         ),
     ]
