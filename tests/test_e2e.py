@@ -281,3 +281,86 @@ def test_a_run_that_asks_for_more_than_the_cluster_has_waits_and_says_so(stack, 
         time.sleep(1)
         run.refresh_from_db()
     assert run.status == "stopped", (run.status, run.failure_reason)
+
+
+def _wait(run_id: int, done, timeout: float = 240):  # type: ignore[no-untyped-def]
+    from apps.runs.models import Run
+
+    deadline = time.monotonic() + timeout
+    run = Run.objects.get(pk=run_id)
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.status in ("failed", "stopped") or done(run):
+            break
+        time.sleep(1)
+    return run
+
+
+def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, users, client):
+    """Context-1 through the real services: a corpus upload; a task generation run whose success hook registers a
+    tasks version; an index build whose success hook marks the index ready; a training run of the search
+    environment on that index (the launch resolves the index), whose stored trajectory opens on its page."""
+    from apps.accounts.services import api_token_create
+    from apps.datasets.models import DatasetVersion
+    from apps.runs.models import MetricPoint, Run
+    from apps.search.models import CorpusIndex
+    from tests.apps.test_datagen import stdlib_slice
+    from tests.factories import context1_version
+    from workers.search.types import dump_chunks_jsonl
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-search", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    dataset = api.post("/datasets/", json={"name": "e2e-stdlib", "kind": "corpus"}).json()
+    upload = api.post(
+        f"/datasets/{dataset['id']}/versions/", files={"file": ("stdlib.jsonl", dump_chunks_jsonl(stdlib_slice()))}
+    )
+    assert upload.status_code == 201, upload.text
+    corpus_id = upload.json()["id"]
+
+    datagen = api.post(
+        "/datagen/", json={"corpus_version": corpus_id, "target_dataset": "e2e-tasks", "params": {"num_tasks": 8}}
+    )
+    assert datagen.status_code == 201, datagen.text
+    run = _wait(datagen.json()["id"], lambda r: "datagen" in r.summary)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    assert run.progress_done == 8 == run.progress_total and run.summary["kept"] == 8
+    tasks = DatasetVersion.objects.get(pk=run.summary["datagen"]["tasks_version"])
+    assert tasks.dataset.name == "e2e-tasks" and tasks.row_count == 8
+
+    built = api.post("/search-indexes/", json={"corpus_version": corpus_id, "config": {"dense": False}})
+    assert built.status_code == 201, built.text
+    index = CorpusIndex.objects.get(pk=built.json()["id"])
+    run = _wait(index.run_id, lambda r: CorpusIndex.objects.get(pk=index.pk).status == "ready")
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    assert CorpusIndex.objects.get(pk=index.pk).status == "ready"
+
+    reward = context1_version(owner=operator, name="e2e-context1")
+    config = {
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "environment": "search",
+        "env_params": {"token_budget": 2048, "reserve_tokens": 128, "result_budget": 200, "max_turns": 2},
+        "algorithm": "cispo",
+        "steps": 1,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "trajectory_samples_per_step": 2,
+        "sampling": {"max_new_tokens": 8},
+        "compute": {"cpus": 1, "memory_gb": 2},
+    }
+    body = {"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+    refused = api.post("/runs/", json=body)
+    assert refused.status_code == 400 and "corpus_version" in refused.json()["fields"], refused.text
+    launched = api.post("/runs/", json={**body, "corpus_version": corpus_id})
+    assert launched.status_code == 201, launched.text
+    run = _wait(launched.json()["id"], lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    assert run.spec["config"]["env_params"]["index_uri"] == CorpusIndex.objects.get(pk=index.pk).uri
+    names = set(MetricPoint.objects.filter(run=run).values_list("name", flat=True))
+    assert {"env/output_recall", "env/trajectory_recall", "env/final_answer_found"} <= names
+    stored = run.trajectories.exclude(storage_uri="").first()
+    assert stored is not None
+    client.force_login(operator)
+    page = client.get(f"/runs/{run.pk}/trajectories/{stored.trajectory_id}/")
+    assert page.status_code == 200 and "Reward by term" in page.content.decode()
+    assert Run.objects.filter(pk=run.pk, kind="train").exists()

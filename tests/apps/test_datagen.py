@@ -14,7 +14,6 @@ from apps.runs.models import Run, RunKind, RunStatus
 from apps.runs.services import run_success_hook, worker_spec
 from apps.search.datagen_services import datagen_finalize, datagen_launch
 from tests.factories import tasks_version
-from tests.test_e2e import stack  # noqa: F401 (the real services, for the end-to-end test)
 from tests.workers.test_synth import FILLER, stdlib_chunks
 from workers.jobs.datagen import DatagenSpec, generate
 from workers.search.types import Chunk, dump_chunks_jsonl
@@ -247,38 +246,3 @@ def test_the_report_page_shows_kept_and_dropped_by_reason(client, users, corpus,
 
 
 # --- end to end ------------------------------------------------------------------------------------------------
-@pytest.mark.e2e
-@pytest.mark.django_db(transaction=True)
-def test_a_datagen_run_generates_on_ray_and_registers_a_tasks_version(stack, users):  # type: ignore[no-untyped-def]  # noqa: F811
-    """Through the real services: the API launches, Celery submits to Ray, the job reports over HTTP, and the success
-    hook (a Celery task) registers the tasks version."""
-    import time
-
-    import httpx
-
-    from apps.accounts.services import api_token_create
-
-    _, token = api_token_create(user=users["operator"], name="e2e-datagen", scopes=["read", "launch"])
-    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
-    dataset = api.post("/datasets/", json={"name": "e2e-stdlib", "kind": "corpus"}).json()
-    upload = api.post(
-        f"/datasets/{dataset['id']}/versions/", files={"file": ("stdlib.jsonl", dump_chunks_jsonl(stdlib_slice()))}
-    )
-    assert upload.status_code == 201, upload.text
-    launched = api.post(
-        "/datagen/",
-        json={"corpus_version": upload.json()["id"], "target_dataset": "e2e-tasks", "params": {"num_tasks": 8}},
-    )
-    assert launched.status_code == 201, launched.text
-    run = Run.objects.get(pk=launched.json()["id"])
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        run.refresh_from_db()
-        if run.status in (RunStatus.FAILED, RunStatus.STOPPED) or "datagen" in run.summary:
-            break
-        time.sleep(1)
-    assert run.status == RunStatus.SUCCEEDED, (run.status, run.failure_reason, run.log_tail[-3000:])
-    assert run.progress_done == 8 == run.progress_total and run.summary["kept"] == 8
-    version = DatasetVersion.objects.get(pk=run.summary["datagen"]["tasks_version"])
-    assert version.dataset.name == "e2e-tasks" and version.row_count == 8
-    assert run.artifacts.filter(name="tasks.jsonl").exists()

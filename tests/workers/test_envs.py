@@ -626,8 +626,13 @@ def test_a_renamed_incompatible_term_is_reported_under_its_name() -> None:
 
 def test_make_env_refuses_an_unknown_name_listing_the_choices() -> None:
     with pytest.raises(
-        ValueError, match=re.escape("unknown environment 'search'; choose one of: calculator, exact_answer")
+        ValueError, match=re.escape("unknown environment 'swarm'; choose one of: calculator, exact_answer, search")
     ):
+        make_env("swarm")
+
+
+def test_make_env_names_a_missing_required_parameter() -> None:
+    with pytest.raises(ValueError, match="environment 'search' needs parameter 'index_uri'"):
         make_env("search")
 
 
@@ -641,7 +646,7 @@ def test_make_env_refuses_a_parameter_the_environment_does_not_take() -> None:
 
 
 def test_every_registered_environment_has_a_description_and_a_matching_name() -> None:
-    assert [name for name, _ in environment_choices()] == ["calculator", "exact_answer"]
+    assert [name for name, _ in environment_choices()] == ["calculator", "exact_answer", "search"]
     assert all(description for _, description in environment_choices())
     assert all(cls.name == name for name, cls in ENVIRONMENTS.items())
 

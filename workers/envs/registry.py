@@ -52,6 +52,12 @@ def make_env(name: str, **params: Any) -> Environment:
             f"environment {name!r} takes no parameter {', '.join(map(repr, unknown))}; "
             f"it takes: {', '.join(accepted) or 'none'}"
         )
+    missing = [name for name, default in accepted.items() if default is inspect.Parameter.empty and name not in params]
+    if missing:
+        raise ValueError(
+            f"environment {name!r} needs parameter {', '.join(map(repr, missing))} in env_params "
+            "(for 'search', index_uri is filled in at launch from the corpus version's index)"
+        )
     return cls(**params)
 
 
