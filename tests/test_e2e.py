@@ -363,4 +363,32 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     client.force_login(operator)
     page = client.get(f"/runs/{run.pk}/trajectories/{stored.trajectory_id}/")
     assert page.status_code == 200 and "Reward by term" in page.content.decode()
-    assert Run.objects.filter(pk=run.pk, kind="train").exists()
+
+    # The SFT warm-up: the scripted teacher's trajectories, the rejection filter's counts, a fine-tuned model.
+    sft_config = {
+        "teacher_model": "scripted-search",
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "env_params": {"token_budget": 2048, "reserve_tokens": 128, "result_budget": 200, "max_turns": 2},
+        "epochs": 1,
+        "max_tasks": 4,
+        "rollouts_per_task": 1,
+    }
+    sft = api.post(
+        "/runs/",
+        json={
+            "kind": "sft",
+            "dataset_version": tasks.pk,
+            "reward_version": reward.pk,
+            "config": sft_config,
+            "corpus_version": corpus_id,
+        },
+    )
+    assert sft.status_code == 201, sft.text
+    run = _wait(sft.json()["id"], lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    counts = run.summary["sft_filter"]
+    assert counts["generated"] == 4 and counts["kept"] + sum(counts["dropped"].values()) == 4
+    assert run.summary["fine_tuned"] is (counts["kept"] > 0)
+    page = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "Rejection sampling" in page
+    assert Run.objects.filter(pk=run.pk, kind="sft").exists()
