@@ -32,23 +32,23 @@ class SFTConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     teacher_model: str = Field(
-        "smollm2-135m-instruct",
+        default="smollm2-135m-instruct",
         min_length=1,
         description="Generates the trajectories: a model, or 'scripted-search' (workers.search.teacher) for search",
     )
-    base_model: str = Field("smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
-    environment: str = Field("search", min_length=1)
+    base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
+    environment: str = Field(default="search", min_length=1)
     env_params: dict[str, Any] = Field(default_factory=dict)
-    rollouts_per_task: int = Field(4, ge=1, le=64, description="Episodes per task before filtering")
-    max_tasks: int = Field(64, ge=1, le=100_000)
-    filter: FilterConfig = Field(default_factory=FilterConfig)
-    epochs: int = Field(2, ge=1, le=100)
-    learning_rate: float = Field(1e-5, gt=0, le=1.0)
-    max_tokens_per_pack: int = Field(4096, ge=64, le=1_048_576)
-    max_grad_norm: float = Field(1.0, gt=0)
+    rollouts_per_task: int = Field(default=4, ge=1, le=64, description="Episodes per task before filtering")
+    max_tasks: int = Field(default=64, ge=1, le=100_000)
+    filter: FilterConfig = Field(default_factory=lambda: FilterConfig())
+    epochs: int = Field(default=2, ge=1, le=100)
+    learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
+    max_tokens_per_pack: int = Field(default=4096, ge=64, le=1_048_576)
+    max_grad_norm: float = Field(default=1.0, gt=0)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    threads: int = Field(2, ge=1, le=512)
-    seed: int = Field(0, ge=0)
+    threads: int = Field(default=2, ge=1, le=512)
+    seed: int = Field(default=0, ge=0)
 
 
 class SFTSpec(JobSpec):

@@ -29,12 +29,16 @@ from workers.search.metrics import episode_metrics
 class FilterConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    trajectory_recall_min: float = Field(0.5, ge=0, le=1, description="Context-1: keep in full above 0.5")
-    output_recall_min: float = Field(0.4, ge=0, le=1, description="Context-1: and output recall above 0.4")
-    low_recall_exponent: float = Field(2.0, ge=0, description="Keep chance (recall / output_recall_min) ** this")
-    zero_recall_share: float = Field(0.05, ge=0, le=1, description="Context-1: at most 5% zero-recall")
-    max_recall_gap: float = Field(0.5, ge=0, le=1, description="Drop when trajectory recall exceeds output by this")
-    seed: int = Field(0, ge=0)
+    trajectory_recall_min: float = Field(default=0.5, ge=0, le=1, description="Context-1: keep in full above 0.5")
+    output_recall_min: float = Field(default=0.4, ge=0, le=1, description="Context-1: and output recall above 0.4")
+    low_recall_exponent: float = Field(
+        default=2.0, ge=0, description="Keep chance (recall / output_recall_min) ** this"
+    )
+    zero_recall_share: float = Field(default=0.05, ge=0, le=1, description="Context-1: at most 5% zero-recall")
+    max_recall_gap: float = Field(
+        default=0.5, ge=0, le=1, description="Drop when trajectory recall exceeds output by this"
+    )
+    seed: int = Field(default=0, ge=0)
 
 
 DROP_REASONS = ("malformed", "recall_gap", "duplicate_high", "low_recall_sampled_out", "zero_recall_cap")
