@@ -1,1 +1,92 @@
-urlpatterns: list = []
+"""Search index API (under /api/v1/): build an index of a corpus version, list and read indexes.
+
+POST /api/v1/search-indexes/      {"corpus_version": 12, "config": {"rrf_k": 60}}   (operator)
+GET  /api/v1/search-indexes/      ?corpus_version=12&status=ready                    (viewer)
+GET  /api/v1/search-indexes/<id>/
+"""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status, viewsets
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+
+from apps.accounts.models import Capability
+from apps.datasets.models import DatasetVersion
+from apps.search.index_services import index_launch_or_reuse
+from apps.search.models import CorpusIndex
+
+
+class CorpusIndexSerializer(serializers.ModelSerializer):
+    corpus_version_name = serializers.StringRelatedField(source="corpus_version")
+    created_by = serializers.StringRelatedField()
+    status = serializers.CharField(read_only=True)
+    run_status = serializers.CharField(source="run.status", read_only=True)
+    progress = serializers.FloatField(source="run.progress_fraction", read_only=True)
+
+    class Meta:
+        model = CorpusIndex
+        fields = [
+            "id",
+            "corpus_version",
+            "corpus_version_name",
+            "config",
+            "config_hash",
+            "status",
+            "uri",
+            "run",
+            "run_status",
+            "progress",
+            "stats",
+            "created_by",
+            "created_at",
+            "ready_at",
+        ]
+
+
+class IndexLaunchSerializer(serializers.Serializer):
+    corpus_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
+    config = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="workers.search.index.IndexConfig; omitted fields take defaults ({} builds the default index)",
+    )
+
+
+class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
+    """Reads need `read`; building needs `launch` (operators and admins), like launching runs."""
+
+    serializer_class = CorpusIndexSerializer
+    capability_map = {"create": Capability.LAUNCH}
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        qs = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")
+        if corpus_version := self.request.query_params.get("corpus_version"):
+            if corpus_version.isdigit():
+                qs = qs.filter(corpus_version_id=int(corpus_version))
+        if self.request.query_params.get("status") == "ready":
+            qs = qs.filter(ready_at__isnull=False)
+        return qs
+
+    @extend_schema(request=IndexLaunchSerializer, responses={200: CorpusIndexSerializer, 201: CorpusIndexSerializer})
+    def create(self, request: Request) -> Response:
+        """Build an index of a corpus version; an index with the same config that is not failed is returned as
+        it is (200) instead of building again (201)."""
+        body = IndexLaunchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        index, launched = index_launch_or_reuse(
+            corpus_version=body.validated_data["corpus_version"],
+            config=body.validated_data["config"],
+            user=request.user,  # type: ignore[arg-type]
+        )
+        return Response(
+            CorpusIndexSerializer(index).data, status=status.HTTP_201_CREATED if launched else status.HTTP_200_OK
+        )
+
+
+router = SimpleRouter()  # not DefaultRouter: its root view would shadow the API root of controlplane.urls
+router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
+
+urlpatterns = router.urls

