@@ -46,6 +46,7 @@ fmt: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/ingest_vs_mlflow.py
 	$(PY) bench/trainer_vs_trl.py
+	$(PY) bench/search_corpus.py --threads 1
 
 clean-var:
 	rm -rf var

@@ -214,9 +214,22 @@ def peer_call(index: SearchIndex) -> Callable[[str], object]:
 
 
 def harness_rows(index: SearchIndex, excludes: dict[str, list[str]]) -> list[tuple[str, Callable[[str], object]]]:
-    """Extra rows measured beside the two above, each a `call(query)`: the search environment's
-    `search_corpus` tool call (harness formatting, budget, dedup) goes here."""
-    return []
+    """Extra rows measured beside the two above, each a `call(query)`: the search environment's `search_corpus`
+    tool call, i.e. the harness as a rollout runs it (exclusion of seen chunks, passage labels, token budget
+    accounting and truncation, the trajectory's result record), with the same ~20 seen chunks excluded."""
+    from workers.envs.registry import make_env
+    from workers.envs.toolcalls import ToolCall
+
+    env = make_env("search", index_uri="memory://bench", top_k=10)
+    env.bind_index(index)  # type: ignore[attr-defined]
+    task = env.validate_task_row({"id": "bench", "prompt": "benchmark", "gold_chunk_ids": ["x#0"]})
+
+    def tool_call(query: str) -> object:
+        env.reset(task)
+        env._seen_set.update(excludes[query])  # type: ignore[attr-defined]
+        return env.run_tool(ToolCall("search_corpus", {"query": query}))
+
+    return [("search env: search_corpus tool call", tool_call)]
 
 
 def time_interleaved(rows: list[tuple[str, Callable[[str], object]]], queries: list[str]) -> dict[str, float]:

@@ -24,6 +24,8 @@ READ_ENDPOINTS = [
     "/api/v1/gate-decisions/",
     "/api/v1/deployments/",
     "/api/v1/flags/",
+    "/api/v1/search-indexes/",
+    "/api/v1/datagen/",
     "/api/v1/schema/",
 ]
 ADMIN_READ_ENDPOINTS = ["/api/v1/users/"]
