@@ -175,6 +175,14 @@ def test_prune_rewrites_the_view_but_the_reward_still_sees_the_chunk(index) -> N
     assert any("1807 and 1810" in t["content"] for t in record["turns"] if t["role"] == "tool")
 
 
+def test_a_search_and_a_prune_in_one_reply_hide_the_pruned_chunk_at_once(index) -> None:
+    env = _env(index, top_k=1)
+    both = _call("search_corpus", query="Bell Rock lighthouse reef") + _call("prune_chunks", chunk_ids=["lighthouse#0"])
+    result = env.step(both)
+    assert result.observation.messages[0]["content"].startswith("[chunk lighthouse#0 pruned]")
+    assert "1807 and 1810" not in "\n".join(m["content"] for m in env.messages)
+
+
 def test_pruning_only_unknown_ids_is_a_tool_error_and_changes_nothing(index) -> None:
     env = _env(index)
     env.step(_call("search_corpus", query="castle"))

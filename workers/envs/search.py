@@ -394,7 +394,7 @@ class SearchEnv(ToolUseEnvironment):
         self, call: ToolCall, pending: list[tuple[list[_Block], dict[str, Any]]]
     ) -> tuple[list[_Block], dict[str, Any]]:
         if call.name == PRUNE_TOOL:
-            return self._prune(call.arguments["chunk_ids"])
+            return self._prune(call.arguments["chunk_ids"], [blocks for blocks, _ in pending])
         used = self._view_tokens([_render(blocks) for blocks, _ in pending])
         if used > self.hard_cutoff * self.token_budget:
             raise ToolError(
@@ -498,13 +498,14 @@ class SearchEnv(ToolUseEnvironment):
                 high = mid - 1
         return text[:low] + " …[cut: token budget]" if low else ""
 
-    def _prune(self, raw_ids: list[Any]) -> tuple[list[_Block], dict[str, Any]]:
+    def _prune(self, raw_ids: list[Any], pending: Sequence[list[_Block]] = ()) -> tuple[list[_Block], dict[str, Any]]:
         ids = [str(item).strip() for item in raw_ids if isinstance(item, str | int) and str(item).strip()]
         if not ids:
             raise ToolError('chunk_ids is empty; list the ids to remove, e.g. ["py:os#2"]')
         pruned = [chunk_id for chunk_id in dict.fromkeys(ids) if chunk_id in self._in_view]
         unknown = [chunk_id for chunk_id in dict.fromkeys(ids) if chunk_id not in self._in_view]
-        for blocks in self._blocks.values():
+        # Earlier messages and this reply's results not yet shown (a search and a prune in one reply).
+        for blocks in [*self._blocks.values(), *pending]:
             for block in blocks:
                 if block.chunk_id in pruned and not block.pruned:
                     block.pruned = True
