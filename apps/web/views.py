@@ -375,6 +375,7 @@ def _train_config_from_post(post: Any) -> dict[str, Any]:
 @require_http_methods(["GET", "POST"])
 def train_new(request: HttpRequest) -> HttpResponse:
     versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TASKS).select_related("dataset")
+    corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []
     values = {k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
@@ -385,6 +386,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
         except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
             errors.append("pick a tasks dataset version and a reward config version")
         else:
+            corpus_id = request.POST.get("corpus_version", "")
             try:
                 run = services.run_launch_train(
                     created_by=request.user,  # type: ignore[arg-type]
@@ -392,6 +394,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
                     reward_version=reward_version,
                     config=_train_config_from_post(request.POST),
                     name=request.POST.get("name", "")[:200],
+                    corpus_version=corpora.filter(pk=int(corpus_id)).first() if corpus_id.isdigit() else None,
                 )
             except ValidationError as exc:
                 errors = _errors(exc)
@@ -403,6 +406,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
         {
             "versions": versions,
             "rewards": rewards,
+            "corpora": corpora,
             "errors": errors,
             "fields": _train_form_fields(values),
             "values": values,

@@ -127,3 +127,97 @@ def test_resume_continues_from_the_latest_checkpoint_as_a_linked_run(launch, cli
     child = Run.objects.get(pk=reply.json()["id"])
     assert child.parent_id == parent.pk and child.spec["resume_from"]["step"] == 1
     assert child.spec["config"] == parent.spec["config"] and child.progress_done == 1
+
+
+# --- the search environment ------------------------------------------------------------------------------------
+SEARCH = {**TINY, "environment": "search", "algorithm": "cispo", "env_params": {"max_turns": 2}}
+
+
+@pytest.fixture
+def search_world(users, monkeypatch, settings, tmp_path):  # type: ignore[no-untyped-def]
+    """A corpus version, a ready index of it (its build run marked succeeded), search tasks and the Context-1
+    reward."""
+    from django.utils import timezone
+
+    from apps.datasets.models import DatasetKind
+    from apps.datasets.services import dataset_create, dataset_version_create
+    from apps.search.index_services import index_launch
+    from workers.search.types import Chunk, dump_chunks_jsonl
+
+    settings.MEDIA_ROOT = tmp_path
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    owner = users["operator"]
+    chunks = [Chunk(f"doc#{i}", "doc", i, f"passage number {i} about lighthouses") for i in range(3)]
+    dataset = dataset_create(name="tiny-corpus", kind=DatasetKind.CORPUS, owner=owner)
+    corpus = dataset_version_create(
+        dataset=dataset, data=dump_chunks_jsonl(chunks), filename="c.jsonl", created_by=owner
+    )
+    index = index_launch(corpus_version=corpus, config={"dense": False}, user=owner)
+    rows = [
+        {"id": f"t{i}", "prompt": "Which passage is about lighthouses?", "gold_chunk_ids": ["doc#1"]} for i in range(4)
+    ]
+    return {
+        "corpus": corpus,
+        "index": index,
+        "tasks": tasks_version(owner=owner, rows=rows, name="search-tasks"),
+        "reward": context1_version(owner=owner),
+        "ready": lambda: type(index).objects.filter(pk=index.pk).update(ready_at=timezone.now()),
+        "owner": owner,
+    }
+
+
+def _search_launch(client_for, world, **extra):  # type: ignore[no-untyped-def]
+    body = {
+        "kind": "train",
+        "dataset_version": world["tasks"].pk,
+        "reward_version": world["reward"].pk,
+        "config": SEARCH,
+        **extra,
+    }
+    return client_for("operator").post("/api/v1/runs/", body, format="json")
+
+
+def test_a_search_run_needs_a_corpus_version_with_a_ready_index(client_for, search_world):
+    missing = _search_launch(client_for, search_world)
+    assert missing.status_code == 400 and "corpus_version" in missing.json()["fields"]
+    building = _search_launch(client_for, search_world, corpus_version=search_world["corpus"].pk)
+    assert building.status_code == 400 and "build an index first" in building.json()["detail"]
+    wrong_kind = _search_launch(client_for, search_world, corpus_version=search_world["tasks"].pk)
+    assert wrong_kind.status_code == 400 and "not a corpus" in wrong_kind.json()["detail"]
+    assert not Run.objects.filter(kind="train").exists()
+
+
+def test_a_search_run_takes_the_index_uri_from_the_corpus_version(client_for, search_world):
+    search_world["ready"]()
+    launched = _search_launch(client_for, search_world, corpus_version=search_world["corpus"].pk)
+    assert launched.status_code == 201, launched.json()
+    run = Run.objects.get(pk=launched.json()["id"])
+    assert run.spec["config"]["env_params"]["index_uri"] == search_world["index"].uri
+    assert run.spec["corpus_version"] == search_world["corpus"].pk
+
+
+def test_tasks_naming_chunks_missing_from_the_corpus_are_refused_by_row(client_for, search_world):
+    search_world["ready"]()
+    rows = [{"id": "t1", "prompt": "q", "gold_chunk_ids": ["doc#1", "doc#9"]}] * 2
+    search_world["tasks"] = tasks_version(owner=search_world["owner"], rows=rows, name="bad-search-tasks")
+    refused = _search_launch(
+        client_for, search_world, corpus_version=search_world["corpus"].pk, config={**SEARCH, "prompts_per_step": 1}
+    )
+    assert refused.status_code == 400
+    assert "task row 1 names chunk(s) not in tiny-corpus@v1: doc#9" in refused.json()["detail"]
+
+
+def test_the_training_page_offers_corpus_versions_and_shows_the_search_errors(client, search_world):
+    client.force_login(search_world["owner"])
+    page = client.get("/runs/new/train/").content.decode()
+    assert "tiny-corpus@v1" in page
+    posted = client.post(
+        "/runs/new/train/",
+        {
+            "dataset_version": search_world["tasks"].pk,
+            "reward_version": search_world["reward"].pk,
+            "environment": "search",
+            "base_model": "tiny-llama-smollm2-tokenizer",
+        },
+    )
+    assert posted.status_code == 200 and "corpus_version" in posted.content.decode()
