@@ -114,6 +114,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--sft-epochs", type=int, default=2)
     parser.add_argument("--lr", type=float, default=1e-4, help="CISPO learning rate (LoRA)")
+    parser.add_argument("--sft-lr", type=float, default=5e-5, help="SFT warm-up learning rate (full parameters)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
     args = parser.parse_args()
@@ -167,7 +168,7 @@ def main() -> None:
         env_params=env_params,
         rollouts_per_task=1,
         epochs=args.sft_epochs,
-        learning_rate=2e-5,
+        learning_rate=args.sft_lr,
         max_tokens_per_pack=4096,
     )
     teacher_samples = generate(sft_config, train, reward)
