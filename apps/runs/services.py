@@ -165,6 +165,46 @@ def _missing_chunks(rows: list[Any], corpus_version: DatasetVersion, limit: int 
     return problems
 
 
+def _episode_problems(
+    problems: dict[str, list[str]],
+    *,
+    environment: str,
+    env_params: dict[str, Any],
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    corpus_version: DatasetVersion | None,
+) -> list[Any] | None:
+    """Add to `problems` what keeps the environment from running the dataset's tasks or the reward from scoring
+    its episodes: the environment and its parameters, the dataset's kind, every task row (and, for search, the
+    chunks the rows name), the reward's inputs. Returns the task rows when they could be read."""
+    try:
+        env_cls = get_environment(environment)
+        make_env(environment, **env_params)
+    except (ValueError, TypeError) as exc:
+        problems["config.environment"] = [str(exc)]
+        return None
+    rows: list[Any] | None = None
+    if dataset_version.dataset.kind != DatasetKind.TASKS:
+        problems["dataset_version"] = [
+            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; this needs a dataset of kind 'tasks'"
+        ]
+    else:
+        try:
+            with dataset_version.file.open("rb") as handle:
+                rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
+        row_problems = check_task_rows(env_cls, rows, max_errors=10)
+        if not row_problems and environment == "search" and corpus_version is not None:
+            row_problems = _missing_chunks(rows, corpus_version)
+        if row_problems:
+            problems["dataset_version"] = row_problems
+    reward_problems = check_reward_compatible(env_cls, reward_version.spec)
+    if reward_problems:
+        problems["reward_version"] = reward_problems
+    return rows
+
+
 def train_config_check(
     *,
     config: dict[str, Any],
@@ -200,35 +240,18 @@ def train_config_check(
                 shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
             except (ValueError, KeyError, TypeError) as exc:
                 problems["config.base_model"] = [f"{model_dir}/config.json is not a usable model config ({exc})"]
-    try:
-        env_cls = get_environment(parsed.environment)
-        make_env(parsed.environment, **parsed.env_params)
-    except (ValueError, TypeError) as exc:
-        problems["config.environment"] = [str(exc)]
-        env_cls = None
-    if dataset_version.dataset.kind != DatasetKind.TASKS:
-        problems["dataset_version"] = [
-            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; training needs a dataset of kind 'tasks'"
-        ]
-    elif env_cls is not None:
-        try:
-            with dataset_version.file.open("rb") as handle:
-                rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
-        except (OSError, ValueError) as exc:
-            raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
-        row_problems = check_task_rows(env_cls, rows, max_errors=10)
-        if not row_problems and parsed.environment == "search" and corpus_version is not None:
-            row_problems = _missing_chunks(rows, corpus_version)
-        if row_problems:
-            problems["dataset_version"] = row_problems
-        if len(rows) < parsed.prompts_per_step:
-            problems.setdefault("config.prompts_per_step", []).append(
-                f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
-            )
-    if env_cls is not None:
-        reward_problems = check_reward_compatible(env_cls, reward_version.spec)
-        if reward_problems:
-            problems["reward_version"] = reward_problems
+    rows = _episode_problems(
+        problems,
+        environment=parsed.environment,
+        env_params=parsed.env_params,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        corpus_version=corpus_version,
+    )
+    if rows is not None and len(rows) < parsed.prompts_per_step:
+        problems.setdefault("config.prompts_per_step", []).append(
+            f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
+        )
     if shape is not None and "config.loss" not in problems:
         memory = estimate_memory_gb(parsed, shape)
         if memory["total"] > parsed.compute.memory_gb:
@@ -316,24 +339,14 @@ def run_launch_sft(
                 f"unknown model {value!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
                 "directory with config.json"
             ]
-    try:
-        env_cls = get_environment(parsed.environment)
-        make_env(parsed.environment, **parsed.env_params)
-    except (ValueError, TypeError) as exc:
-        raise ValidationError({**problems, "config.environment": [str(exc)]})
-    if dataset_version.dataset.kind != DatasetKind.TASKS:
-        problems["dataset_version"] = [f"{dataset_version} is a {dataset_version.dataset.kind} dataset, not tasks"]
-    else:
-        with dataset_version.file.open("rb") as handle:
-            rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
-        row_problems = check_task_rows(env_cls, rows, max_errors=10)
-        if not row_problems and parsed.environment == "search" and corpus_version is not None:
-            row_problems = _missing_chunks(rows, corpus_version)
-        if row_problems:
-            problems["dataset_version"] = row_problems
-    reward_problems = check_reward_compatible(env_cls, reward_version.spec)
-    if reward_problems:
-        problems["reward_version"] = reward_problems
+    _episode_problems(
+        problems,
+        environment=parsed.environment,
+        env_params=parsed.env_params,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        corpus_version=corpus_version,
+    )
     if problems:
         raise ValidationError(problems)
     spec: dict[str, Any] = {"config": parsed.model_dump(mode="json")}

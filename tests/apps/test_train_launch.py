@@ -221,3 +221,29 @@ def test_the_training_page_offers_corpus_versions_and_shows_the_search_errors(cl
         },
     )
     assert posted.status_code == 200 and "corpus_version" in posted.content.decode()
+
+
+def test_an_sft_run_is_checked_like_a_training_run(client_for, search_world):
+    search_world["ready"]()
+    body = {
+        "kind": "sft",
+        "dataset_version": search_world["tasks"].pk,
+        "reward_version": search_world["reward"].pk,
+        "corpus_version": search_world["corpus"].pk,
+    }
+    bad = client_for("operator").post(
+        "/api/v1/runs/", {**body, "config": {"teacher_model": "gpt-9", "epochs": 0}}, format="json"
+    )
+    assert bad.status_code == 400 and "config.epochs" in bad.json()["fields"]
+    unknown = client_for("operator").post(
+        "/api/v1/runs/", {**body, "config": {"teacher_model": "gpt-9"}}, format="json"
+    )
+    assert unknown.status_code == 400 and "config.teacher_model" in unknown.json()["fields"]
+    viewer = client_for("viewer").post("/api/v1/runs/", {**body, "config": {}}, format="json")
+    assert viewer.status_code == 403
+    assert not Run.objects.filter(kind="sft").exists()
+    config = {"teacher_model": "scripted-search", "base_model": "tiny-llama-smollm2-tokenizer"}
+    launched = client_for("operator").post("/api/v1/runs/", {**body, "config": config}, format="json")
+    assert launched.status_code == 201, launched.json()
+    run = Run.objects.get(pk=launched.json()["id"], kind="sft")
+    assert run.spec["config"]["env_params"]["index_uri"] == search_world["index"].uri
