@@ -392,14 +392,13 @@ class ToolUseEnvironment(Environment):
     def run_tool(self, call: ToolCall) -> str:
         """Run one well-formed call; returns the result text or raises `ToolError`."""
 
-    def step(self, action_text: str) -> StepResult:
-        self._begin_step(action_text)
+    def _calls_of(self, action_text: str) -> tuple[list[ToolCall], list[str]] | None:
+        """Parse a reply and record its assistant turn(s). None when it calls no tool (a final answer); else the
+        calls to run (at most `max_calls_per_turn`) and one error string per malformed or skipped call."""
         parsed = parse_tool_calls(action_text, self.tools)
         if not parsed.has_tool_calls:
             self._turns.append({"role": "assistant", "content": action_text})
-            self._finish(answer=extract_answer(action_text, self.answer_format))
-            return StepResult(None, True, self._info(tool_calls=0, malformed_tool_calls=0, tool_errors=0))
-
+            return None
         calls = parsed.calls[: self.max_calls_per_turn]
         errors = list(parsed.errors)
         for skipped in parsed.calls[self.max_calls_per_turn :]:
@@ -419,6 +418,15 @@ class ToolUseEnvironment(Environment):
                 )
         else:
             self._turns.append({"role": "assistant", "content": action_text})
+        return calls, errors
+
+    def step(self, action_text: str) -> StepResult:
+        self._begin_step(action_text)
+        turn = self._calls_of(action_text)
+        if turn is None:
+            self._finish(answer=extract_answer(action_text, self.answer_format))
+            return StepResult(None, True, self._info(tool_calls=0, malformed_tool_calls=0, tool_errors=0))
+        calls, errors = turn
 
         replies: list[Message] = []
         tool_turns: list[dict[str, Any]] = []

@@ -41,7 +41,7 @@ from workers.envs.base import (
     ToolError,
     ToolUseEnvironment,
 )
-from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind, parse_tool_calls
+from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
 
 if TYPE_CHECKING:
     from workers.search.index import Hit, SearchIndex
@@ -297,33 +297,13 @@ class SearchEnv(ToolUseEnvironment):
     def step(self, action_text: str) -> StepResult:
         self._begin_step(action_text)
         self._view_changed = False
-        parsed = parse_tool_calls(action_text, self.tools)
-        if not parsed.has_tool_calls:
-            self._turns.append({"role": "assistant", "content": action_text})
+        turn = self._calls_of(action_text)
+        if turn is None:
             self._output, answer = parse_final_output(action_text, self.max_output_docs)
             self._finish(answer=answer)
             self._usage.append(self._view_tokens())
             return StepResult(None, True, self._info(tool_calls=0, malformed_tool_calls=0, tool_errors=0))
-
-        calls = parsed.calls[: self.max_calls_per_turn]
-        errors = list(parsed.errors)
-        for skipped in parsed.calls[self.max_calls_per_turn :]:
-            errors.append(
-                f"error: at most {self.max_calls_per_turn} tool calls per reply; the call to '{skipped.name}' "
-                "was not run; make it in your next reply"
-            )
-        if calls:
-            for i, call in enumerate(calls):
-                self._turns.append(
-                    {
-                        "role": "assistant",
-                        "content": action_text if i == 0 else "",
-                        "tool": call.name,
-                        "args": call.arguments,
-                    }
-                )
-        else:
-            self._turns.append({"role": "assistant", "content": action_text})
+        calls, errors = turn
 
         pending: list[tuple[list[_Block], dict[str, Any]]] = []
         step_tool_errors = 0
