@@ -163,6 +163,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
 
     from workers.envs import search
     from workers.envs.registry import get_environment
+    from workers.jobs.train import _trajectory_summary
     from workers.models.registry import resolve_base_model
     from workers.search.metrics import mean_metrics
     from workers.search.rejection import select_trajectories
@@ -188,15 +189,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         reporter.summary({"sft_filter": report})
         reporter.log(f"generated {len(records)} trajectories in {generation_seconds:.0f}s; kept {len(selected.kept)}")
         for sample in samples:
-            reporter.trajectory(
-                trajectory_id=sample.trajectory["id"],
-                task_id=sample.task_id,
-                step=0,
-                reward=sample.reward,
-                terms=sample.terms,
-                num_turns=sample.num_turns,
-                error=sample.error,
-            )
+            reporter.trajectory(**_trajectory_summary(sample, 0))
         kept = [samples[i] for i in selected.kept]
         write_bytes(
             f"{spec.output_prefix}/sft/kept.jsonl",
