@@ -206,11 +206,8 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_pretrained(
             str(resolve_base_model(config.base_model)), dtype=torch.float32, local_files_only=True
         )
-        steps_seen = 0
 
         def progress(done: int, total: int) -> None:
-            nonlocal steps_seen
-            steps_seen = done
             reporter.progress(len(rows) + round(len(rows) * done / max(total, 1)), 2 * len(rows))
 
         losses = fine_tune(model, kept, config, progress)
