@@ -31,3 +31,63 @@ def tasks_version(*, owner: User, rows: list[dict[str, object]], name: str = "ta
 def exact_answer_version(*, owner: User, name: str = "exact") -> RewardConfigVersion:
     spec = {"terms": [{"type": "normalized_match"}]}
     return reward_config_create(name=name, description="", spec=spec, owner=owner).versions.get()
+
+
+# --- benchmarks, evals and checkpoints ------------------------------------------------------------------------------
+
+CODING_ROWS = [
+    {
+        "id": f"add-{n}",
+        "prompt": f"Write add_{n}(x) returning x + {n}.",
+        "code_prompt": f"def add_{n}(x):\n    '''x + {n}'''\n",
+        "test": f"def check(candidate):\n    assert candidate(1) == {1 + n}\n",
+        "entry_point": f"add_{n}",
+        "difficulty": "easy" if n < 3 else "hard",
+        "tags": ["arith", "even"] if n % 2 == 0 else ["arith"],
+    }
+    for n in range(12)
+]
+
+
+def coding_version(*, owner: User, name: str = "mini-coding", rows: list[dict[str, object]] | None = None):  # type: ignore[no-untyped-def]
+    from apps.benchmarks.models import Benchmark
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create
+
+    benchmark = Benchmark.objects.filter(name=name).first() or benchmark_create(
+        name=name, environment="coding", owner=owner
+    )
+    version, _ = benchmark_version_create(benchmark=benchmark, tasks=rows or CODING_ROWS, created_by=owner)
+    return version
+
+
+def checkpoint_for(*, owner: User, tmp_path, step: int = 1, base_model: str = "tiny-llama-smollm2-tokenizer"):  # type: ignore[no-untyped-def]
+    """A training run's checkpoint row whose file exists (content is not read by control-plane tests)."""
+    from apps.runs.models import Checkpoint, Run
+
+    path = tmp_path / f"ckpt-{step}-{owner.pk}.pt"
+    path.write_bytes(b"checkpoint")
+    run = Run.objects.create(kind="train", spec={"config": {"base_model": base_model}}, created_by=owner)
+    return Checkpoint.objects.create(run=run, step=step, uri=f"file://{path}")
+
+
+def finish_eval(evaluation, results: dict[str, tuple[int, int]], status: str = "succeeded") -> None:  # type: ignore[no-untyped-def]
+    """Play an eval job's end: ingest one task_result event per task ((samples, passed)), then mark the run
+    finished and run the success hook, as the reconcile loop and Celery would."""
+    from apps.benchmarks.services import eval_finalize
+    from apps.runs.models import Run
+    from apps.runs.services import ingest_batch
+    from workers.events import EVENTS_LIST
+
+    events = EVENTS_LIST.validate_python(
+        [
+            {"seq": i, "kind": "task_result", "task_id": task, "samples": n, "passed": c, "score": c / n}
+            for i, (task, (n, c)) in enumerate(results.items(), start=1)
+        ]
+    )
+    if events:
+        ingest_batch(run_id=evaluation.run_id, events=events, publish=False)
+    Run.objects.filter(pk=evaluation.run_id).update(
+        status=status, failure_reason="" if status == "succeeded" else "boom"
+    )
+    if status == "succeeded":
+        eval_finalize(run_id=evaluation.run_id)

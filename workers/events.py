@@ -80,6 +80,28 @@ class CheckpointEvent(_Event):
     metrics: dict[str, float] = {}
 
 
+class TaskResultEvent(_Event):
+    """One task's result in an eval: `passed` of `samples` attempts succeeded; `score` is the task's mean score in
+    [0, 1] (the pass fraction for pass/fail metrics); `outcomes` counts how attempts ended (ok, failed, timeout,
+    memory, killed, error)."""
+
+    kind: Literal["task_result"]
+    task_id: str = Field(min_length=1, max_length=200)
+    samples: int = Field(ge=1)
+    passed: int = Field(ge=0)
+    score: float = Field(ge=0.0, le=1.0)
+    outcomes: dict[str, int] = {}
+    trajectory_ids: list[str] = []
+
+    @field_validator("passed")
+    @classmethod
+    def _at_most_samples(cls, passed: int, info: Any) -> int:
+        samples = info.data.get("samples")
+        if samples is not None and passed > samples:
+            raise ValueError(f"passed ({passed}) cannot exceed samples ({samples})")
+        return passed
+
+
 class SummaryEvent(_Event):
     kind: Literal["summary"]
     data: dict[str, Any]
@@ -93,6 +115,7 @@ Event = Annotated[
     | HistogramEvent
     | ArtifactEvent
     | CheckpointEvent
+    | TaskResultEvent
     | SummaryEvent,
     Field(discriminator="kind"),
 ]

@@ -110,6 +110,9 @@ class Reporter:
     def checkpoint(self, step: int, uri: str, metrics: Mapping[str, float] | None = None) -> int:
         return self._add("checkpoint", step=step, uri=uri, metrics=dict(metrics or {}))
 
+    def task_result(self, **fields: Any) -> int:
+        return self._add("task_result", **fields)
+
     def summary(self, data: Mapping[str, Any]) -> int:
         return self._add("summary", data=dict(data))
 

@@ -48,6 +48,9 @@ class Trajectory(BaseModel):
         default_factory=list, description="Every doc id encountered anywhere in the full, unpruned trajectory"
     )
     answer_doc_ids: list[str] = Field(default_factory=list, description="Chunks that directly contain the answer")
+    tests_passed: float | None = Field(
+        default=None, ge=0.0, le=1.0, description="Coding: fraction of the task's tests the final code passed"
+    )
     turns: list[Turn] = Field(default_factory=list)
     error: str | None = Field(default=None, description="Set when the trajectory did not complete")
 

@@ -11,6 +11,7 @@ class Role(models.TextChoices):
     VIEWER = "viewer", "Viewer"
     OPERATOR = "operator", "Operator"
     REVIEWER = "reviewer", "Reviewer"
+    APPROVER = "approver", "Approver"
     ADMIN = "admin", "Admin"
 
 
@@ -20,6 +21,7 @@ class Capability(models.TextChoices):
     READ = "read", "Read everything"
     LAUNCH = "launch", "Create datasets, reward configs and runs; cancel runs"
     REVIEW = "review", "Judge flagged trajectories"
+    APPROVE = "approve", "Approve or reject gate decisions; roll deployments back"
     ADMIN = "admin", "Manage users, tokens of others, gates and deployments"
 
 
@@ -27,7 +29,10 @@ ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
     Role.VIEWER: frozenset({Capability.READ}),
     Role.OPERATOR: frozenset({Capability.READ, Capability.LAUNCH}),
     Role.REVIEWER: frozenset({Capability.READ, Capability.REVIEW}),
-    Role.ADMIN: frozenset({Capability.READ, Capability.LAUNCH, Capability.REVIEW, Capability.ADMIN}),
+    Role.APPROVER: frozenset({Capability.READ, Capability.APPROVE}),
+    Role.ADMIN: frozenset(
+        {Capability.READ, Capability.LAUNCH, Capability.REVIEW, Capability.APPROVE, Capability.ADMIN}
+    ),
 }
 
 
@@ -61,7 +66,7 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
-    scopes = models.JSONField(default=list, help_text="Subset of read, launch, review, admin")
+    scopes = models.JSONField(default=list, help_text="Subset of read, launch, review, approve, admin")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)

@@ -1,31 +1,252 @@
 from __future__ import annotations
 
-from rest_framework import serializers, viewsets
+import json
+from typing import Any
 
-from apps.benchmarks.models import Benchmark, BenchmarkVersion
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.models import Capability
+from apps.benchmarks import services
+from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, Eval, TaskProvenance
+from apps.datasets.models import DatasetVersion
+from apps.runs.models import Checkpoint, TaskResult
+
+MAX_TASKS_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
 class BenchmarkSerializer(serializers.ModelSerializer):
+    owner = serializers.StringRelatedField()
+
     class Meta:
         model = Benchmark
-        fields = ["id", "name", "description", "environment", "metric", "created_at"]
+        fields = ["id", "name", "description", "environment", "metric", "score_field", "owner", "created_at"]
+        read_only_fields = ["owner", "created_at"]
+        extra_kwargs = {
+            "metric": {"required": False, "help_text": "Headline metric; default by environment (coding: pass@1)"},
+            "score_field": {"required": False, "help_text": "Scores one attempt; default by environment"},
+        }
 
 
 class BenchmarkVersionSerializer(serializers.ModelSerializer):
-    task_count = serializers.IntegerField(source="tasks.count", read_only=True)
+    benchmark_name = serializers.CharField(source="benchmark.name", read_only=True)
+    excluded_training_data = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
 
     class Meta:
         model = BenchmarkVersion
-        fields = ["id", "benchmark", "number", "content_hash", "notes", "task_count", "created_at"]
+        fields = [
+            "id",
+            "benchmark",
+            "benchmark_name",
+            "number",
+            "content_hash",
+            "env_params",
+            "task_count",
+            "excluded_training_data",
+            "notes",
+            "created_at",
+        ]
 
 
-class BenchmarkViewSet(viewsets.ReadOnlyModelViewSet):
-    """Benchmarks are read here; building and versioning them arrives with the gates issue."""
+class VersionCreateSerializer(serializers.Serializer):
+    tasks = serializers.JSONField(required=False, help_text="A list of task rows (or upload `file`, JSONL)")
+    file = serializers.FileField(required=False, help_text="Task rows as JSONL, one per line")
+    env_params = serializers.JSONField(required=False, default=dict)
+    provenance = serializers.ChoiceField(choices=TaskProvenance.choices, default=TaskProvenance.HAND_WRITTEN)
+    source_ref = serializers.CharField(required=False, allow_blank=True, default="", max_length=300)
+    excluded_training_data = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=DatasetVersion.objects.all(), required=False, default=list
+    )
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+def _rows_from_jsonl(data: bytes) -> list[Any]:
+    rows: list[Any] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValidationError({"file": [f"line {number}: not valid JSON ({exc}); write one JSON object per line"]})
+    return rows
+
+
+class BenchmarkViewSet(viewsets.ModelViewSet):
+    """Benchmarks: reading needs `read`; creating one or adding a version needs `launch`. Versions are immutable:
+    there is no update or delete."""
 
     serializer_class = BenchmarkSerializer
-    queryset = Benchmark.objects.order_by("name")
+    queryset = Benchmark.objects.select_related("owner").order_by("name")
+    http_method_names = ["get", "post", "head", "options"]
+
+    def perform_create(self, serializer: Any) -> None:
+        data = serializer.validated_data
+        serializer.instance = services.benchmark_create(
+            name=data["name"],
+            environment=data["environment"],
+            metric=data.get("metric", ""),
+            score_field=data.get("score_field", ""),
+            description=data.get("description", ""),
+            owner=self.request.user,
+        )
+
+    @action(detail=True, methods=["post"])
+    def versions(self, request: Request, pk: str | None = None) -> Response:
+        """Add a version: `tasks` (a JSON list) or `file` (JSONL). The same content as an existing version
+        returns that version with 200 instead of 201."""
+        benchmark = self.get_object()
+        body = VersionCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        upload = data.get("file")
+        if upload is not None and data.get("tasks") is not None:
+            raise ValidationError({"tasks": ["send either `tasks` or `file`, not both"]})
+        if upload is not None:
+            if upload.size > MAX_TASKS_UPLOAD_BYTES:
+                raise ValidationError(
+                    {"file": [f"{upload.size} bytes is over the {MAX_TASKS_UPLOAD_BYTES}-byte limit"]}
+                )
+            tasks = _rows_from_jsonl(upload.read())
+        else:
+            tasks = data.get("tasks")
+            if not isinstance(tasks, list):
+                raise ValidationError({"tasks": ["send a JSON list of task rows, or upload `file` as JSONL"]})
+        if not isinstance(data["env_params"], dict):
+            raise ValidationError({"env_params": ["must be a JSON object of environment parameters"]})
+        version, created = services.benchmark_version_create(
+            benchmark=benchmark,
+            tasks=tasks,
+            created_by=request.user,
+            env_params=data["env_params"],
+            provenance=data["provenance"],
+            source_ref=data["source_ref"],
+            excluded_training_data=data["excluded_training_data"],
+            notes=data["notes"],
+        )
+        return Response(
+            BenchmarkVersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+
+class BenchmarkTaskSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = BenchmarkTask
+        fields = ["task_id", "payload", "tags", "difficulty", "provenance", "source_ref"]
 
 
 class BenchmarkVersionViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = BenchmarkVersionSerializer
-    queryset = BenchmarkVersion.objects.select_related("benchmark").order_by("-created_at")
+    queryset = (
+        BenchmarkVersion.objects.select_related("benchmark")
+        .prefetch_related("excluded_training_data")
+        .order_by("-created_at")
+    )
+
+    @action(detail=True, methods=["get"])
+    def tasks(self, request: Request, pk: str | None = None) -> Response:
+        version = self.get_object()
+        page = self.paginate_queryset(version.tasks.order_by("task_id"))
+        return self.get_paginated_response(BenchmarkTaskSerializer(page, many=True).data)
+
+
+class EvalSerializer(serializers.ModelSerializer):
+    status = serializers.CharField(source="run.status", read_only=True)
+    progress_done = serializers.IntegerField(source="run.progress_done", read_only=True)
+    progress_total = serializers.IntegerField(source="run.progress_total", read_only=True)
+    failure_reason = serializers.CharField(source="run.failure_reason", read_only=True)
+    benchmark = serializers.CharField(source="benchmark_version.benchmark.name", read_only=True)
+    model = serializers.CharField(source="model_label", read_only=True)
+
+    class Meta:
+        model = Eval
+        fields = [
+            "id",
+            "run",
+            "benchmark",
+            "benchmark_version",
+            "checkpoint",
+            "base_model",
+            "model",
+            "k",
+            "status",
+            "progress_done",
+            "progress_total",
+            "failure_reason",
+            "metrics",
+            "created_at",
+        ]
+
+
+class EvalCreateSerializer(serializers.Serializer):
+    benchmark_version = serializers.PrimaryKeyRelatedField(
+        queryset=BenchmarkVersion.objects.select_related("benchmark")
+    )
+    checkpoint = serializers.PrimaryKeyRelatedField(
+        queryset=Checkpoint.objects.select_related("run"), required=False, allow_null=True, default=None
+    )
+    base_model = serializers.CharField(required=False, allow_blank=True, default="", max_length=300)
+    k = serializers.IntegerField(min_value=1, max_value=100, default=1)
+    temperature = serializers.FloatField(min_value=0.0, max_value=2.0, required=False, allow_null=True, default=None)
+    max_new_tokens = serializers.IntegerField(min_value=1, max_value=32768, default=384)
+    reuse = serializers.BooleanField(default=True)
+
+
+class TaskResultSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = TaskResult
+        fields = ["task_id", "samples", "passed", "score", "outcomes", "trajectory_ids"]
+
+
+class EvalViewSet(viewsets.ReadOnlyModelViewSet):
+    """Evals: `launch` starts one (or reuses a matching one: 200 instead of 201); reads need `read`."""
+
+    serializer_class = EvalSerializer
+    capability_map = {"create": Capability.LAUNCH}
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        qs = Eval.objects.select_related("run", "benchmark_version__benchmark", "checkpoint").order_by("-created_at")
+        for param in ("benchmark_version", "checkpoint", "run"):
+            if value := self.request.query_params.get(param):
+                if not value.isdigit():
+                    raise ValidationError({param: ["must be an id"]})
+                qs = qs.filter(**{f"{param}_id": int(value)})
+        return qs
+
+    def create(self, request: Request) -> Response:
+        body = EvalCreateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        evaluation, created = services.eval_launch(created_by=request.user, **body.validated_data)
+        return Response(
+            EvalSerializer(evaluation).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
+        )
+
+    @action(detail=True, methods=["get"])
+    def tasks(self, request: Request, pk: str | None = None) -> Response:
+        evaluation = self.get_object()
+        page = self.paginate_queryset(TaskResult.objects.filter(run_id=evaluation.run_id).order_by("task_id"))
+        return self.get_paginated_response(TaskResultSerializer(page, many=True).data)
+
+    @action(detail=False, methods=["get"])
+    def compare(self, request: Request) -> Response:
+        """`?before=<eval id>&after=<eval id>&slice_by=tag,difficulty&alpha=0.05`: per-task differences with a
+        paired test and confidence intervals, overall and per slice."""
+        ids: dict[str, Eval] = {}
+        for param in ("before", "after"):
+            value = request.query_params.get(param, "")
+            if not value.isdigit():
+                raise ValidationError({param: ["give an eval id"]})
+            found = self.get_queryset().filter(pk=int(value)).first()
+            if found is None:
+                raise ValidationError({param: [f"eval {value} does not exist"]})
+            ids[param] = found
+        slice_by = [s for s in request.query_params.get("slice_by", "").split(",") if s]
+        try:
+            alpha = float(request.query_params.get("alpha", "0.05"))
+        except ValueError:
+            raise ValidationError({"alpha": ["must be a number between 0 and 0.5"]})
+        comparison = services.eval_compare(before=ids["before"], after=ids["after"], slice_by=slice_by, alpha=alpha)
+        return Response(comparison)

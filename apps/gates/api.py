@@ -2,14 +2,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from rest_framework import serializers, viewsets
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from apps.accounts.models import Capability
-from apps.gates.models import Deployment, Gate, GateDecision
+from apps.benchmarks.api import EvalSerializer
+from apps.benchmarks.models import BenchmarkVersion
+from apps.gates import services
+from apps.gates.models import CheckStatus, Deployment, Gate, GateCheck, GateDecision
+from apps.runs.models import Checkpoint
 
 
 class GateSerializer(serializers.ModelSerializer):
     owner = serializers.StringRelatedField()
+    rules = serializers.JSONField(help_text="A list of rules: threshold, no_regression, flag_rate, approval")
+    benchmark_versions = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=BenchmarkVersion.objects.select_related("benchmark")
+    )
+    current_deployment = serializers.SerializerMethodField()
 
     class Meta:
         model = Gate
@@ -20,51 +33,226 @@ class GateSerializer(serializers.ModelSerializer):
             "benchmark_versions",
             "rules",
             "requires_approval",
+            "eval_k",
+            "max_new_tokens",
+            "current_deployment",
             "owner",
             "created_at",
         ]
         read_only_fields = ["owner", "created_at"]
 
+    def get_current_deployment(self, gate: Gate) -> int | None:
+        current = [d for d in gate.deployments.all() if d.is_current]
+        return current[0].pk if current else None
 
-class GateViewSet(viewsets.ModelViewSet):
-    """Reading gates needs `read`; creating or changing one needs `admin`."""
 
-    serializer_class = GateSerializer
-    queryset = Gate.objects.select_related("owner").prefetch_related("benchmark_versions").order_by("name")
-    write_capability = Capability.ADMIN
-    http_method_names = ["get", "post", "patch", "head", "options"]
+class EvaluateSerializer(serializers.Serializer):
+    checkpoint = serializers.PrimaryKeyRelatedField(
+        queryset=Checkpoint.objects.select_related("run"), required=False, allow_null=True, default=None
+    )
+    checkpoint_uri = serializers.CharField(required=False, allow_blank=True, default="", max_length=500)
+    benchmark_versions = serializers.PrimaryKeyRelatedField(
+        many=True, queryset=BenchmarkVersion.objects.select_related("benchmark"), required=False, default=list
+    )
 
-    def perform_create(self, serializer: Any) -> None:
-        serializer.save(owner=self.request.user)
+
+class NoteSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
 
 
 class GateDecisionSerializer(serializers.ModelSerializer):
+    gate_name = serializers.CharField(source="gate.name", read_only=True)
+    approved_by = serializers.StringRelatedField()
+
     class Meta:
         model = GateDecision
         fields = [
             "id",
             "gate",
+            "gate_name",
             "checkpoint",
+            "gate_check",
             "verdict",
+            "final_verdict",
             "evidence",
             "approval",
             "approved_by",
             "approved_at",
+            "approval_note",
             "created_at",
         ]
 
 
+class GateCheckSerializer(serializers.ModelSerializer):
+    gate_name = serializers.CharField(source="gate.name", read_only=True)
+    candidate_evals = EvalSerializer(many=True, read_only=True)
+    baseline_evals = EvalSerializer(many=True, read_only=True)
+    decision = serializers.SerializerMethodField()
+
+    class Meta:
+        model = GateCheck
+        fields = [
+            "id",
+            "gate",
+            "gate_name",
+            "checkpoint",
+            "benchmark_versions",
+            "status",
+            "error",
+            "candidate_evals",
+            "baseline_evals",
+            "baseline_deployment",
+            "decision",
+            "created_at",
+            "decided_at",
+        ]
+
+    def get_decision(self, check: GateCheck) -> dict[str, Any] | None:
+        decision = GateDecision.objects.filter(gate_check=check).select_related("gate", "approved_by").first()
+        return GateDecisionSerializer(decision).data if decision else None
+
+
+def _check_response(check: GateCheck) -> Response:
+    code = status.HTTP_202_ACCEPTED if check.status == CheckStatus.WAITING else status.HTTP_200_OK
+    return Response(GateCheckSerializer(check).data, status=code)
+
+
+class GateViewSet(viewsets.ModelViewSet):
+    """Gates. Reading needs `read`; creating one needs `admin` (a gate is not edited: its decisions record the
+    rules they applied, and a new rule set is a new gate). `evaluate` needs `launch` (CI); `rollback` needs
+    `approve`."""
+
+    serializer_class = GateSerializer
+    queryset = (
+        Gate.objects.select_related("owner").prefetch_related("benchmark_versions", "deployments").order_by("name")
+    )
+    write_capability = Capability.ADMIN
+    capability_map = {"evaluate": Capability.LAUNCH, "rollback": Capability.APPROVE}
+    http_method_names = ["get", "post", "head", "options"]
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        qs = super().get_queryset()
+        if name := self.request.query_params.get("name"):
+            qs = qs.filter(name=name)
+        return qs
+
+    def perform_create(self, serializer: Any) -> None:
+        data = serializer.validated_data
+        serializer.instance = services.gate_create(
+            name=data["name"],
+            description=data.get("description", ""),
+            rules=data["rules"],
+            benchmark_versions=data["benchmark_versions"],
+            requires_approval=data.get("requires_approval", True),
+            eval_k=data.get("eval_k", 1),
+            max_new_tokens=data.get("max_new_tokens", 384),
+            owner=self.request.user,
+        )
+
+    @action(detail=True, methods=["post"])
+    def evaluate(self, request: Request, pk: str | None = None) -> Response:
+        """Gate a checkpoint (`checkpoint` id or its `checkpoint_uri`) on the gate's benchmark versions, or on
+        the pinned `benchmark_versions`. 200 with the decision when every eval had already run; else 202 with
+        a check to poll at /api/v1/gate-checks/{id}/."""
+        gate = self.get_object()
+        body = EvaluateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        checkpoint = data["checkpoint"]
+        if checkpoint is None and data["checkpoint_uri"]:
+            checkpoint = Checkpoint.objects.select_related("run").filter(uri=data["checkpoint_uri"]).first()
+            if checkpoint is None:
+                raise ValidationError(
+                    {"checkpoint_uri": [f"no checkpoint is registered at {data['checkpoint_uri']}; check the URI"]}
+                )
+        if checkpoint is None:
+            raise ValidationError({"checkpoint": ["give a checkpoint id or checkpoint_uri"]})
+        check = services.gate_evaluate(
+            gate=gate, checkpoint=checkpoint, user=request.user, benchmark_versions=data["benchmark_versions"]
+        )
+        return _check_response(check)
+
+    @action(detail=True, methods=["post"])
+    def rollback(self, request: Request, pk: str | None = None) -> Response:
+        body = NoteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        deployment = services.deployment_rollback(gate=self.get_object(), user=request.user, **body.validated_data)
+        return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
+
+
+class GateCheckViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = GateCheckSerializer
+    queryset = GateCheck.objects.select_related("gate").prefetch_related(
+        "candidate_evals__run",
+        "candidate_evals__benchmark_version__benchmark",
+        "baseline_evals__run",
+        "baseline_evals__benchmark_version__benchmark",
+        "benchmark_versions",
+    )
+
+    def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return _check_response(self.get_object())
+
+
 class GateDecisionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Decisions are read-only; `approve` and `reject` (permission `approve`) record a human's call once."""
+
     serializer_class = GateDecisionSerializer
-    queryset = GateDecision.objects.order_by("-created_at")
+    capability_map = {"approve": Capability.APPROVE, "reject": Capability.APPROVE}
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        qs = GateDecision.objects.select_related("gate", "approved_by").order_by("-created_at")
+        if gate := self.request.query_params.get("gate"):
+            qs = qs.filter(gate__name=gate) if not gate.isdigit() else qs.filter(gate_id=int(gate))
+        return qs
+
+    def _judge(self, request: Request, approve: bool) -> Response:
+        body = NoteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        decision = services.gate_decision_approve(
+            decision=self.get_object(), user=request.user, approve=approve, note=body.validated_data["note"]
+        )
+        return Response(GateDecisionSerializer(decision).data)
+
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._judge(request, True)
+
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        return self._judge(request, False)
 
 
 class DeploymentSerializer(serializers.ModelSerializer):
+    gate_name = serializers.CharField(source="gate.name", read_only=True)
+    checkpoint_uri = serializers.CharField(source="checkpoint.uri", read_only=True)
+    created_by = serializers.StringRelatedField()
+
     class Meta:
         model = Deployment
-        fields = ["id", "gate", "checkpoint", "decision", "is_current", "created_by", "created_at"]
+        fields = [
+            "id",
+            "gate",
+            "gate_name",
+            "checkpoint",
+            "checkpoint_uri",
+            "decision",
+            "is_current",
+            "rolled_back_from",
+            "note",
+            "created_by",
+            "created_at",
+            "ended_at",
+        ]
 
 
 class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = DeploymentSerializer
-    queryset = Deployment.objects.order_by("-created_at")
+
+    def get_queryset(self):  # type: ignore[no-untyped-def]
+        qs = Deployment.objects.select_related("gate", "checkpoint", "created_by").order_by("-created_at")
+        if gate := self.request.query_params.get("gate"):
+            qs = qs.filter(gate__name=gate) if not gate.isdigit() else qs.filter(gate_id=int(gate))
+        if self.request.query_params.get("current") in ("1", "true"):
+            qs = qs.filter(is_current=True)
+        return qs

@@ -140,6 +140,26 @@ class TrajectorySummary(models.Model):
         indexes = [models.Index(fields=["run", "reward"])]
 
 
+class TaskResult(models.Model):
+    """One task's result in an evaluation run: `passed` of `samples` attempts; `score` in [0, 1]."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="task_results")
+    task_id = models.CharField(max_length=200)
+    samples = models.PositiveIntegerField()
+    passed = models.PositiveIntegerField()
+    score = models.FloatField()
+    outcomes = models.JSONField(default=dict, blank=True, help_text="How attempts ended: ok, failed, timeout, ...")
+    trajectory_ids = models.JSONField(default=list, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "task_id"]
+        constraints = [models.UniqueConstraint(fields=["run", "task_id"], name="uniq_task_result_per_run")]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.task_id}"
+
+
 class Artifact(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="artifacts")
     name = models.CharField(max_length=200)

@@ -32,6 +32,7 @@ from apps.runs.models import (
     RunEvent,
     RunKind,
     RunStatus,
+    TaskResult,
     TrajectorySummary,
 )
 from apps.runs.storage import storage_uri, worker_storage_options
@@ -49,13 +50,14 @@ from workers.rl.config import (
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
 
-# The module each run kind executes on Ray; the eval kind comes with the benchmarks issue.
+# The module each run kind executes on Ray.
 JOB_MODULES = {
     RunKind.RESCORE: "workers.jobs.rescore",
     RunKind.TRAIN: "workers.jobs.train",
     RunKind.INDEX: "workers.jobs.build_index",
     RunKind.DATAGEN: "workers.jobs.datagen",
     RunKind.SFT: "workers.jobs.sft",
+    RunKind.EVAL: "workers.jobs.evaluate",
 }
 
 # What the control plane does once a run of a kind succeeds, by dotted path (run id in, idempotent: a retried
@@ -63,6 +65,7 @@ JOB_MODULES = {
 SUCCESS_HOOKS = {
     RunKind.INDEX: "apps.search.index_services.index_finalize",
     RunKind.DATAGEN: "apps.search.datagen_services.datagen_finalize",
+    RunKind.EVAL: "apps.benchmarks.services.eval_finalize",
 }
 
 
@@ -436,8 +439,8 @@ def worker_spec(run: Run) -> dict[str, Any]:
             "reward": run.reward_version.spec,
             "output_prefix": storage_uri(f"runs/{run.pk}"),
         }
-    if run.kind in (RunKind.INDEX, RunKind.DATAGEN):
-        # Their launch services (apps/search) store the job's whole input in the spec at creation.
+    if run.kind in (RunKind.INDEX, RunKind.DATAGEN, RunKind.EVAL):
+        # Their launch services (apps/search, apps/benchmarks) store the job's whole input in the spec at creation.
         return {**base, **run.spec["job"]}
     raise ValueError(f"no worker spec for kind {run.kind}")
 
@@ -663,6 +666,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         trajectories: list[TrajectorySummary] = []
         artifacts: list[Artifact] = []
         checkpoints: list[Checkpoint] = []
+        task_results: list[TaskResult] = []
         log_events: list[Any] = []
         progress: Any = None
         summary: dict[str, Any] | None = None
@@ -702,6 +706,18 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
                 )
             elif kind == "checkpoint":
                 checkpoints.append(Checkpoint(run=run, step=event.step, uri=event.uri, metrics=event.metrics))
+            elif kind == "task_result":
+                task_results.append(
+                    TaskResult(
+                        run=run,
+                        task_id=event.task_id,
+                        samples=event.samples,
+                        passed=event.passed,
+                        score=event.score,
+                        outcomes=event.outcomes,
+                        trajectory_ids=event.trajectory_ids,
+                    )
+                )
             elif kind == "summary":
                 summary = {**(summary or run.summary), **event.data}
         # COPY, not INSERT: a 1,000-event batch goes in ~10x faster, and the row lock above keeps it exactly-once.
@@ -712,6 +728,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
         Artifact.objects.bulk_create(artifacts, ignore_conflicts=True)
         Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+        TaskResult.objects.bulk_create(task_results, ignore_conflicts=True)
 
         fields = ["last_seq", "ingest_batches"]
         run.last_seq = max(run.last_seq, fresh[-1].seq)

@@ -440,7 +440,14 @@ def test_term_types_lists_every_term() -> None:
         "final_answer_bonus",
         "prune_penalty",
         "turn_penalty",
+        "tests_passed",
     )
+
+
+def test_tests_passed_term_reads_the_fraction_and_counts_a_missing_one_as_zero() -> None:
+    spec = validate_reward_spec({"terms": [{"type": "tests_passed"}]})
+    assert score_trajectory(spec, Trajectory(id="t", tests_passed=0.75)).reward == 0.75
+    assert score_trajectory(spec, Trajectory(id="t")).reward == 0.0
 
 
 # --- spec_hash ------------------------------------------------------------------------------------------------------

@@ -480,6 +480,7 @@ TERM_INPUTS: dict[str, TermInputs] = {
     ),
     "prune_penalty": TermInputs((frozenset({"turns"}),), tools=frozenset({PRUNE_TOOL})),
     "turn_penalty": TermInputs((frozenset({"turns"}),)),
+    "tests_passed": TermInputs((frozenset({"tests_passed"}),)),
 }
 """Trajectory inputs of each reward term type (read off `workers.rewards.schema`'s `value` methods).
 

@@ -154,6 +154,17 @@ class TurnPenaltyTerm(_Term):
         )
 
 
+class PassedTestsTerm(_Term):
+    """Coding outcome reward: the fraction of the task's tests the final code passed in the sandbox (0 when the
+    code never ran, timed out or crashed: a sandbox failure is never a pass)."""
+
+    kind: ClassVar[TermKind] = "gain"
+    type: Literal["tests_passed"] = "tests_passed"
+
+    def value(self, trajectory: Trajectory) -> float:
+        return trajectory.tests_passed or 0.0
+
+
 TERM_CLASSES: tuple[type[_Term], ...] = (
     ExactMatchTerm,
     NormalizedMatchTerm,
@@ -162,6 +173,7 @@ TERM_CLASSES: tuple[type[_Term], ...] = (
     FinalAnswerBonusTerm,
     PrunePenaltyTerm,
     TurnPenaltyTerm,
+    PassedTestsTerm,
 )
 TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
 _CLASS_BY_TYPE: dict[str, type[_Term]] = dict(zip(TERM_TYPES, TERM_CLASSES, strict=True))
@@ -173,7 +185,8 @@ TermSpec = Annotated[
     | TrajectoryRecallTerm
     | FinalAnswerBonusTerm
     | PrunePenaltyTerm
-    | TurnPenaltyTerm,
+    | TurnPenaltyTerm
+    | PassedTestsTerm,
     Field(discriminator="type"),
 ]
 

@@ -1,0 +1,389 @@
+"""Deployment gates: gate a checkpoint on pinned benchmark versions, decide, approve, deploy, roll back.
+
+The flow (Composer 2's "deploy only after CursorBench", as an auditable object):
+1. `gate_evaluate` starts (or reuses) one eval per pinned benchmark version for the candidate checkpoint, and for
+   the current deployment's checkpoint when there is one (the baseline of the no-regression rules), and records
+   a GateCheck: the handle CI polls.
+2. When every eval of a check has finished (`gate_check_advance`, called when an eval run ends and by beat),
+   `workers.evals.gates.evaluate_rules` decides, and an immutable GateDecision stores every rule's inputs,
+   statistic and verdict. A failed eval makes the check an `error` (an infrastructure problem, not a verdict).
+3. A decision that passes outright becomes the deployment at once; one that waits for approval does when a user
+   with the approve permission approves it (`gate_decision_approve`); a rejection is recorded the same way.
+4. `deployment_rollback` makes the previous deployment current again, as a new, linked Deployment row.
+Every decision, approval and deployment is announced by a signed webhook (`apps.webhooks`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Q
+from django.utils import timezone
+from rest_framework.exceptions import PermissionDenied, ValidationError
+
+from apps.accounts.models import Capability, User
+from apps.benchmarks.models import BenchmarkVersion, Eval
+from apps.benchmarks.services import eval_launch, eval_task_scores
+from apps.gates.models import Approval, CheckStatus, Deployment, Gate, GateCheck, GateDecision, Verdict
+from apps.runs.models import Checkpoint, RunStatus, TrajectorySummary
+from workers.evals.gates import (
+    ApprovalRule,
+    BenchmarkEvidence,
+    GateInputs,
+    GateRulesError,
+    evaluate_rules,
+    parse_rules,
+)
+
+FAILED_RUN = (RunStatus.FAILED, RunStatus.STOPPED)
+
+
+def _emit(event: str, payload: dict[str, Any]) -> None:
+    from apps.webhooks.services import webhook_emit
+
+    webhook_emit(event=event, payload=payload)
+
+
+def gate_rules_check(raw: object, *, requires_approval: bool = False) -> list[dict[str, Any]]:
+    """Validated rules as JSON (ValidationError naming `rules[i].field` and the fix)."""
+    try:
+        rules = parse_rules(raw)
+    except GateRulesError as exc:
+        raise ValidationError({"rules": [err["message"] for err in exc.errors]})
+    if requires_approval and not any(isinstance(rule, ApprovalRule) for rule in rules):
+        rules.append(ApprovalRule())
+    return [rule.model_dump(mode="json") for rule in rules]
+
+
+def _rule_benchmarks(rules: Sequence[dict[str, Any]]) -> set[str]:
+    return {rule["benchmark"] for rule in rules if "benchmark" in rule}
+
+
+def gate_create(
+    *,
+    name: str,
+    rules: object,
+    benchmark_versions: Sequence[BenchmarkVersion],
+    owner: User,
+    description: str = "",
+    requires_approval: bool = True,
+    eval_k: int = 1,
+    max_new_tokens: int = 384,
+) -> Gate:
+    checked = gate_rules_check(rules, requires_approval=requires_approval)
+    if not benchmark_versions:
+        raise ValidationError({"benchmark_versions": ["pin at least one benchmark version for the gate's evals"]})
+    _check_versions_cover_rules(checked, benchmark_versions)
+    if Gate.objects.filter(name=name).exists():
+        raise ValidationError({"name": [f"a gate named {name!r} exists; pick another name"]})
+    with transaction.atomic():
+        gate = Gate.objects.create(
+            name=name,
+            description=description,
+            rules=checked,
+            requires_approval=requires_approval,
+            eval_k=eval_k,
+            max_new_tokens=max_new_tokens,
+            owner=owner,
+        )
+        gate.benchmark_versions.set(benchmark_versions)
+    return gate
+
+
+def _check_versions_cover_rules(rules: Sequence[dict[str, Any]], versions: Sequence[BenchmarkVersion]) -> None:
+    names = [v.benchmark.name for v in versions]
+    duplicated = sorted({n for n in names if names.count(n) > 1})
+    if duplicated:
+        raise ValidationError({"benchmark_versions": [f"pin one version per benchmark; {duplicated[0]!r} has more"]})
+    missing = sorted(_rule_benchmarks(rules) - set(names))
+    if missing:
+        raise ValidationError(
+            {
+                "benchmark_versions": [
+                    f"the rules name benchmark {missing[0]!r} but no version of it is pinned; pin one "
+                    f"(pinned: {', '.join(sorted(names)) or 'none'})"
+                ]
+            }
+        )
+
+
+def current_deployment(gate: Gate) -> Deployment | None:
+    return Deployment.objects.select_related("checkpoint__run").filter(gate=gate, is_current=True).first()
+
+
+def gate_evaluate(
+    *,
+    gate: Gate,
+    checkpoint: Checkpoint,
+    user: User,
+    benchmark_versions: Sequence[BenchmarkVersion] | None = None,
+) -> GateCheck:
+    """Gate `checkpoint`: start or reuse the evals, and return the check (decided at once when every eval it
+    needs has already finished). `benchmark_versions` pins other versions of the gate's benchmarks."""
+    rules = gate.rules
+    if not rules:
+        raise ValidationError({"rules": [f"gate {gate.name!r} has no rules; add at least one before evaluating"]})
+    pinned = list(gate.benchmark_versions.select_related("benchmark"))
+    if benchmark_versions:
+        by_name = {v.benchmark.name: v for v in pinned}
+        for version in benchmark_versions:
+            if version.benchmark.name not in by_name:
+                raise ValidationError(
+                    {
+                        "benchmark_versions": [
+                            f"{version} is not a benchmark of gate {gate.name!r} "
+                            f"(its benchmarks: {', '.join(sorted(by_name))})"
+                        ]
+                    }
+                )
+            by_name[version.benchmark.name] = version
+        pinned = list(by_name.values())
+    _check_versions_cover_rules(rules, pinned)
+    baseline = current_deployment(gate)
+    with transaction.atomic():
+        candidate = [_gate_eval(gate, v, checkpoint, user) for v in pinned]
+        baseline_evals = []
+        if baseline is not None and baseline.checkpoint_id != checkpoint.pk:
+            baseline_evals = [_gate_eval(gate, v, baseline.checkpoint, user) for v in pinned]
+        check = GateCheck.objects.create(
+            gate=gate, checkpoint=checkpoint, baseline_deployment=baseline, created_by=user
+        )
+        check.benchmark_versions.set(pinned)
+        check.candidate_evals.set(candidate)
+        check.baseline_evals.set(baseline_evals)
+    return gate_check_advance(check_id=check.pk)
+
+
+def _gate_eval(gate: Gate, version: BenchmarkVersion, checkpoint: Checkpoint, user: User) -> Eval:
+    evaluation, _ = eval_launch(
+        benchmark_version=version,
+        checkpoint=checkpoint,
+        created_by=user,
+        k=gate.eval_k,
+        max_new_tokens=gate.max_new_tokens,
+    )
+    return evaluation
+
+
+def gate_checks_for_eval(*, eval_id: int) -> None:
+    """Advance every waiting check that uses this eval (called when an eval run ends)."""
+    waiting = GateCheck.objects.filter(status=CheckStatus.WAITING).filter(
+        Q(candidate_evals=eval_id) | Q(baseline_evals=eval_id)
+    )
+    for check_id in waiting.values_list("pk", flat=True).distinct():
+        gate_check_advance(check_id=check_id)
+
+
+def gate_checks_advance_all() -> int:
+    """Beat: advance every waiting check (a backstop for a missed eval-finished notification)."""
+    ids = list(GateCheck.objects.filter(status=CheckStatus.WAITING).values_list("pk", flat=True))
+    for check_id in ids:
+        gate_check_advance(check_id=check_id)
+    return len(ids)
+
+
+def gate_check_advance(*, check_id: int) -> GateCheck:
+    """Decide a waiting check whose evals have all finished; record an error if one failed. Idempotent: the row
+    lock and the status check make a second call (or a concurrent one) a no-op."""
+    with transaction.atomic():
+        check = GateCheck.objects.select_for_update().select_related("gate", "checkpoint").get(pk=check_id)
+        if check.status != CheckStatus.WAITING:
+            return check
+        evals = list(check.candidate_evals.select_related("run", "benchmark_version__benchmark"))
+        base = list(check.baseline_evals.select_related("run", "benchmark_version__benchmark"))
+        broken = [e for e in evals + base if e.run.status in FAILED_RUN]
+        if broken:
+            first = broken[0]
+            check.status = CheckStatus.ERROR
+            check.error = (
+                f"eval {first.pk} ({first.model_label} on {first.benchmark_version}) {first.run.status}: "
+                f"{first.run.failure_reason or 'no reason recorded'}"
+            )
+            check.decided_at = timezone.now()
+            check.save(update_fields=["status", "error", "decided_at"])
+            return check
+        if any(e.run.status != RunStatus.SUCCEEDED or not e.metrics for e in evals + base):
+            return check
+        decision = _decide(check, evals, base)
+        check.status = CheckStatus.DECIDED
+        check.decided_at = timezone.now()
+        check.save(update_fields=["status", "decided_at"])
+        if decision.final_verdict == Verdict.PASS:
+            _deploy(decision, user=check.created_by, note="passed every rule; no approval required")
+    return check
+
+
+def _evidence(evaluation: Eval) -> BenchmarkEvidence:
+    version = evaluation.benchmark_version
+    return BenchmarkEvidence(
+        benchmark=version.benchmark.name,
+        version=version.number,
+        content_hash=version.content_hash,
+        eval_id=evaluation.pk,
+        metrics=dict(evaluation.metrics),
+        tasks=eval_task_scores(evaluation),
+    )
+
+
+def flag_rates(evals: Sequence[Eval]) -> dict[str, float]:
+    """Detector flag rates over the evals' trajectories: flagged trajectories / trajectories, per detector and
+    for any detector ("*"). Detectors that raised nothing have no entry of their own; "*" is always there."""
+    from apps.review.models import Flag
+
+    run_ids = [e.run_id for e in evals]
+    total = TrajectorySummary.objects.filter(run_id__in=run_ids).count()
+    rates: dict[str, float] = {}
+    flags = Flag.objects.filter(run_id__in=run_ids)
+    for row in flags.values("detector").annotate(n=Count("trajectory_ref", distinct=True)):
+        rates[row["detector"]] = row["n"] / total if total else 0.0
+    any_flagged = flags.values("run_id", "trajectory_ref").distinct().count()
+    rates["*"] = any_flagged / total if total else 0.0
+    return rates
+
+
+def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecision:
+    rules = parse_rules(check.gate.rules)
+    rates = flag_rates(evals)
+    for rule in rules:
+        # A ceiling on a detector that raised nothing is a rate of 0, not missing evidence.
+        detector = getattr(rule, "detector", None)
+        if detector is not None:
+            rates.setdefault(detector, 0.0)
+    inputs = GateInputs(
+        candidate={e.benchmark_version.benchmark.name: _evidence(e) for e in evals},
+        baseline={e.benchmark_version.benchmark.name: _evidence(e) for e in base} if base else None,
+        flag_rates=rates,
+    )
+    result = evaluate_rules(rules, inputs)
+    evidence = {
+        **result.to_dict(),
+        "checkpoint": {"id": check.checkpoint_id, "run": check.checkpoint.run_id, "step": check.checkpoint.step},
+        "checkpoint_uri": check.checkpoint.uri,
+        "baseline_deployment": check.baseline_deployment_id,
+        "candidate_evals": {e.benchmark_version.benchmark.name: e.pk for e in evals},
+        "baseline_evals": {e.benchmark_version.benchmark.name: e.pk for e in base},
+        "rules": check.gate.rules,
+        "evaluated_at": timezone.now().isoformat(),
+    }
+    decision = GateDecision.objects.create(
+        gate=check.gate,
+        checkpoint=check.checkpoint,
+        gate_check=check,
+        verdict=result.verdict,
+        evidence=evidence,
+    )
+    _emit("gate.decision.created", decision_payload(decision))
+    return decision
+
+
+def decision_payload(decision: GateDecision) -> dict[str, Any]:
+    return {
+        "decision": decision.pk,
+        "gate": decision.gate.name,
+        "checkpoint": decision.checkpoint_id,
+        "verdict": decision.verdict,
+        "final_verdict": decision.final_verdict,
+        "approval": decision.approval,
+        "approved_by": decision.approved_by.username if decision.approved_by else None,
+        "rules": [
+            {"index": o["index"], "type": o["rule"]["type"], "verdict": o["verdict"], "message": o["message"]}
+            for o in decision.evidence.get("outcomes", [])
+        ],
+    }
+
+
+def _require(user: User, capability: str, what: str) -> None:
+    if not user.can(capability):
+        raise PermissionDenied(f"{what} needs the {capability} permission (role approver or admin)")
+
+
+def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, note: str = "") -> GateDecision:
+    """Record a human's approval or rejection, once. An approval of a decision whose rules passed makes its
+    checkpoint the gate's deployment."""
+    _require(user, Capability.APPROVE, "approving or rejecting a gate decision")
+    with transaction.atomic():
+        locked = GateDecision.objects.select_for_update().select_related("gate", "checkpoint").get(pk=decision.pk)
+        if locked.approval:
+            by = locked.approved_by.username if locked.approved_by else "someone"
+            raise ValidationError(
+                {"approval": [f"decision {locked.pk} was already {locked.approval} by {by} at {locked.approved_at}"]}
+            )
+        if locked.verdict == Verdict.FAIL and approve:
+            raise ValidationError(
+                {"approval": [f"decision {locked.pk} failed its rules; a failed decision cannot be approved"]}
+            )
+        locked.approval = Approval.APPROVED if approve else Approval.REJECTED
+        locked.approved_by = user
+        locked.approved_at = timezone.now()
+        locked.approval_note = note
+        locked.save(update_fields=["approval", "approved_by", "approved_at", "approval_note"])
+        _emit("gate.decision.approved" if approve else "gate.decision.rejected", decision_payload(locked))
+        if locked.final_verdict == Verdict.PASS:
+            _deploy(locked, user=user, note=note or "approved")
+    return locked
+
+
+def _deploy(decision: GateDecision, *, user: User, note: str) -> Deployment:
+    with transaction.atomic():
+        Gate.objects.select_for_update().get(pk=decision.gate_id)  # one deployment change per gate at a time
+        now = timezone.now()
+        Deployment.objects.filter(gate_id=decision.gate_id, is_current=True).update(is_current=False, ended_at=now)
+        deployment = Deployment.objects.create(
+            gate_id=decision.gate_id,
+            checkpoint_id=decision.checkpoint_id,
+            decision=decision,
+            note=note,
+            created_by=user,
+        )
+        _emit("deployment.created", deployment_payload(deployment))
+    return deployment
+
+
+def deployment_payload(deployment: Deployment) -> dict[str, Any]:
+    return {
+        "deployment": deployment.pk,
+        "gate": deployment.gate.name,
+        "checkpoint": deployment.checkpoint_id,
+        "checkpoint_uri": deployment.checkpoint.uri,
+        "decision": deployment.decision_id,
+        "rolled_back_from": deployment.rolled_back_from_id,
+        "created_by": deployment.created_by.username,
+    }
+
+
+def deployment_rollback(*, gate: Gate, user: User, note: str = "") -> Deployment:
+    """Make the deployment before the current one current again (a new row linked to the one it replaces)."""
+    _require(user, Capability.APPROVE, "rolling a deployment back")
+    with transaction.atomic():
+        Gate.objects.select_for_update().get(pk=gate.pk)
+        current = Deployment.objects.filter(gate=gate, is_current=True).first()
+        if current is None:
+            raise ValidationError({"gate": [f"gate {gate.name!r} has no current deployment to roll back"]})
+        previous = (
+            Deployment.objects.filter(gate=gate, created_at__lt=current.created_at)
+            .exclude(checkpoint_id=current.checkpoint_id)
+            .order_by("-created_at")
+            .first()
+        )
+        if previous is None:
+            raise ValidationError(
+                {
+                    "gate": [
+                        f"deployment {current.pk} is the first of gate {gate.name!r}; there is nothing to roll back to"
+                    ]
+                }
+            )
+        now = timezone.now()
+        Deployment.objects.filter(pk=current.pk).update(is_current=False, ended_at=now)
+        restored = Deployment.objects.create(
+            gate=gate,
+            checkpoint_id=previous.checkpoint_id,
+            decision=previous.decision,
+            rolled_back_from=current,
+            note=note or f"rollback of deployment {current.pk}",
+            created_by=user,
+        )
+        _emit("deployment.rolled_back", deployment_payload(restored))
+    return restored
