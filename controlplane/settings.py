@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "apps.benchmarks",
     "apps.runs",
     "apps.gates",
+    "apps.webhooks",
     "apps.review",
     "apps.search",
     "apps.web",
@@ -96,7 +97,14 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile-runs": {
         "task": "apps.runs.tasks.reconcile_runs",
         "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
-    }
+    },
+    # Re-queues webhook deliveries whose retry the broker lost (apps/webhooks/tasks.py).
+    "webhook-retry-due": {"task": "apps.webhooks.tasks.webhook_retry_due", "schedule": 60.0},
+    # Decides gate checks whose evals ended, failed ones included (apps/gates/tasks.py).
+    "gate-checks-advance": {
+        "task": "apps.gates.tasks.gate_checks_advance",
+        "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
+    },
 }
 
 # Ray: the same code targets the local head or a remote cluster's dashboard (Jobs API) address.
@@ -105,6 +113,10 @@ RAY_JOB_PYTHON = env_str("CRUCIBLE_RAY_PYTHON", "python")
 RAY_SUBMIT_TIMEOUT = env_int("CRUCIBLE_RAY_TIMEOUT", 10)
 # Where a Ray job reports back to; a remote cluster needs the control plane's public URL here.
 CRUCIBLE_PUBLIC_URL = env_str("CRUCIBLE_PUBLIC_URL", "http://127.0.0.1:8000")
+
+# Webhooks: seconds each phase of a delivery request may take, and attempts before a delivery is failed.
+WEBHOOK_TIMEOUT = env_int("CRUCIBLE_WEBHOOK_TIMEOUT", 10)
+WEBHOOK_MAX_ATTEMPTS = env_int("CRUCIBLE_WEBHOOK_MAX_ATTEMPTS", 6)
 
 INGEST_MAX_EVENTS = env_int("CRUCIBLE_INGEST_MAX_EVENTS", 10_000)
 INGEST_MAX_BYTES = env_int("CRUCIBLE_INGEST_MAX_BYTES", 8 * 1024 * 1024)

@@ -4,13 +4,14 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 from rest_framework.routers import DefaultRouter
 
 from apps.accounts.api import ApiTokenViewSet, UserViewSet, me
-from apps.benchmarks.api import BenchmarkVersionViewSet, BenchmarkViewSet
+from apps.benchmarks.api import BenchmarkVersionViewSet, BenchmarkViewSet, EvalViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
-from apps.gates.api import DeploymentViewSet, GateDecisionViewSet, GateViewSet
+from apps.gates.api import DeploymentViewSet, GateCheckViewSet, GateDecisionViewSet, GateViewSet
 from apps.review.api import FlagViewSet
 from apps.rewards.api import RewardConfigViewSet, RewardVersionViewSet
 from apps.runs.api import RunViewSet
 from apps.runs.ingest import ingest_view
+from apps.webhooks.api import WebhookDeliveryViewSet, WebhookEndpointViewSet
 
 router = DefaultRouter()
 router.register("users", UserViewSet, basename="user")
@@ -23,9 +24,13 @@ router.register("runs", RunViewSet, basename="run")
 router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
 router.register("benchmark-versions", BenchmarkVersionViewSet, basename="benchmark-version")
 router.register("gates", GateViewSet, basename="gate")
+router.register("evals", EvalViewSet, basename="eval")
+router.register("gate-checks", GateCheckViewSet, basename="gate-check")
 router.register("gate-decisions", GateDecisionViewSet, basename="gate-decision")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("flags", FlagViewSet, basename="flag")
+router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
+router.register("webhook-deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")
 
 api_v1 = [
     path("me/", me, name="me"),
@@ -41,5 +46,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", include(api_v1)),
     path("search/", include("apps.search.pages")),
+    path("benchmarks/", include("apps.benchmarks.pages")),
+    path("gates/", include("apps.gates.pages")),
     path("", include("apps.web.urls")),
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 from rest_framework.test import APIClient
 
@@ -22,13 +24,15 @@ READ_ENDPOINTS = [
     "/api/v1/benchmark-versions/",
     "/api/v1/gates/",
     "/api/v1/gate-decisions/",
+    "/api/v1/gate-checks/",
+    "/api/v1/evals/",
     "/api/v1/deployments/",
     "/api/v1/flags/",
     "/api/v1/search-indexes/",
     "/api/v1/datagen/",
     "/api/v1/schema/",
 ]
-ADMIN_READ_ENDPOINTS = ["/api/v1/users/"]
+ADMIN_READ_ENDPOINTS = ["/api/v1/users/", "/api/v1/webhooks/", "/api/v1/webhook-deliveries/"]
 
 # (method, path, body, roles allowed)
 WRITE_ENDPOINTS = [
@@ -38,16 +42,39 @@ WRITE_ENDPOINTS = [
     (
         "post",
         "/api/v1/gates/",
-        {"name": "g-{role}", "benchmark_versions": "BV", "rules": [{"type": "threshold"}]},
+        {
+            "name": "g-{role}",
+            "benchmark_versions": "BV",
+            "rules": [{"type": "threshold", "benchmark": "bench", "value": 0}],
+        },
         {Role.ADMIN},
     ),
+    ("post", "/api/v1/benchmarks/", {"name": "b-{role}", "environment": "coding"}, {Role.OPERATOR, Role.ADMIN}),
+    ("post", "/api/v1/benchmarks/{benchmark}/versions/", {"tasks": "TASKS"}, {Role.OPERATOR, Role.ADMIN}),
+    (
+        "post",
+        "/api/v1/evals/",
+        {"benchmark_version": "BV1", "base_model": "tiny-llama-smollm2-tokenizer"},
+        {Role.OPERATOR, Role.ADMIN},
+    ),
+    ("post", "/api/v1/gates/{gate}/evaluate/", {"checkpoint": "CK"}, {Role.OPERATOR, Role.ADMIN}),
+    ("post", "/api/v1/gate-decisions/{decision}/approve/", {}, {Role.APPROVER, Role.ADMIN}),
+    ("post", "/api/v1/gate-decisions/{decision}/reject/", {}, {Role.APPROVER, Role.ADMIN}),
+    ("post", "/api/v1/gates/{gate}/rollback/", {}, {Role.APPROVER, Role.ADMIN}),
     ("post", "/api/v1/users/", {"username": "u-{role}", "role": "viewer"}, {Role.ADMIN}),
     ("post", "/api/v1/flags/{flag}/review/", {"label": "unclear"}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/webhooks/", {"name": "w-{role}", "url": "http://127.0.0.1:9/h", "events": ["*"]}, {Role.ADMIN}),
+    ("get", "/api/v1/webhooks/{webhook}/", {}, {Role.ADMIN}),
+    ("patch", "/api/v1/webhooks/{webhook}/", {"active": False}, {Role.ADMIN}),
+    ("delete", "/api/v1/webhooks/{webhook}/", {}, {Role.ADMIN}),
+    ("post", "/api/v1/webhooks/{webhook}/ping/", {}, {Role.ADMIN}),
+    ("get", "/api/v1/webhook-deliveries/{webhook_delivery}/", {}, {Role.ADMIN}),
+    ("post", "/api/v1/webhook-deliveries/{webhook_delivery}/redeliver/", {}, {Role.ADMIN}),
 ]
 
 
 @pytest.fixture
-def world(users, trajectories_jsonl):  # type: ignore[no-untyped-def]
+def world(users, trajectories_jsonl, tmp_path):  # type: ignore[no-untyped-def]
     from apps.review.models import Flag
     from apps.runs.models import Run
 
@@ -56,15 +83,32 @@ def world(users, trajectories_jsonl):  # type: ignore[no-untyped-def]
     reward_version = context1_version(owner=owner)
     run = Run.objects.create(kind="rescore", spec={}, created_by=owner)
     flag = Flag.objects.create(run=run, trajectory_ref="t1", detector="search_once", detector_version="1")
-    from apps.benchmarks.models import Benchmark, BenchmarkVersion
+    from apps.gates.models import Deployment, Gate, GateDecision
+    from tests.factories import checkpoint_for, coding_version
 
-    benchmark = Benchmark.objects.create(name="bench", environment="coding", metric="pass@1", owner=owner)
-    bench_version = BenchmarkVersion.objects.create(benchmark=benchmark, number=1, content_hash="x", created_by=owner)
+    bench_version = coding_version(owner=owner, name="bench")
+    gate = Gate.objects.create(name="gate", rules=[{"type": "approval"}], owner=owner)
+    gate.benchmark_versions.set([bench_version])
+    first, second = (checkpoint_for(owner=owner, tmp_path=tmp_path, step=step) for step in (1, 2))
+    decision = GateDecision.objects.create(gate=gate, checkpoint=second, verdict="pending", evidence={})
+    Deployment.objects.create(gate=gate, checkpoint=first, created_by=owner, is_current=False)
+    Deployment.objects.create(gate=gate, checkpoint=second, created_by=owner)
+    from apps.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+    webhook = WebhookEndpoint.objects.create(name="hook", url="http://127.0.0.1:9/h", events=["*"], created_by=owner)
+    webhook_delivery = WebhookDelivery.objects.create(
+        endpoint=webhook, event="deployment.created", event_id=uuid.uuid4(), status="failed"
+    )
     return {
         "dataset_version": dataset_version,
         "reward_version": reward_version,
         "flag": flag,
         "benchmark_version": bench_version,
+        "gate": gate,
+        "decision": decision,
+        "checkpoint": second,
+        "webhook": webhook,
+        "webhook_delivery": webhook_delivery,
     }
 
 
@@ -95,11 +139,27 @@ def test_writes_follow_the_role(client_for, world, role, method, path, body, all
         body = {k: (v.format(role=role) if isinstance(v, str) else v) for k, v in body.items()}
         if body.get("benchmark_versions") == "BV":
             body["benchmark_versions"] = [world["benchmark_version"].pk]
+        if body.get("benchmark_version") == "BV1":
+            body["benchmark_version"] = world["benchmark_version"].pk
+        if body.get("checkpoint") == "CK":
+            body["checkpoint"] = world["checkpoint"].pk
+        if body.get("tasks") == "TASKS":
+            from tests.factories import CODING_ROWS
+
+            body["tasks"] = CODING_ROWS
         if body.get("spec") == "SPEC":
             body["spec"] = context1_spec().model_dump(mode="json")
-    response = getattr(client_for(role), method)(path.format(flag=world["flag"].pk), body, format="json")
+    ids = {
+        "flag": world["flag"].pk,
+        "webhook": world["webhook"].pk,
+        "webhook_delivery": world["webhook_delivery"].pk,
+        "benchmark": world["benchmark_version"].benchmark_id,
+        "gate": world["gate"].pk,
+        "decision": world["decision"].pk,
+    }
+    response = getattr(client_for(role), method)(path.format(**ids), body, format="json")
     if role in allowed:
-        assert response.status_code in (200, 201), response.json()
+        assert response.status_code in (200, 201, 202, 204), response.json()
     else:
         assert response.status_code == 403, response.json()
 

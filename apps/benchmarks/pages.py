@@ -1,0 +1,105 @@
+"""Benchmark and eval pages (under /benchmarks/, URL namespace "benchmarks")."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, render
+from django.urls import path
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.benchmarks import services
+from apps.benchmarks.models import Benchmark, BenchmarkVersion, Eval
+from apps.runs.models import TaskResult
+from apps.web.views import _errors, needs
+
+app_name = "benchmarks"
+
+
+@needs(Capability.READ)
+def benchmark_list(request: HttpRequest) -> HttpResponse:
+    benchmarks = Benchmark.objects.select_related("owner").prefetch_related("versions").order_by("name")
+    evals = Eval.objects.select_related("run", "benchmark_version__benchmark", "checkpoint").order_by("-created_at")
+    return render(request, "benchmarks/index.html", {"benchmarks": benchmarks, "evals": evals[:50]})
+
+
+@needs(Capability.READ)
+def version_detail(request: HttpRequest, version_id: int) -> HttpResponse:
+    version = get_object_or_404(BenchmarkVersion.objects.select_related("benchmark", "created_by"), pk=version_id)
+    tasks = version.tasks.order_by("task_id")
+    evals = version.evals.select_related("run", "checkpoint").order_by("-created_at")[:50]
+    return render(
+        request,
+        "benchmarks/version.html",
+        {
+            "version": version,
+            "tasks": tasks[:200],
+            "evals": evals,
+            "excluded": version.excluded_training_data.select_related("dataset"),
+            "gates": version.gates.all(),
+        },
+    )
+
+
+def _eval_context(evaluation: Eval) -> dict[str, object]:
+    results = TaskResult.objects.filter(run_id=evaluation.run_id).order_by("task_id")
+    return {"eval": evaluation, "run": evaluation.run, "results": results, "failed": results.filter(passed=0).count()}
+
+
+@needs(Capability.READ)
+def eval_detail(request: HttpRequest, eval_id: int) -> HttpResponse:
+    evaluation = get_object_or_404(
+        Eval.objects.select_related("run", "benchmark_version__benchmark", "checkpoint"), pk=eval_id
+    )
+    others = Eval.objects.filter(benchmark_version__benchmark=evaluation.benchmark_version.benchmark).exclude(
+        pk=evaluation.pk
+    )
+    context = {**_eval_context(evaluation), "others": others.select_related("checkpoint").order_by("-created_at")[:30]}
+    return render(request, "benchmarks/eval.html", context)
+
+
+@needs(Capability.READ)
+def eval_results_partial(request: HttpRequest, eval_id: int) -> HttpResponse:
+    """The per-task table; the page polls it while the eval runs (the run's progress itself is on the websocket)."""
+    evaluation = get_object_or_404(Eval.objects.select_related("run"), pk=eval_id)
+    return render(request, "benchmarks/_eval_results.html", _eval_context(evaluation))
+
+
+@needs(Capability.READ)
+def eval_compare(request: HttpRequest) -> HttpResponse:
+    errors: list[str] = []
+    comparison = None
+    before_id, after_id = request.GET.get("before", ""), request.GET.get("after", "")
+    slice_by = request.GET.getlist("slice_by") or ["difficulty"]
+    if before_id and after_id:
+        before = Eval.objects.filter(pk=before_id).first() if before_id.isdigit() else None
+        after = Eval.objects.filter(pk=after_id).first() if after_id.isdigit() else None
+        if before is None or after is None:
+            errors.append("before/after: pick two existing evals")
+        else:
+            try:
+                comparison = services.eval_compare(before=before, after=after, slice_by=slice_by)
+            except ValidationError as exc:
+                errors = _errors(exc)
+    evals = Eval.objects.select_related("benchmark_version__benchmark", "checkpoint", "run").order_by("-created_at")
+    return render(
+        request,
+        "benchmarks/compare.html",
+        {
+            "evals": evals.filter(run__status="succeeded")[:100],
+            "comparison": comparison,
+            "errors": errors,
+            "before_id": before_id,
+            "after_id": after_id,
+            "slice_by": slice_by,
+        },
+    )
+
+
+urlpatterns = [
+    path("", benchmark_list, name="list"),
+    path("versions/<int:version_id>/", version_detail, name="version"),
+    path("evals/<int:eval_id>/", eval_detail, name="eval"),
+    path("evals/<int:eval_id>/results/", eval_results_partial, name="eval-results"),
+    path("evals/compare/", eval_compare, name="compare"),
+]

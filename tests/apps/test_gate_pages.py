@@ -1,0 +1,81 @@
+"""Benchmark, eval and gate pages: who may see and do what, and that the evidence is on the page."""
+
+from __future__ import annotations
+
+import pytest
+from django.utils.html import escape
+
+from apps.accounts.models import Role
+from apps.gates.models import Deployment, GateDecision
+from tests.apps.test_gates import ALL_PASS, _gate, _gate_checkpoint
+from tests.factories import CODING_ROWS, checkpoint_for, coding_version
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def decided(client_for, users, tmp_path):  # type: ignore[no-untyped-def]
+    version = coding_version(owner=users["admin"])
+    gate = _gate(client_for, version)
+    checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
+    check = _gate_checkpoint(client_for, gate, checkpoint, ALL_PASS)
+    return {"gate": gate, "decision": GateDecision.objects.get(gate_check=check), "check": check, "version": version}
+
+
+@pytest.mark.parametrize("role", Role.values)
+def test_every_role_reads_benchmarks_evals_gates_and_decisions(client, users, decided, role) -> None:
+    evaluation = decided["check"].candidate_evals.get()
+    pages = [
+        "/benchmarks/",
+        f"/benchmarks/versions/{decided['version'].pk}/",
+        f"/benchmarks/evals/{evaluation.pk}/",
+        f"/benchmarks/evals/{evaluation.pk}/results/",
+        f"/benchmarks/evals/compare/?before={evaluation.pk}&after={evaluation.pk}",
+        "/gates/",
+        f"/gates/{decided['gate'].pk}/",
+        f"/gates/decisions/{decided['decision'].pk}/",
+    ]
+    for page in pages:
+        assert client.get(page).status_code == 302  # to the login page
+    client.force_login(users[role])
+    for page in pages:
+        assert client.get(page).status_code == 200, page
+
+
+def test_the_decision_page_shows_each_rule_with_its_reason_and_the_evals(client, users, decided) -> None:
+    client.force_login(users["viewer"])
+    html = client.get(f"/gates/decisions/{decided['decision'].pk}/").content.decode()
+    for outcome in decided["decision"].evidence["outcomes"]:
+        assert escape(outcome["message"]) in html
+    assert f"eval {decided['check'].candidate_evals.get().pk}" in html
+    assert 'id="approve"' not in html  # a viewer gets no buttons
+    client.force_login(users["approver"])
+    assert 'id="approve"' in client.get(f"/gates/decisions/{decided['decision'].pk}/").content.decode()
+
+
+def test_an_approver_approves_in_the_browser_and_the_checkpoint_is_deployed(client, users, decided) -> None:
+    url = f"/gates/decisions/{decided['decision'].pk}/judge/"
+    client.force_login(users["operator"])
+    assert client.post(url, {"action": "approve"}).status_code == 403
+    assert not Deployment.objects.exists()
+    client.force_login(users["approver"])
+    reply = client.post(url, {"action": "approve", "note": "ship it"}, follow=True)
+    assert reply.status_code == 200 and "Approved" in reply.content.decode()
+    deployment = Deployment.objects.get(is_current=True)
+    assert deployment.checkpoint_id == decided["decision"].checkpoint_id
+    again = client.post(url, {"action": "reject"}, follow=True)
+    assert "already approved" in again.content.decode()
+    html = client.get(f"/gates/{decided['gate'].pk}/").content.decode()
+    assert "Roll back" in html and "current" in html
+
+
+def test_an_admin_creates_a_gate_in_the_browser_and_a_bad_rule_is_shown(client, users) -> None:
+    version = coding_version(owner=users["admin"], rows=CODING_ROWS[:2])
+    client.force_login(users["admin"])
+    bad = client.post("/gates/", {"name": "g", "rules": "[{}]", "benchmark_versions": [version.pk]})
+    assert bad.status_code == 200 and "rules[0]" in bad.content.decode()
+    rules = '[{"type": "threshold", "benchmark": "mini-coding", "value": 0.1}]'
+    good = client.post("/gates/", {"name": "g", "rules": rules, "benchmark_versions": [version.pk]})
+    assert good.status_code == 302
+    client.force_login(users["operator"])
+    assert client.post("/gates/", {"name": "h", "rules": rules, "benchmark_versions": [version.pk]}).status_code == 403
