@@ -402,3 +402,101 @@ def eval_compare(*, before: Eval, after: Eval, slice_by: Sequence[str] = (), alp
         "comparison": comparison.to_dict(),
         "tasks": tasks,
     }
+
+
+# --- contamination guard --------------------------------------------------------------------------------------------
+
+
+def _normalized(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def task_fingerprints(row: Mapping[str, Any]) -> set[str]:
+    """sha1 of each prompt-like text of a task row (prompt text or message contents, code_prompt), normalised
+    for case and whitespace: two rows sharing one are the same task for contamination purposes."""
+    texts: list[str] = []
+    prompt = row.get("prompt")
+    if isinstance(prompt, str):
+        texts.append(prompt)
+    elif isinstance(prompt, list):
+        texts.append("\n".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict)))
+    for key in ("code_prompt", "question"):
+        if isinstance(row.get(key), str):
+            texts.append(row[key])
+    return {hashlib.sha1(_normalized(t).encode()).hexdigest() for t in texts if _normalized(t)}
+
+
+def contamination_check(*, dataset_version: DatasetVersion) -> list[dict[str, Any]]:
+    """What training on `dataset_version` would contaminate: for every benchmark version a gate pins, whether it
+    lists this dataset version as never-train-on, and which of its tasks appear in the data. [] when clean."""
+    gated = list(
+        BenchmarkVersion.objects.filter(gates__isnull=False)
+        .distinct()
+        .select_related("benchmark")
+        .prefetch_related("gates", "excluded_training_data")
+    )
+    if not gated:
+        return []
+    training: set[str] = set()
+    with dataset_version.file.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    training |= task_fingerprints(row)
+    found: list[dict[str, Any]] = []
+    for version in gated:
+        excluded = any(dv.pk == dataset_version.pk for dv in version.excluded_training_data.all())
+        overlapping = sorted(
+            task.task_id
+            for task in version.tasks.only("task_id", "payload")
+            if task_fingerprints(task.payload) & training
+        )
+        if excluded or overlapping:
+            found.append(
+                {
+                    "benchmark_version": version.pk,
+                    "benchmark": str(version),
+                    "gates": sorted(g.name for g in version.gates.all()),
+                    "excluded": excluded,
+                    "overlapping_tasks": overlapping,
+                }
+            )
+    return found
+
+
+def contamination_guard(*, dataset_version: DatasetVersion, allow: bool) -> list[dict[str, Any]]:
+    """Refuse training data that overlaps a gating benchmark (ValidationError naming the benchmark, its gates and
+    the first overlapping tasks), or, with `allow`, return the findings for the run to carry as a flag."""
+    found = contamination_check(dataset_version=dataset_version)
+    if found and not allow:
+        messages = []
+        for item in found:
+            why = "lists it as never-train-on data" if item["excluded"] else ""
+            if item["overlapping_tasks"]:
+                tasks = ", ".join(item["overlapping_tasks"][:10])
+                more = len(item["overlapping_tasks"]) - 10
+                why = (why + "; " if why else "") + f"shares {len(item['overlapping_tasks'])} tasks ({tasks}"
+                why += f", and {more} more)" if more > 0 else ")"
+            messages.append(
+                f"{dataset_version} overlaps benchmark {item['benchmark']}, which gates {', '.join(item['gates'])}: "
+                f"the benchmark {why}. Remove those tasks, or launch with allow_contamination to run it flagged"
+            )
+        raise ValidationError({"dataset_version": messages})
+    return found
+
+
+def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
+    """Auto-eval: each new checkpoint of a run is evaluated on every benchmark version its spec's `auto_eval`
+    names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing)."""
+    run = Run.objects.select_related("created_by").get(pk=run_id)
+    versions = list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or []).select_related("benchmark"))
+    started = 0
+    for checkpoint in Checkpoint.objects.filter(run=run, step__in=list(steps)).select_related("run"):
+        for version in versions:
+            _, created = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by)
+            started += int(created)
+    return started

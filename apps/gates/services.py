@@ -188,7 +188,9 @@ def gate_check_advance(*, check_id: int) -> GateCheck:
     """Decide a waiting check whose evals have all finished; record an error if one failed. Idempotent: the row
     lock and the status check make a second call (or a concurrent one) a no-op."""
     with transaction.atomic():
-        check = GateCheck.objects.select_for_update().select_related("gate", "checkpoint").get(pk=check_id)
+        check = (
+            GateCheck.objects.select_for_update(of=("self",)).select_related("gate", "checkpoint__run").get(pk=check_id)
+        )
         if check.status != CheckStatus.WAITING:
             return check
         evals = list(check.candidate_evals.select_related("run", "benchmark_version__benchmark"))
@@ -257,7 +259,7 @@ def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecisi
         flag_rates=rates,
     )
     result = evaluate_rules(rules, inputs)
-    evidence = {
+    evidence: dict[str, Any] = {
         **result.to_dict(),
         "checkpoint": {"id": check.checkpoint_id, "run": check.checkpoint.run_id, "step": check.checkpoint.step},
         "checkpoint_uri": check.checkpoint.uri,
@@ -267,11 +269,29 @@ def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecisi
         "rules": check.gate.rules,
         "evaluated_at": timezone.now().isoformat(),
     }
+    verdict = result.verdict
+    pinned = {e.benchmark_version_id for e in evals}
+    tainted = [c for c in check.checkpoint.run.spec.get("contamination") or [] if c["benchmark_version"] in pinned]
+    if tainted:
+        # The contamination guard: a run launched on data overlapping a gating benchmark never passes that gate.
+        names = ", ".join(c["benchmark"] for c in tainted)
+        evidence["outcomes"].append(
+            {
+                "index": len(evidence["outcomes"]),
+                "rule": {"type": "contamination_guard"},
+                "verdict": "fail",
+                "inputs": {"run": check.checkpoint.run_id, "contamination": tainted},
+                "statistic": {},
+                "message": f"run {check.checkpoint.run_id} trained on data overlapping {names} (launched with "
+                "allow_contamination): its scores on them mean nothing",
+            }
+        )
+        evidence["verdict"] = verdict = Verdict.FAIL
     decision = GateDecision.objects.create(
         gate=check.gate,
         checkpoint=check.checkpoint,
         gate_check=check,
-        verdict=result.verdict,
+        verdict=verdict,
         evidence=evidence,
     )
     _emit("gate.decision.created", decision_payload(decision))
@@ -304,7 +324,11 @@ def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, 
     checkpoint the gate's deployment."""
     _require(user, Capability.APPROVE, "approving or rejecting a gate decision")
     with transaction.atomic():
-        locked = GateDecision.objects.select_for_update().select_related("gate", "checkpoint").get(pk=decision.pk)
+        locked = (
+            GateDecision.objects.select_for_update(of=("self",))
+            .select_related("gate", "checkpoint")
+            .get(pk=decision.pk)
+        )
         if locked.approval:
             by = locked.approved_by.username if locked.approved_by else "someone"
             raise ValidationError(

@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Capability
+from apps.benchmarks.models import BenchmarkVersion
 from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import selectors, services
@@ -66,6 +67,17 @@ class LaunchSerializer(serializers.Serializer):
         default=None,
         help_text="kind=train with environment 'search': the corpus version whose index the agent searches",
     )
+    auto_eval = serializers.PrimaryKeyRelatedField(
+        many=True,
+        queryset=BenchmarkVersion.objects.all(),
+        required=False,
+        default=list,
+        help_text="kind=train: benchmark versions every new checkpoint is evaluated on (results on the run page)",
+    )
+    allow_contamination = serializers.BooleanField(
+        default=False,
+        help_text="Launch even if the tasks overlap a benchmark that gates deployments; the run is flagged instead",
+    )
 
 
 class TrajectorySerializer(serializers.ModelSerializer):
@@ -99,13 +111,24 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         if data["kind"] == "train":
             if not isinstance(data["config"], dict):
                 raise ValidationError({"config": ["must be a JSON object of training settings"]})
-            run = services.run_launch_train(**common, config=data["config"], corpus_version=data["corpus_version"])
+            run = services.run_launch_train(
+                **common,
+                config=data["config"],
+                corpus_version=data["corpus_version"],
+                auto_eval=data["auto_eval"],
+                allow_contamination=data["allow_contamination"],
+            )
         elif data["kind"] == "sft":
             if not isinstance(data["config"], dict):
                 raise ValidationError(
                     {"config": ["must be a JSON object of SFT settings (workers.jobs.sft.SFTConfig)"]}
                 )
-            run = services.run_launch_sft(**common, config=data["config"], corpus_version=data["corpus_version"])
+            run = services.run_launch_sft(
+                **common,
+                config=data["config"],
+                corpus_version=data["corpus_version"],
+                allow_contamination=data["allow_contamination"],
+            )
         else:
             run = services.run_launch_rescore(**common)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

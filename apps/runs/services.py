@@ -19,6 +19,7 @@ from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.benchmarks.models import BenchmarkVersion
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import ray_jobs
@@ -280,15 +281,25 @@ def run_launch_train(
     parent: Run | None = None,
     resume_from: Checkpoint | None = None,
     corpus_version: DatasetVersion | None = None,
+    allow_contamination: bool = False,
+    auto_eval: list[Any] | None = None,
 ) -> Run:
+    from apps.benchmarks.services import contamination_guard
+
     parsed = train_config_check(
         config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
     )
+    contamination = contamination_guard(dataset_version=dataset_version, allow=allow_contamination)
     spec: dict[str, Any] = {
         "config": parsed.model_dump(mode="json"),
         "dataset_version": dataset_version.pk,
         "reward_version": reward_version.pk,
     }
+    if contamination:
+        spec["contamination"] = contamination
+        tags = [*(tags or []), "contaminated"] if "contaminated" not in (tags or []) else tags
+    if auto_eval:
+        spec["auto_eval"] = [version.pk for version in auto_eval]
     if corpus_version is not None and parsed.environment == "search":
         spec["corpus_version"] = corpus_version.pk
     if resume_from is not None:
@@ -320,6 +331,7 @@ def run_launch_sft(
     name: str = "",
     tags: list[str] | None = None,
     corpus_version: DatasetVersion | None = None,
+    allow_contamination: bool = False,
 ) -> Run:
     """An SFT warm-up run: rejection-sample the teacher's trajectories on the tasks, fine-tune the base model on
     the kept ones. Checked like a training run: the config, the models, the environment, every task row, the
@@ -352,7 +364,13 @@ def run_launch_sft(
     )
     if problems:
         raise ValidationError(problems)
+    from apps.benchmarks.services import contamination_guard
+
+    contamination = contamination_guard(dataset_version=dataset_version, allow=allow_contamination)
     spec: dict[str, Any] = {"config": parsed.model_dump(mode="json")}
+    if contamination:
+        spec["contamination"] = contamination
+        tags = [*(tags or []), "contaminated"]
     if corpus_version is not None:
         spec["corpus_version"] = corpus_version.pk
     run = Run.objects.create(
@@ -393,6 +411,8 @@ def run_resume(*, run: Run, user: User) -> Run:
         tags=list(run.tags),
         parent=run,
         resume_from=checkpoint,
+        allow_contamination=bool(run.spec.get("contamination")),
+        auto_eval=list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or [])),
         corpus_version=(
             DatasetVersion.objects.filter(pk=run.spec["corpus_version"]).first()
             if run.spec.get("corpus_version")
@@ -728,6 +748,8 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
         Artifact.objects.bulk_create(artifacts, ignore_conflicts=True)
         Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
+        if checkpoints and run.spec.get("auto_eval"):
+            _auto_eval_on_commit(run.pk, [c.step for c in checkpoints])
         TaskResult.objects.bulk_create(task_results, ignore_conflicts=True)
 
         fields = ["last_seq", "ingest_batches"]
@@ -767,6 +789,12 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             payloads=payloads,
             state=state,
         )
+
+
+def _auto_eval_on_commit(run_id: int, steps: list[int]) -> None:
+    from apps.runs.tasks import auto_eval_checkpoints
+
+    transaction.on_commit(lambda: auto_eval_checkpoints.delay(run_id, steps), robust=True)
 
 
 def _seq_ranges(seqs: list[int]) -> list[tuple[int, int]]:

@@ -41,6 +41,14 @@ def run_succeeded(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
         raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
+@shared_task(acks_late=True)
+def auto_eval_checkpoints(run_id: int, steps: list[int]) -> int:
+    """Evaluate new checkpoints of a run on the benchmark versions its spec names (`auto_eval`); idempotent."""
+    from apps.benchmarks.services import eval_auto
+
+    return eval_auto(run_id=run_id, steps=steps)
+
+
 @shared_task
 def reconcile_runs() -> int:
     """Beat: reconcile every live run with Ray, and re-dispatch pending runs whose dispatch was lost."""

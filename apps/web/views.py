@@ -83,7 +83,9 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "state": services.run_state(run),
             "logs": run.log_tail.splitlines()[-200:],
             "artifacts": run.artifacts.order_by("name"),
-            "checkpoints": run.checkpoints.order_by("-step")[:20],
+            "checkpoints": run.checkpoints.prefetch_related(
+                "evals__run", "evals__benchmark_version__benchmark"
+            ).order_by("-step")[:20],
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
         },

@@ -21,6 +21,7 @@ at all is an infrastructure error (the trajectory's `error`), not the model's fa
 from __future__ import annotations
 
 import re
+import secrets
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -45,12 +46,21 @@ def extract_code(reply: str, entry_point: str) -> tuple[str, bool]:
     return code, bool(defines.search(code))
 
 
+# The sentinel guards against the oldest HumanEval hack: `sys.exit(0)` (or `os._exit(0)`) in the submitted code ends
+# the process cleanly before a single assert runs. The harness reads a nonce from stdin before the model's code
+# runs and prints it only after `check` returns; a clean exit without it is a failure. (Code in the same process
+# could still dig the nonce out of the interpreter; this stops the accidental and the lazy hack, not a determined
+# one. The sandbox bounds what a determined one can do.)
+_HEADER = "def _crucible_done(_nonce=__import__('sys').stdin.readline().strip()):\n    print(_nonce, flush=True)\n\n\n"
+
+
 def build_program(code_prompt: str, test: str, entry_point: str, reply: str) -> str:
-    """The program the sandbox runs for one reply: prompt, the model's code, the tests and the check call."""
+    """The program the sandbox runs for one reply: the sentinel, the prompt, the model's code, the tests, the
+    check call and the sentinel's print (send the nonce on stdin)."""
     code, defines = extract_code(reply, entry_point)
     # A full definition follows the stub (and replaces it); a completion continues the stub's body.
     body = f"{code_prompt}\n\n{code}" if defines else f"{code_prompt}{code}"
-    return f"{body}\n\n\n{test}\n\ncheck({entry_point})\n"
+    return f"{_HEADER}{body}\n\n\n{test}\n\ncheck({entry_point})\n_crucible_done()\n"
 
 
 class CodingEnv(Environment):
@@ -120,10 +130,15 @@ class CodingEnv(Environment):
 
         meta = self.task.metadata
         program = build_program(meta["code_prompt"], meta["test"], meta["entry_point"], action_text)
-        result = run_python(program, limits=self.limits)
+        nonce = secrets.token_hex(16)
+        result = run_python(program, limits=self.limits, stdin=nonce + "\n")
+        outcome, detail = result.outcome, result.detail
+        completed = result.passed and nonce in result.stdout
+        if result.passed and not completed:
+            outcome, detail = Outcome.FAILED, "exited cleanly before its tests finished (sys.exit or os._exit?)"
         self._sandbox = {
-            "outcome": str(result.outcome),
-            "detail": result.detail,
+            "outcome": str(outcome),
+            "detail": detail,
             "exit_code": result.exit_code,
             "signal": result.signal,
             "wall_seconds": round(result.wall_seconds, 3),
@@ -134,7 +149,7 @@ class CodingEnv(Environment):
         if result.outcome is Outcome.ERROR:
             # The sandbox never ran the code: an infrastructure failure, not a failing answer.
             error = f"sandbox error: {result.detail}"
-        self._tests_passed = 1.0 if result.passed else 0.0
+        self._tests_passed = 1.0 if completed else 0.0
         self._finish(answer=None, error=error)
         return StepResult(None, True, self._info(tests_passed=self._tests_passed, sandbox=str(result.outcome)))
 

@@ -1,0 +1,127 @@
+"""The contamination guard (training data that overlaps a gating benchmark is refused, or flagged and never
+passes that gate) and auto-eval (every new checkpoint of a run is evaluated on the benchmarks it names)."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.benchmarks.models import Eval
+from apps.gates.models import Gate, GateCheck, GateDecision
+from apps.runs.models import Checkpoint, Run
+from tests.factories import (
+    CODING_ROWS,
+    coding_version,
+    exact_answer_version,
+    finish_eval,
+    tasks_version,
+)
+from workers.envs.registry import arithmetic_tasks
+
+pytestmark = pytest.mark.django_db
+
+TINY = {"base_model": "tiny-llama-smollm2-tokenizer", "steps": 2, "prompts_per_step": 2, "group_size": 2}
+
+
+@pytest.fixture
+def gated(users):  # type: ignore[no-untyped-def]
+    """A gate pinning a coding benchmark version whose prompts are arithmetic questions, and training data."""
+    owner = users["admin"]
+    train_rows = arithmetic_tasks(8, seed=0)
+    leaked = [{**CODING_ROWS[i], "prompt": "  " + str(train_rows[i]["prompt"]).upper() + " "} for i in range(2)]
+    version = coding_version(owner=owner, rows=leaked + CODING_ROWS[2:6])
+    gate = Gate.objects.create(name="ship", rules=[{"type": "flag_rate", "max_rate": 1.0}], owner=owner)
+    gate.benchmark_versions.set([version])
+    return {
+        "version": version,
+        "gate": gate,
+        "tasks": tasks_version(owner=users["operator"], rows=train_rows),
+        "clean": tasks_version(owner=users["operator"], rows=arithmetic_tasks(8, seed=99)[4:], name="clean"),
+        "reward": exact_answer_version(owner=users["operator"]),
+    }
+
+
+def _launch(client_for, gated, dataset, **extra):  # type: ignore[no-untyped-def]
+    body = {
+        "kind": "train",
+        "dataset_version": dataset.pk,
+        "reward_version": gated["reward"].pk,
+        "config": TINY,
+        **extra,
+    }
+    return client_for("operator").post("/api/v1/runs/", body, format="json")
+
+
+def test_training_data_sharing_tasks_with_a_gating_benchmark_is_refused_naming_them(client_for, gated) -> None:
+    reply = _launch(client_for, gated, gated["tasks"])
+    assert reply.status_code == 400
+    detail = reply.json()["detail"]
+    assert (
+        "mini-coding@v1" in detail and "ship" in detail and "add-0, add-1" in detail and "allow_contamination" in detail
+    )
+    assert not Run.objects.filter(kind="train").exists()
+
+
+def test_data_a_benchmark_lists_as_never_train_on_is_refused(client_for, gated) -> None:
+    gated["version"].excluded_training_data.set([gated["clean"]])
+    reply = _launch(client_for, gated, gated["clean"])
+    assert reply.status_code == 400 and "never-train-on" in reply.json()["detail"]
+
+
+def test_clean_data_launches_and_a_benchmark_no_gate_uses_does_not_block(client_for, gated, users) -> None:
+    assert _launch(client_for, gated, gated["clean"]).status_code == 201
+    gated["gate"].benchmark_versions.clear()
+    assert _launch(client_for, gated, gated["tasks"]).status_code == 201
+
+
+def test_an_allowed_contaminated_run_is_flagged_and_its_checkpoints_fail_the_gate(client_for, gated, users, tmp_path):
+    reply = _launch(client_for, gated, gated["tasks"], allow_contamination=True)
+    assert reply.status_code == 201, reply.json()
+    run = Run.objects.get(pk=reply.json()["id"])
+    assert "contaminated" in run.tags
+    assert run.spec["contamination"][0]["overlapping_tasks"] == ["add-0", "add-1"]
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"x")
+    checkpoint = Checkpoint.objects.create(run=run, step=1, uri=f"file://{path}")
+    check_reply = client_for("operator").post(
+        f"/api/v1/gates/{gated['gate'].pk}/evaluate/", {"checkpoint": checkpoint.pk}, format="json"
+    )
+    check = GateCheck.objects.get(pk=check_reply.json()["id"])
+    finish_eval(check.candidate_evals.get(), {row["id"]: (1, 1) for row in CODING_ROWS[:6]})
+    decision = GateDecision.objects.get(gate_check=check)
+    assert decision.verdict == "fail"
+    guard = decision.evidence["outcomes"][-1]
+    assert guard["rule"]["type"] == "contamination_guard" and guard["verdict"] == "fail"
+
+
+def test_new_checkpoints_of_a_run_are_evaluated_on_its_auto_eval_benchmarks_once(
+    client, client_for, gated, users, tmp_path
+) -> None:
+    from apps.benchmarks.services import eval_auto
+    from apps.runs.services import ingest_batch
+    from workers.events import EVENTS_LIST
+
+    other = coding_version(owner=users["admin"], name="auto", rows=CODING_ROWS[:3])
+    reply = _launch(client_for, gated, gated["clean"], auto_eval=[other.pk])
+    assert reply.status_code == 201, reply.json()
+    run = Run.objects.get(pk=reply.json()["id"])
+    assert run.spec["auto_eval"] == [other.pk]
+    path = tmp_path / "step-1.pt"
+    path.write_bytes(b"x")  # the eval launch checks the checkpoint file exists
+    events = EVENTS_LIST.validate_python([{"seq": 1, "kind": "checkpoint", "step": 1, "uri": f"file://{path}"}])
+    ingest_batch(run_id=run.pk, events=events, publish=False)  # queues auto_eval_checkpoints on commit
+    assert eval_auto(run_id=run.pk, steps=[1]) == 1
+    assert eval_auto(run_id=run.pk, steps=[1]) == 0  # a retried task starts nothing new
+    evaluation = Eval.objects.get()
+    assert evaluation.checkpoint.step == 1 and evaluation.benchmark_version_id == other.pk
+    finish_eval(evaluation, {row["id"]: (1, 1) for row in CODING_ROWS[:3]})
+    client.force_login(users["viewer"])
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert f"/benchmarks/evals/{evaluation.pk}/" in html and "pass@1" in html
+
+
+def test_the_run_page_shows_checkpoint_evals_and_contamination(client, client_for, gated, users, tmp_path) -> None:
+    reply = _launch(client_for, gated, gated["tasks"], allow_contamination=True)
+    run = Run.objects.get(pk=reply.json()["id"])
+    client.force_login(users["viewer"])
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "Contaminated training data" in html and "add-0" in html
