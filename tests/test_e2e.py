@@ -392,3 +392,125 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     page = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Rejection sampling" in page
     assert Run.objects.filter(pk=run.pk, kind="sft").exists()
+
+
+def _tiny_checkpoint(tmp: Path, step: int, owner):  # type: ignore[no-untyped-def]
+    """A real trainer checkpoint of the tiny model (the learner's own format), registered on a training run."""
+    from apps.runs.models import Checkpoint, Run
+    from workers.rl.config import TrainConfig
+    from workers.rl.learner import Learner
+
+    config = TrainConfig(base_model="tiny-llama-smollm2-tokenizer", seed=step)
+    from workers.models.registry import resolve_base_model
+
+    learner = Learner(str(resolve_base_model(config.base_model)), config, threads=1)
+    path = tmp / f"step-{step:06d}.pt"
+    path.write_bytes(learner.checkpoint_bytes(data_position=0))
+    run = Run.objects.create(
+        kind="train", name=f"e2e gate {step}", spec={"config": config.model_dump(mode="json")}, created_by=owner
+    )
+    return Checkpoint.objects.create(run=run, step=step, uri=f"file://{path}")
+
+
+def _browser_session(base: str, user) -> httpx.Client:  # type: ignore[no-untyped-def]
+    """Log in through the login form, as a browser would (session cookie, CSRF token)."""
+    import re
+
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    # The tests hash with MD5 for speed; the live server only knows its real hashers.
+    hasher = PBKDF2PasswordHasher()
+    user.password = hasher.encode("pw-123456", hasher.salt())
+    user.save(update_fields=["password"])
+    browser = httpx.Client(base_url=base, timeout=30, follow_redirects=True)
+    page = browser.get("/accounts/login/")
+    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
+    assert token, page.text[:500]
+    reply = browser.post(
+        "/accounts/login/",
+        data={"username": user.username, "password": "pw-123456", "csrfmiddlewaretoken": token.group(1)},
+    )
+    assert reply.status_code == 200 and "Log out" in reply.text, reply.text[:500]
+    return browser
+
+
+def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and_rolled_back(stack, users, tmp_path):
+    """Issue 5's "done when": CI gates a checkpoint with only the CLI and a token; the evals run on Ray in the
+    sandbox; an approver approves in the browser and it is deployed; the decision's evidence is on its page; the
+    next checkpoint is gated against it; a rollback restores the previous deployment; a failing gate exits 1 and
+    an unreachable server exits 2."""
+    import re
+    import subprocess
+
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.services import benchmark_import_humaneval
+    from apps.gates.models import Deployment, GateDecision
+    from apps.gates.services import gate_create
+
+    admin, operator = users["admin"], users["operator"]
+    version = benchmark_import_humaneval(owner=admin, name="e2e-humaneval", limit=3)
+    rules = [
+        {"type": "threshold", "benchmark": "e2e-humaneval", "metric": "pass@1", "value": 0.0},
+        {"type": "no_regression", "benchmark": "e2e-humaneval", "alpha": 0.05},
+        {"type": "flag_rate", "max_rate": 0.1},
+    ]
+    common = {"benchmark_versions": [version], "owner": admin, "max_new_tokens": 12}
+    gate_create(name="e2e-gate", rules=rules, **common)
+    strict = [{"type": "threshold", "benchmark": "e2e-humaneval", "metric": "pass@1", "value": 0.5}]
+    gate_create(name="e2e-strict", rules=strict, requires_approval=False, **common)
+    first, second = _tiny_checkpoint(tmp_path, 1, operator), _tiny_checkpoint(tmp_path, 2, operator)
+
+    _, ci_token = api_token_create(user=operator, name="e2e-ci", scopes=["read", "launch"])
+    _, approver_token = api_token_create(user=users["approver"], name="e2e-approver", scopes=["read", "approve"])
+    env = {**os.environ, "CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": ci_token, "GATE_TIMEOUT": "400"}
+    env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
+    script = ROOT / "tests" / "scripts" / "gate_check.sh"
+
+    def sh(*args: str, token: str = ci_token) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*args], env={**env, "CRUCIBLE_TOKEN": token}, capture_output=True, text=True, timeout=480, cwd=tmp_path
+        )
+
+    gated = sh(str(script), "e2e-gate", str(first.pk), "first.md")
+    logs = {p.name: p.read_text()[-2000:] for p in (stack["var"] / "log").glob("*.log")}
+    assert gated.returncode == 0, (gated.stdout, gated.stderr, logs)
+    summary = (tmp_path / "first.md").read_text()
+    assert "PENDING APPROVAL" in summary and "| threshold | pass |" in summary, summary
+    decision = GateDecision.objects.get(checkpoint=first, gate__name="e2e-gate")
+    assert decision.evidence["candidate_evals"]["e2e-humaneval"]
+    assert not Deployment.objects.exists()
+
+    # An approver approves in the browser; the decision page shows the evidence.
+    browser = _browser_session(stack["web"], users["approver"])
+    page = browser.get(f"/gates/decisions/{decision.pk}/")
+    assert page.status_code == 200 and "pass@1 on e2e-humaneval" in page.text
+    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
+    approved = browser.post(
+        f"/gates/decisions/{decision.pk}/judge/", data={"action": "approve", "csrfmiddlewaretoken": csrf}
+    )
+    assert approved.status_code == 200 and "Approved" in approved.text
+    assert Deployment.objects.get(is_current=True).checkpoint_id == first.pk
+
+    # The next checkpoint is gated against the deployment (its eval is reused as the baseline) and approved by CLI.
+    cli = str(BIN / "crucible")
+    second_check = sh(cli, "gate", "check", "--gate", "e2e-gate", "--checkpoint", str(second.pk), "--poll", "2")
+    assert second_check.returncode == 0, (second_check.stdout, second_check.stderr)
+    decision2 = GateDecision.objects.get(checkpoint=second, gate__name="e2e-gate")
+    assert (
+        decision2.evidence["baseline_evals"]["e2e-humaneval"] == decision.evidence["candidate_evals"]["e2e-humaneval"]
+    )
+    approve = sh(cli, "gate", "approve", str(decision2.pk), "--note", "ci", token=approver_token)
+    assert approve.returncode == 0, approve.stderr
+    assert Deployment.objects.get(is_current=True).checkpoint_id == second.pk
+
+    rollback = sh(cli, "gate", "rollback", "--gate", "e2e-gate", token=approver_token)
+    assert rollback.returncode == 0, rollback.stderr
+    current = Deployment.objects.get(is_current=True)
+    assert current.checkpoint_id == first.pk and current.rolled_back_from.checkpoint_id == second.pk
+
+    # A gate whose threshold the tiny model misses exits 1 (its evals are reused); no server exits 2.
+    failed = sh(str(script), "e2e-strict", str(first.pk), "strict.md")
+    assert failed.returncode == 1, (failed.stdout, failed.stderr)
+    assert "❌ FAIL" in (tmp_path / "strict.md").read_text()
+    down = sh(cli, "--url", "http://127.0.0.1:9", "gate", "check", "--gate", "x", "--checkpoint", "1")
+    assert down.returncode == 2 and "cannot reach" in down.stderr

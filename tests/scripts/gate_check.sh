@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Gate a checkpoint from CI with nothing but the `crucible` CLI and an API token (README, "Gate a checkpoint in CI").
+#
+#   CRUCIBLE_URL=https://crucible.example CRUCIBLE_TOKEN=crk_... tests/scripts/gate_check.sh GATE CHECKPOINT [SUMMARY]
+#
+# Exits as `crucible gate check` does: 0 the gate's rules pass (a human may still have to approve), 1 a rule
+# failed, 2 the check could not run. SUMMARY (default gate-summary.md) gets the Markdown for a pull-request comment.
+set -uo pipefail
+gate=${1:?usage: gate_check.sh GATE CHECKPOINT [SUMMARY]}
+checkpoint=${2:?usage: gate_check.sh GATE CHECKPOINT [SUMMARY]}
+summary=${3:-gate-summary.md}
+
+crucible gate check --gate "$gate" --checkpoint "$checkpoint" --markdown "$summary" --poll 2 --timeout "${GATE_TIMEOUT:-1800}"
+code=$?
+case $code in
+  0) echo "gate $gate: checkpoint $checkpoint passes (see $summary)" ;;
+  1) echo "gate $gate: checkpoint $checkpoint FAILS (see $summary)" ;;
+  *) echo "gate $gate: the check could not run (exit $code)" ;;
+esac
+exit $code
