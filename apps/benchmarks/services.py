@@ -242,13 +242,22 @@ def eval_launch(
     problems: dict[str, list[str]] = {}
     if benchmark_version.task_count == 0 or not benchmark_version.tasks_file:
         problems["benchmark_version"] = [f"{benchmark_version} has no tasks; add a version with tasks"]
+    checkpoint_uri: str | None = None
     if checkpoint is not None:
         model = (checkpoint.run.spec.get("config") or {}).get("base_model", "")
         if base_model and base_model != model:
             problems["base_model"] = [f"checkpoint {checkpoint} was trained from {model!r}; leave base_model empty"]
-        base_model = model
+        base_model, checkpoint_uri = model, checkpoint.uri
         if not _checkpoint_exists(checkpoint.uri):
             problems["checkpoint"] = [f"checkpoint file {checkpoint.uri} does not exist (deleted from storage?)"]
+        elif checkpoint.run.kind == RunKind.SFT:
+            # An SFT run saves a whole model directory, not a trainer checkpoint: evaluate it as the base model.
+            if not checkpoint.uri.startswith("file://"):
+                problems["checkpoint"] = [
+                    f"{checkpoint.uri} is an SFT model in object storage; evals load SFT models from local storage "
+                    "only (copy it to a model directory and pass base_model)"
+                ]
+            base_model, checkpoint_uri = checkpoint.uri.removeprefix("file://"), None
     elif not base_model:
         problems["base_model"] = ["name a base model or a checkpoint to evaluate"]
 
@@ -269,7 +278,7 @@ def eval_launch(
     try:
         config = EvalConfig(
             base_model=base_model,
-            checkpoint_uri=checkpoint.uri if checkpoint else None,
+            checkpoint_uri=checkpoint_uri,
             environment=benchmark.environment,
             env_params=benchmark_version.env_params,
             score_field=benchmark.score_field,

@@ -213,3 +213,21 @@ def test_two_evals_compare_task_by_task_with_a_paired_test_per_slice(client_for,
     assert bad.status_code == 400 and "slice" in bad.json()["detail"]
     missing = client_for("viewer").get(f"/api/v1/evals/compare/?before={before.pk}&after=999999")
     assert missing.status_code == 400 and "does not exist" in missing.json()["detail"]
+
+
+def test_an_sft_checkpoint_is_evaluated_as_the_model_directory_it_is(users, tmp_path) -> None:
+    from apps.runs.models import Checkpoint
+    from apps.runs.services import worker_spec
+
+    model_dir = tmp_path / "sft-model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text("{}")
+    run = Run.objects.create(
+        kind="sft", spec={"config": {"base_model": "smollm2-135m-instruct"}}, created_by=users["operator"]
+    )
+    checkpoint = Checkpoint.objects.create(run=run, step=2, uri=f"file://{model_dir}")
+    evaluation, _ = eval_launch(
+        benchmark_version=coding_version(owner=users["admin"]), checkpoint=checkpoint, created_by=users["operator"]
+    )
+    spec = worker_spec(evaluation.run)
+    assert spec["config"]["base_model"] == str(model_dir) and spec["config"]["checkpoint_uri"] is None
