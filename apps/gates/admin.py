@@ -1,3 +1,4 @@
+from django.contrib import admin
 
 from apps.benchmarks.admin import ReadOnlyAdmin
 from apps.gates.models import Deployment, Gate, GateCheck, GateDecision
