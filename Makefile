@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) bench/ingest_vs_mlflow.py
 	$(PY) bench/trainer_vs_trl.py
 	$(PY) bench/search_corpus.py --threads 1
+	$(PY) bench/sandbox_vs_humaneval.py
 
 clean-var:
 	rm -rf var
