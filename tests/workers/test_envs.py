@@ -625,9 +625,8 @@ def test_a_renamed_incompatible_term_is_reported_under_its_name() -> None:
 
 
 def test_make_env_refuses_an_unknown_name_listing_the_choices() -> None:
-    with pytest.raises(
-        ValueError, match=re.escape("unknown environment 'swarm'; choose one of: calculator, coding, exact_answer, search")
-    ):
+    expected = "unknown environment 'swarm'; choose one of: calculator, coding, exact_answer, search"
+    with pytest.raises(ValueError, match=re.escape(expected)):
         make_env("swarm")
 
 
