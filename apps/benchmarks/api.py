@@ -61,6 +61,13 @@ class VersionCreateSerializer(serializers.Serializer):
         many=True, queryset=DatasetVersion.objects.all(), required=False, default=list
     )
     notes = serializers.CharField(required=False, allow_blank=True, default="")
+    corpus_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Search benchmarks: the corpus version whose ready index the tasks search (pinned in env_params)",
+    )
 
 
 def _rows_from_jsonl(data: bytes) -> list[Any]:
@@ -126,6 +133,7 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
             source_ref=data["source_ref"],
             excluded_training_data=data["excluded_training_data"],
             notes=data["notes"],
+            corpus_version=data["corpus_version"],
         )
         return Response(
             BenchmarkVersionSerializer(version).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK

@@ -121,9 +121,13 @@ def benchmark_version_create(
     source_ref: str = "",
     excluded_training_data: Sequence[DatasetVersion] = (),
     notes: str = "",
+    corpus_version: DatasetVersion | None = None,
 ) -> tuple[BenchmarkVersion, bool]:
     """Validate every task with the benchmark's environment, then store the next version; returns
-    (version, created). The same content as an existing version returns that version with created=False."""
+    (version, created). The same content as an existing version returns that version with created=False.
+
+    A search benchmark names the corpus version it searches (`corpus_version`): its ready index is pinned in the
+    version's `env_params`, and every chunk id a task names must exist in that corpus."""
     if not isinstance(tasks, list | tuple) or not tasks:
         raise ValidationError({"tasks": ["a benchmark version needs at least one task"]})
     if len(tasks) > MAX_TASKS_PER_VERSION:
@@ -131,6 +135,14 @@ def benchmark_version_create(
     if provenance not in TaskProvenance.values:
         raise ValidationError({"provenance": [f"choose one of: {', '.join(TaskProvenance.values)}"]})
     params = dict(env_params or {})
+    if benchmark.environment == "search" and "index_uri" not in params:
+        from apps.runs.services import _missing_chunks, _search_env_params
+
+        params = _search_env_params({"env_params": params}, corpus_version)["env_params"]
+        assert corpus_version is not None  # _search_env_params refuses None
+        missing = _missing_chunks(list(tasks), corpus_version) if isinstance(tasks, list | tuple) else []
+        if missing:
+            raise ValidationError({"tasks": missing})
     try:
         make_env(benchmark.environment, **params)
     except ValueError as exc:

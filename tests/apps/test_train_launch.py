@@ -247,3 +247,25 @@ def test_an_sft_run_is_checked_like_a_training_run(client_for, search_world):
     assert launched.status_code == 201, launched.json()
     run = Run.objects.get(pk=launched.json()["id"], kind="sft")
     assert run.spec["config"]["env_params"]["index_uri"] == search_world["index"].uri
+
+
+def test_a_search_benchmark_pins_its_corpus_index_and_checks_the_tasks_chunks(client_for, search_world):
+    """Context-1's search benchmark plugs into benchmarks like the coding one: its version pins the index."""
+    from apps.benchmarks.models import BenchmarkVersion
+
+    client = client_for("operator")
+    bench = client.post("/api/v1/benchmarks/", {"name": "search-bench", "environment": "search"}, format="json")
+    assert bench.status_code == 201 and bench.json()["score_field"] == "output_recall"
+    url = f"/api/v1/benchmarks/{bench.json()['id']}/versions/"
+    rows = [{"id": "q1", "prompt": "Which passage is about lighthouses?", "gold_chunk_ids": ["doc#1"]}]
+    missing = client.post(url, {"tasks": rows}, format="json")
+    assert missing.status_code == 400 and "corpus_version" in missing.json()["fields"]
+    body = {"tasks": rows, "corpus_version": search_world["corpus"].pk}
+    assert "build an index first" in client.post(url, body, format="json").json()["detail"]
+    search_world["ready"]()
+    bad = client.post(url, {**body, "tasks": [{**rows[0], "gold_chunk_ids": ["doc#9"]}]}, format="json")
+    assert bad.status_code == 400 and "doc#9" in bad.json()["detail"]
+    made = client.post(url, body, format="json")
+    assert made.status_code == 201, made.json()
+    version = BenchmarkVersion.objects.get(pk=made.json()["id"])
+    assert version.env_params["index_uri"] == search_world["index"].uri
