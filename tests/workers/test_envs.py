@@ -645,7 +645,7 @@ def test_make_env_refuses_a_parameter_the_environment_does_not_take() -> None:
 
 
 def test_every_registered_environment_has_a_description_and_a_matching_name() -> None:
-    assert [name for name, _ in environment_choices()] == ["calculator", "exact_answer", "search"]
+    assert [name for name, _ in environment_choices()] == ["calculator", "coding", "exact_answer", "search"]
     assert all(description for _, description in environment_choices())
     assert all(cls.name == name for name, cls in ENVIRONMENTS.items())
 
