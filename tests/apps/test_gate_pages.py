@@ -79,3 +79,32 @@ def test_an_admin_creates_a_gate_in_the_browser_and_a_bad_rule_is_shown(client, 
     assert good.status_code == 302
     client.force_login(users["operator"])
     assert client.post("/gates/", {"name": "h", "rules": rules, "benchmark_versions": [version.pk]}).status_code == 403
+
+
+def test_an_eval_trajectory_page_shows_how_the_sandbox_run_ended(client, users) -> None:
+    import json
+
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    from apps.runs.models import Run, TrajectorySummary
+    from apps.runs.storage import storage_uri
+    from workers.benchmarks.humaneval import humaneval_rows
+    from workers.envs.coding import CodingEnv
+    from workers.envs.registry import make_env
+
+    row = humaneval_rows(1)[0]
+    env = make_env("coding", timeout_seconds=2.0)
+    env.reset(CodingEnv.validate_task_row(row))
+    env.step("```python\ndef has_close_elements(numbers, threshold):\n    return 1 / 0\n```")
+    record = env.trajectory("eval-1-x")
+    # The page reads only files inside this control plane's storage, where eval jobs write their shards.
+    name = default_storage.save("tests/eval/trajectories-00001.jsonl", ContentFile(json.dumps(record) + "\n"))
+    run = Run.objects.create(kind="eval", spec={}, created_by=users["operator"])
+    TrajectorySummary.objects.create(
+        run=run, trajectory_id="eval-1-x", task_id=row["id"], reward=0.0, storage_uri=storage_uri(name)
+    )
+    client.force_login(users["viewer"])
+    html = client.get(f"/runs/{run.pk}/trajectories/eval-1-x/").content.decode()
+    default_storage.delete(name)
+    assert 'id="sandbox"' in html and "ZeroDivisionError" in html and "landlock" in html
