@@ -352,16 +352,37 @@ def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, 
 def _deploy(decision: GateDecision, *, user: User, note: str) -> Deployment:
     with transaction.atomic():
         Gate.objects.select_for_update().get(pk=decision.gate_id)  # one deployment change per gate at a time
-        now = timezone.now()
-        Deployment.objects.filter(gate_id=decision.gate_id, is_current=True).update(is_current=False, ended_at=now)
-        deployment = Deployment.objects.create(
+        return _make_current(
             gate_id=decision.gate_id,
             checkpoint_id=decision.checkpoint_id,
             decision=decision,
             note=note,
-            created_by=user,
+            user=user,
+            event="deployment.created",
         )
-        _emit("deployment.created", deployment_payload(deployment))
+
+
+def _make_current(
+    *,
+    gate_id: int,
+    checkpoint_id: int,
+    decision: GateDecision | None,
+    note: str,
+    user: User,
+    event: str,
+    rolled_back_from: Deployment | None = None,
+) -> Deployment:
+    """End the gate's current deployment and record the new one; the caller holds the gate's row lock."""
+    Deployment.objects.filter(gate_id=gate_id, is_current=True).update(is_current=False, ended_at=timezone.now())
+    deployment = Deployment.objects.create(
+        gate_id=gate_id,
+        checkpoint_id=checkpoint_id,
+        decision=decision,
+        rolled_back_from=rolled_back_from,
+        note=note,
+        created_by=user,
+    )
+    _emit(event, deployment_payload(deployment))
     return deployment
 
 
@@ -385,9 +406,13 @@ def deployment_rollback(*, gate: Gate, user: User, note: str = "") -> Deployment
         current = Deployment.objects.filter(gate=gate, is_current=True).first()
         if current is None:
             raise ValidationError({"gate": [f"gate {gate.name!r} has no current deployment to roll back"]})
+        # The last deployment of another checkpoint that was not itself rolled back: rolling back twice does not
+        # bring back the checkpoint the first rollback removed.
+        rolled_back = Deployment.objects.filter(gate=gate, rolled_back_from__isnull=False).values("rolled_back_from")
         previous = (
             Deployment.objects.filter(gate=gate, created_at__lt=current.created_at)
             .exclude(checkpoint_id=current.checkpoint_id)
+            .exclude(pk__in=rolled_back)
             .order_by("-created_at")
             .first()
         )
@@ -399,15 +424,13 @@ def deployment_rollback(*, gate: Gate, user: User, note: str = "") -> Deployment
                     ]
                 }
             )
-        now = timezone.now()
-        Deployment.objects.filter(pk=current.pk).update(is_current=False, ended_at=now)
-        restored = Deployment.objects.create(
-            gate=gate,
+        restored = _make_current(
+            gate_id=gate.pk,
             checkpoint_id=previous.checkpoint_id,
             decision=previous.decision,
-            rolled_back_from=current,
             note=note or f"rollback of deployment {current.pk}",
-            created_by=user,
+            user=user,
+            event="deployment.rolled_back",
+            rolled_back_from=current,
         )
-        _emit("deployment.rolled_back", deployment_payload(restored))
     return restored

@@ -727,17 +727,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             elif kind == "checkpoint":
                 checkpoints.append(Checkpoint(run=run, step=event.step, uri=event.uri, metrics=event.metrics))
             elif kind == "task_result":
-                task_results.append(
-                    TaskResult(
-                        run=run,
-                        task_id=event.task_id,
-                        samples=event.samples,
-                        passed=event.passed,
-                        score=event.score,
-                        outcomes=event.outcomes,
-                        trajectory_ids=event.trajectory_ids,
-                    )
-                )
+                task_results.append(TaskResult(run=run, **event.model_dump(exclude={"seq", "time", "kind"})))
             elif kind == "summary":
                 summary = {**(summary or run.summary), **event.data}
         # COPY, not INSERT: a 1,000-event batch goes in ~10x faster, and the row lock above keeps it exactly-once.

@@ -220,6 +220,8 @@ def test_rollback_restores_the_previous_deployment_and_is_recorded(client_for, u
     assert current.checkpoint_id == first.pk and current.rolled_back_from.checkpoint_id == second.pk
     assert current.note == "bad canary" and current.created_by == users["approver"]
     assert Deployment.objects.count() == 3  # history is kept: nothing rewritten
+    again = client_for("approver").post(url, {}, format="json")
+    assert again.status_code == 400 and "nothing to roll back to" in again.json()["detail"]  # not back to `second`
 
 
 def test_decisions_and_deployments_are_announced_by_webhooks(client_for, users, version, tmp_path) -> None:
