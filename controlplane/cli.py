@@ -11,10 +11,10 @@ It needs only a URL and an API token (create one on the Tokens API or in the adm
     crucible api GET /api/v1/runs/?kind=train                # any endpoint, JSON out
 
 `gate check` starts (or reuses) the gate's evals for the checkpoint, waits for the decision and prints a
-Markdown summary fit for a pull-request comment. Exit codes: 0 when the gate's rules pass (a decision that only
-awaits a human's approval counts, and says so; `--wait-approval` waits for the human instead); 1 when a rule
-fails or an approver rejects; 2 on an infrastructure error (the server unreachable, a refused request, an eval
-that crashed, a timeout). The client depends on httpx and the standard library only.
+Markdown summary fit for a pull-request comment. Exit codes: 0 when the gate passes; 1 when a rule fails, an
+approver rejects, or the decision still awaits an approver (`--pending-ok` makes that 0, `--wait-approval` waits
+for the human); 2 on an infrastructure error (the server unreachable, a refused request, an eval that crashed, a
+timeout, anything unexpected). The client depends on httpx and the standard library only.
 """
 
 from __future__ import annotations
@@ -55,7 +55,10 @@ class Client:
             except ValueError:
                 detail = reply.text[:500]
             raise CliError(f"{method} {path} answered {reply.status_code}: {detail}")
-        return reply.json() if reply.content else None
+        try:
+            return reply.json() if reply.content else None
+        except ValueError:
+            raise CliError(f"{method} {path} answered {reply.status_code} with no JSON (a proxy or login page?)")
 
     def gate_id(self, gate: str) -> int:
         if gate.isdigit():
@@ -146,7 +149,11 @@ def gate_check(client: Client, args: argparse.Namespace) -> int:
             handle.write(summary)
     if check["status"] == "error":
         return EXIT_ERROR
-    return EXIT_FAIL if check["decision"]["final_verdict"] == "fail" else EXIT_PASS
+    verdict = check["decision"]["final_verdict"]
+    if verdict == "pending":
+        print("the rules pass; the decision awaits an approver", file=sys.stderr)
+        return EXIT_PASS if args.pending_ok else EXIT_FAIL
+    return EXIT_FAIL if verdict == "fail" else EXIT_PASS
 
 
 def gate_judge(client: Client, args: argparse.Namespace) -> int:
@@ -218,6 +225,9 @@ def parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the decision")
     check.add_argument("--poll", type=float, default=5.0)
     check.add_argument("--wait-approval", action="store_true", help="wait for a human to approve or reject")
+    check.add_argument(
+        "--pending-ok", action="store_true", help="exit 0 when the rules pass and only an approval is missing"
+    )
     check.add_argument("--markdown", help="also write the summary to this file")
     check.set_defaults(handler=gate_check)
     for verb in ("approve", "reject"):
@@ -257,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         code: int = args.handler(client, args)
     except CliError as exc:
         print(f"crucible: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # anything unexpected is an infrastructure error, never a failed gate (exit 1)
+        print(f"crucible: unexpected error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     return code
 

@@ -463,6 +463,7 @@ def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and
     _, ci_token = api_token_create(user=operator, name="e2e-ci", scopes=["read", "launch"])
     _, approver_token = api_token_create(user=users["approver"], name="e2e-approver", scopes=["read", "approve"])
     env = {**os.environ, "CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": ci_token, "GATE_TIMEOUT": "400"}
+    env["GATE_PENDING_OK"] = "1"  # the rules pass and an approver decides in the browser
     env["PATH"] = f"{BIN}:{env.get('PATH', '')}"
     script = ROOT / "tests" / "scripts" / "gate_check.sh"
 
@@ -494,7 +495,8 @@ def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and
     # The next checkpoint is gated against the deployment (its eval is reused as the baseline) and approved by CLI.
     cli = str(BIN / "crucible")
     second_check = sh(cli, "gate", "check", "--gate", "e2e-gate", "--checkpoint", str(second.pk), "--poll", "2")
-    assert second_check.returncode == 0, (second_check.stdout, second_check.stderr)
+    assert second_check.returncode == 1, (second_check.stdout, second_check.stderr)  # awaits an approver
+    assert "awaits an approver" in second_check.stderr
     decision2 = GateDecision.objects.get(checkpoint=second, gate__name="e2e-gate")
     assert (
         decision2.evidence["baseline_evals"]["e2e-humaneval"] == decision.evidence["candidate_evals"]["e2e-humaneval"]

@@ -22,6 +22,11 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 @admin.register(Benchmark)
 class BenchmarkAdmin(admin.ModelAdmin):
     list_display = ("name", "environment", "metric", "score_field", "owner", "created_at")
+    # What scores a version's attempts is part of what its evals mean: it is set once, at creation.
+    readonly_fields = ("name", "environment", "metric", "score_field")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
 
 @admin.register(BenchmarkVersion)

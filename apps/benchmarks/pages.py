@@ -27,7 +27,9 @@ def benchmark_list(request: HttpRequest) -> HttpResponse:
 def version_detail(request: HttpRequest, version_id: int) -> HttpResponse:
     version = get_object_or_404(BenchmarkVersion.objects.select_related("benchmark", "created_by"), pk=version_id)
     tasks = version.tasks.order_by("task_id")
-    evals = version.evals.select_related("run", "checkpoint").order_by("-created_at")[:50]
+    evals = version.evals.select_related("run", "checkpoint", "benchmark_version__benchmark").order_by("-created_at")[
+        :50
+    ]
     return render(
         request,
         "benchmarks/version.html",
@@ -54,7 +56,8 @@ def eval_detail(request: HttpRequest, eval_id: int) -> HttpResponse:
     others = Eval.objects.filter(benchmark_version__benchmark=evaluation.benchmark_version.benchmark).exclude(
         pk=evaluation.pk
     )
-    context = {**_eval_context(evaluation), "others": others.select_related("checkpoint").order_by("-created_at")[:30]}
+    others = others.select_related("checkpoint", "benchmark_version__benchmark").order_by("-created_at")[:30]
+    context = {**_eval_context(evaluation), "others": others}
     return render(request, "benchmarks/eval.html", context)
 
 

@@ -100,6 +100,17 @@ def _task_problems(environment: str, tasks: Sequence[Any]) -> list[str]:
         except TaskFieldError as exc:
             problems.append(str(exc))
         else:
+            too_long = [
+                f"'{name}' is longer than {limit} characters"
+                for name, value, limit in (
+                    ("id", task.id, 200),
+                    ("difficulty", str(task.metadata.get("difficulty") or ""), 32),
+                    ("source", str(task.metadata.get("source") or ""), 300),
+                )
+                if len(value) > limit
+            ]
+            if too_long:
+                problems.append(f"task row {index}: {'; '.join(too_long)}")
             if task.id in seen:
                 problems.append(
                     f"task row {index}: id {task.id!r} repeats task row {seen[task.id]}; ids must be unique"
@@ -306,6 +317,8 @@ def eval_launch(
     payload = config.model_dump(mode="json")
     config_hash = eval_config_hash(payload, benchmark_version)
     with transaction.atomic():
+        # Two simultaneous launches of the same eval (CI retries) queue behind this lock: the second reuses.
+        BenchmarkVersion.objects.select_for_update().get(pk=benchmark_version.pk)
         if reuse:
             existing = (
                 Eval.objects.select_related("run")
@@ -349,23 +362,34 @@ def eval_launch(
     return evaluation, True
 
 
-def eval_metrics(results: Iterable[TaskResult], k: int) -> dict[str, float]:
-    """Headline metrics from per-task results: pass@1..k (unbiased), mean_score and the task count."""
+def eval_metrics(results: Iterable[TaskResult], k: int, task_count: int | None = None) -> dict[str, float]:
+    """Headline metrics from per-task results: pass@1..k (unbiased), mean_score, the task count, and how many of
+    the version's `task_count` tasks reported nothing (`missing_tasks`; each counts as k failed attempts, so a
+    lost result can only lower a score, never raise it)."""
     from workers.jobs.evaluate import pass_at_ks
 
     rows = list(results)
-    if not rows:
+    missing = max(0, (task_count or len(rows)) - len(rows))
+    counts = [(r.samples, r.passed) for r in rows] + [(k, 0)] * missing
+    if not counts:
         return {"tasks": 0.0}
-    metrics = pass_at_ks([(r.samples, r.passed) for r in rows], min(k, min(r.samples for r in rows)))
-    metrics["mean_score"] = sum(r.score for r in rows) / len(rows)
-    metrics["tasks"] = float(len(rows))
+    metrics = pass_at_ks(counts, min(k, min(n for n, _ in counts)))
+    metrics["mean_score"] = sum(r.score for r in rows) / len(counts)
+    metrics["tasks"] = float(len(counts))
+    metrics["missing_tasks"] = float(missing)
     return metrics
+
+
+def eval_metrics_for(evaluation: Eval) -> dict[str, float]:
+    return eval_metrics(
+        TaskResult.objects.filter(run_id=evaluation.run_id), evaluation.k, evaluation.benchmark_version.task_count
+    )
 
 
 def eval_finalize(*, run_id: int) -> None:
     """Success hook of eval runs: store the headline metrics computed from the stored per-task results."""
-    evaluation = Eval.objects.select_related("run").get(run_id=run_id)
-    evaluation.metrics = eval_metrics(TaskResult.objects.filter(run_id=run_id), evaluation.k)
+    evaluation = Eval.objects.select_related("run", "benchmark_version").get(run_id=run_id)
+    evaluation.metrics = eval_metrics_for(evaluation)
     evaluation.save(update_fields=["metrics"])
     from apps.gates.services import gate_checks_for_eval
 
@@ -447,15 +471,18 @@ def task_fingerprints(row: Mapping[str, Any]) -> set[str]:
     return {hashlib.sha1(_normalized(t).encode()).hexdigest() for t in texts if _normalized(t)}
 
 
-def contamination_check(*, dataset_version: DatasetVersion) -> list[dict[str, Any]]:
-    """What training on `dataset_version` would contaminate: for every benchmark version a gate pins, whether it
-    lists this dataset version as never-train-on, and which of its tasks appear in the data. [] when clean."""
-    gated = list(
-        BenchmarkVersion.objects.filter(gates__isnull=False)
-        .distinct()
-        .select_related("benchmark")
-        .prefetch_related("gates", "excluded_training_data")
+def contamination_check(
+    *, dataset_version: DatasetVersion, versions: Sequence[BenchmarkVersion] | None = None
+) -> list[dict[str, Any]]:
+    """What training on `dataset_version` would contaminate: for every benchmark version a gate pins (or each of
+    `versions`), whether it lists this dataset version as never-train-on, and which of its tasks appear in the
+    data. [] when clean."""
+    chosen = (
+        BenchmarkVersion.objects.filter(pk__in=[v.pk for v in versions])
+        if versions is not None
+        else BenchmarkVersion.objects.filter(gates__isnull=False)
     )
+    gated = list(chosen.distinct().select_related("benchmark").prefetch_related("gates", "excluded_training_data"))
     if not gated:
         return []
     training: set[str] = set()
@@ -516,8 +543,19 @@ def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
     run = Run.objects.select_related("created_by").get(pk=run_id)
     versions = list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or []).select_related("benchmark"))
     started = 0
+    errors: list[str] = []
     for checkpoint in Checkpoint.objects.filter(run=run, step__in=list(steps)).select_related("run"):
         for version in versions:
-            _, created = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by)
+            try:
+                _, created = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by)
+            except ValidationError as exc:  # one bad version must not skip the others: record it on the run
+                errors.append(f"step {checkpoint.step} on {version}: {exc.detail}")
+                continue
             started += int(created)
+    if errors:
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run.pk)
+            previous = locked.summary.get("auto_eval_errors", [])
+            locked.summary = {**locked.summary, "auto_eval_errors": [*previous, *errors]}
+            locked.save(update_fields=["summary"])
     return started

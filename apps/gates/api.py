@@ -108,11 +108,26 @@ class GateCheckSerializer(serializers.ModelSerializer):
         ]
 
     def get_decision(self, check: GateCheck) -> dict[str, Any] | None:
-        decision = GateDecision.objects.filter(gate_check=check).select_related("gate", "approved_by").first()
-        return GateDecisionSerializer(decision).data if decision else None
+        try:
+            decision = check.decision  # reverse one-to-one: select_related by the views
+        except GateDecision.DoesNotExist:
+            return None
+        return GateDecisionSerializer(decision).data
+
+
+CHECK_PREFETCH = [
+    f"{side}_evals__{related}"
+    for side in ("candidate", "baseline")
+    for related in ("run", "checkpoint", "benchmark_version__benchmark")
+] + ["benchmark_versions"]
 
 
 def _check_response(check: GateCheck) -> Response:
+    check = (
+        GateCheck.objects.select_related("gate", "decision__gate", "decision__approved_by")
+        .prefetch_related(*CHECK_PREFETCH)
+        .get(pk=check.pk)
+    )
     code = status.HTTP_202_ACCEPTED if check.status == CheckStatus.WAITING else status.HTTP_200_OK
     return Response(GateCheckSerializer(check).data, status=code)
 
@@ -182,12 +197,10 @@ class GateViewSet(viewsets.ModelViewSet):
 
 class GateCheckViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = GateCheckSerializer
-    queryset = GateCheck.objects.select_related("gate").prefetch_related(
-        "candidate_evals__run",
-        "candidate_evals__benchmark_version__benchmark",
-        "baseline_evals__run",
-        "baseline_evals__benchmark_version__benchmark",
-        "benchmark_versions",
+    queryset = (
+        GateCheck.objects.select_related("gate", "decision__gate", "decision__approved_by")
+        .prefetch_related(*CHECK_PREFETCH)
+        .order_by("-created_at")
     )
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -98,7 +98,8 @@ def gate_detail(request: HttpRequest, gate_id: int) -> HttpResponse:
 @require_POST
 def gate_evaluate_view(request: HttpRequest, gate_id: int) -> HttpResponse:
     gate = get_object_or_404(Gate, pk=gate_id)
-    checkpoint = Checkpoint.objects.filter(pk=request.POST.get("checkpoint") or 0).first()
+    raw = request.POST.get("checkpoint", "")
+    checkpoint = Checkpoint.objects.select_related("run").filter(pk=int(raw)).first() if raw.isdigit() else None
     if checkpoint is None:
         messages.error(request, "checkpoint: pick a registered checkpoint")
         return redirect("gates:gate", gate_id=gate.pk)
@@ -154,7 +155,11 @@ def decision_detail(request: HttpRequest, decision_id: int) -> HttpResponse:
 @require_POST
 def decision_judge(request: HttpRequest, decision_id: int) -> HttpResponse:
     decision = get_object_or_404(GateDecision, pk=decision_id)
-    approve = request.POST.get("action") == "approve"
+    action = request.POST.get("action")
+    if action not in ("approve", "reject"):
+        messages.error(request, "action: choose approve or reject")
+        return redirect("gates:decision", decision_id=decision.pk)
+    approve = action == "approve"
     try:
         services.gate_decision_approve(
             decision=decision,

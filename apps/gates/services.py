@@ -15,17 +15,18 @@ Every decision, approval and deployment is announced by a signed webhook (`apps.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Q
 from django.utils import timezone
 from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from apps.accounts.models import Capability, User
 from apps.benchmarks.models import BenchmarkVersion, Eval
-from apps.benchmarks.services import eval_launch, eval_task_scores
+from apps.benchmarks.services import contamination_check, eval_launch, eval_metrics_for, eval_task_scores
 from apps.gates.models import Approval, CheckStatus, Deployment, Gate, GateCheck, GateDecision, Verdict
 from apps.runs.models import Checkpoint, RunStatus, TrajectorySummary
 from workers.evals.gates import (
@@ -38,6 +39,7 @@ from workers.evals.gates import (
 )
 
 FAILED_RUN = (RunStatus.FAILED, RunStatus.STOPPED)
+SLUG = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 
 
 def _emit(event: str, payload: dict[str, Any]) -> None:
@@ -73,6 +75,15 @@ def gate_create(
     max_new_tokens: int = 384,
 ) -> Gate:
     checked = gate_rules_check(rules, requires_approval=requires_approval)
+    problems: dict[str, list[str]] = {}
+    if not SLUG.fullmatch(name or ""):
+        problems["name"] = ["use 1-100 letters, digits, '-' or '_'"]
+    if not 1 <= eval_k <= 100:
+        problems["eval_k"] = [f"attempts per task must be between 1 and 100 (got {eval_k})"]
+    if not 1 <= max_new_tokens <= 32_768:
+        problems["max_new_tokens"] = [f"must be between 1 and 32768 (got {max_new_tokens})"]
+    if problems:
+        raise ValidationError(problems)
     if not benchmark_versions:
         raise ValidationError({"benchmark_versions": ["pin at least one benchmark version for the gate's evals"]})
     _check_versions_cover_rules(checked, benchmark_versions)
@@ -143,10 +154,31 @@ def gate_evaluate(
     _check_versions_cover_rules(rules, pinned)
     baseline = current_deployment(gate)
     with transaction.atomic():
+        Gate.objects.select_for_update().get(pk=gate.pk)  # two CI retries of one request make one check
+        waiting = (
+            GateCheck.objects.filter(
+                gate=gate, checkpoint=checkpoint, status=CheckStatus.WAITING, baseline_deployment=baseline
+            )
+            .prefetch_related("benchmark_versions")
+            .order_by("-created_at")
+        )
+        for existing in waiting:
+            if {v.pk for v in existing.benchmark_versions.all()} == {v.pk for v in pinned}:
+                return existing
         candidate = [_gate_eval(gate, v, checkpoint, user) for v in pinned]
         baseline_evals = []
         if baseline is not None and baseline.checkpoint_id != checkpoint.pk:
-            baseline_evals = [_gate_eval(gate, v, baseline.checkpoint, user) for v in pinned]
+            try:
+                baseline_evals = [_gate_eval(gate, v, baseline.checkpoint, user) for v in pinned]
+            except ValidationError as exc:
+                raise ValidationError(
+                    {
+                        "baseline_deployment": [
+                            f"the current deployment {baseline.pk} (checkpoint {baseline.checkpoint}) cannot be "
+                            f"evaluated as the baseline: {exc.detail}; roll it back or fix its checkpoint"
+                        ]
+                    }
+                )
         check = GateCheck.objects.create(
             gate=gate, checkpoint=checkpoint, baseline_deployment=baseline, created_by=user
         )
@@ -206,14 +238,22 @@ def gate_check_advance(*, check_id: int) -> GateCheck:
             check.decided_at = timezone.now()
             check.save(update_fields=["status", "error", "decided_at"])
             return check
-        if any(e.run.status != RunStatus.SUCCEEDED or not e.metrics for e in evals + base):
+        if any(e.run.status != RunStatus.SUCCEEDED for e in evals + base):
             return check
+        for evaluation in evals + base:
+            if not evaluation.metrics:  # the success hook's task was lost: compute what it would have stored
+                evaluation.metrics = eval_metrics_for(evaluation)
+                evaluation.save(update_fields=["metrics"])
         decision = _decide(check, evals, base)
         check.status = CheckStatus.DECIDED
         check.decided_at = timezone.now()
         check.save(update_fields=["status", "decided_at"])
         if decision.final_verdict == Verdict.PASS:
-            _deploy(decision, user=check.created_by, note="passed every rule; no approval required")
+            try:
+                _deploy(decision, user=check.created_by, note="passed every rule; no approval required")
+            except ValidationError as exc:
+                check.error = f"passed, but not deployed: {exc.detail}"
+                check.save(update_fields=["error"])
     return check
 
 
@@ -238,8 +278,10 @@ def flag_rates(evals: Sequence[Eval]) -> dict[str, float]:
     total = TrajectorySummary.objects.filter(run_id__in=run_ids).count()
     rates: dict[str, float] = {}
     flags = Flag.objects.filter(run_id__in=run_ids)
-    for row in flags.values("detector").annotate(n=Count("trajectory_ref", distinct=True)):
-        rates[row["detector"]] = row["n"] / total if total else 0.0
+    # Trajectory ids repeat across eval runs (eval-<shard>-<task>-<i>): count distinct (run, trajectory) pairs.
+    for detector in flags.values_list("detector", flat=True).distinct():
+        flagged = flags.filter(detector=detector).values("run_id", "trajectory_ref").distinct().count()
+        rates[detector] = flagged / total if total else 0.0
     any_flagged = flags.values("run_id", "trajectory_ref").distinct().count()
     rates["*"] = any_flagged / total if total else 0.0
     return rates
@@ -269,9 +311,9 @@ def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecisi
         "rules": check.gate.rules,
         "evaluated_at": timezone.now().isoformat(),
     }
+    evidence["flag_rates"] = {"rates": rates, "trajectories": _trajectory_count(evals)}
     verdict = result.verdict
-    pinned = {e.benchmark_version_id for e in evals}
-    tainted = [c for c in check.checkpoint.run.spec.get("contamination") or [] if c["benchmark_version"] in pinned]
+    tainted = _contamination(check, evals)
     if tainted:
         # The contamination guard: a run launched on data overlapping a gating benchmark never passes that gate.
         names = ", ".join(c["benchmark"] for c in tainted)
@@ -296,6 +338,26 @@ def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecisi
     )
     _emit("gate.decision.created", decision_payload(decision))
     return decision
+
+
+def _trajectory_count(evals: Sequence[Eval]) -> int:
+    return TrajectorySummary.objects.filter(run_id__in=[e.run_id for e in evals]).count()
+
+
+def _contamination(check: GateCheck, evals: Sequence[Eval]) -> list[dict[str, Any]]:
+    """Overlap between the checkpoint's training data and the versions this check evaluated on, checked now (the
+    gate may pin versions that did not exist, or were not gated, when the run was launched), plus what the run
+    was flagged with at launch."""
+    pinned = [e.benchmark_version for e in evals]
+    pinned_ids = {v.pk for v in pinned}
+    run = check.checkpoint.run
+    found = {
+        c["benchmark_version"]: c for c in run.spec.get("contamination") or [] if c["benchmark_version"] in pinned_ids
+    }
+    if run.dataset_version is not None:
+        for item in contamination_check(dataset_version=run.dataset_version, versions=pinned):
+            found.setdefault(item["benchmark_version"], item)
+    return list(found.values())
 
 
 def decision_payload(decision: GateDecision) -> dict[str, Any]:
@@ -334,9 +396,13 @@ def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, 
             raise ValidationError(
                 {"approval": [f"decision {locked.pk} was already {locked.approval} by {by} at {locked.approved_at}"]}
             )
-        if locked.verdict == Verdict.FAIL and approve:
+        if locked.verdict == Verdict.FAIL:
             raise ValidationError(
-                {"approval": [f"decision {locked.pk} failed its rules; a failed decision cannot be approved"]}
+                {"approval": [f"decision {locked.pk} failed its rules; there is nothing to approve or reject"]}
+            )
+        if locked.verdict != Verdict.PENDING:
+            raise ValidationError(
+                {"approval": [f"decision {locked.pk} passed without needing approval; its gate has no approval rule"]}
             )
         locked.approval = Approval.APPROVED if approve else Approval.REJECTED
         locked.approved_by = user
@@ -350,8 +416,24 @@ def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, 
 
 
 def _deploy(decision: GateDecision, *, user: User, note: str) -> Deployment:
+    """Make the decision's checkpoint current, only over the deployment its rules compared it with: a decision
+    taken against an older deployment must be re-evaluated, not shipped unchecked against what is live now."""
     with transaction.atomic():
         Gate.objects.select_for_update().get(pk=decision.gate_id)  # one deployment change per gate at a time
+        current = Deployment.objects.filter(gate_id=decision.gate_id, is_current=True).first()
+        if current is not None and current.checkpoint_id == decision.checkpoint_id:
+            return current  # already deployed: a retried check or approval changes nothing
+        compared_with = decision.gate_check.baseline_deployment_id if decision.gate_check else None
+        if (current.pk if current else None) != compared_with:
+            raise ValidationError(
+                {
+                    "decision": [
+                        f"the gate's deployment changed since decision {decision.pk} was taken (it compared against "
+                        f"deployment {compared_with}, the current one is {current.pk if current else 'none'}); "
+                        "evaluate the checkpoint again"
+                    ]
+                }
+            )
         return _make_current(
             gate_id=decision.gate_id,
             checkpoint_id=decision.checkpoint_id,

@@ -13,6 +13,7 @@ urlpatterns = [
     path("runs/<int:run_id>/", views.run_detail, name="run"),
     path("runs/<int:run_id>/cancel/", views.run_cancel_view, name="run-cancel"),
     path("runs/<int:run_id>/chart.json", views.run_chart, name="run-chart"),
+    path("runs/<int:run_id>/checkpoints/", views.run_checkpoints, name="run-checkpoints"),
     path("runs/new/rescore/", views.rescore_new, name="rescore-new"),
     path("runs/new/train/", views.train_new, name="train-new"),
     path("runs/<int:run_id>/resume/", views.run_resume_view, name="run-resume"),

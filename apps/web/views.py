@@ -83,13 +83,28 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "state": services.run_state(run),
             "logs": run.log_tail.splitlines()[-200:],
             "artifacts": run.artifacts.order_by("name"),
-            "checkpoints": run.checkpoints.prefetch_related(
-                "evals__run", "evals__benchmark_version__benchmark"
-            ).order_by("-step")[:20],
+            **_checkpoints_context(run),
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
         },
     )
+
+
+def _checkpoints_context(run: Run) -> dict[str, Any]:
+    checkpoints = list(
+        run.checkpoints.prefetch_related("evals__run", "evals__benchmark_version__benchmark").order_by("-step")[:20]
+    )
+    evals_running = any(not e.run.is_terminal for c in checkpoints for e in c.evals.all())
+    # Auto-eval results arrive after the training run's own events: poll while any can still come.
+    polling = evals_running or (bool(run.spec.get("auto_eval")) and not run.is_terminal)
+    return {"checkpoints": checkpoints, "polling": polling}
+
+
+@needs(Capability.READ)
+def run_checkpoints(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The checkpoints section with their evals (polled by the run page while auto-evals run)."""
+    run = get_object_or_404(Run, pk=run_id)
+    return render(request, "runs/_checkpoints.html", {"run": run, **_checkpoints_context(run)})
 
 
 @needs(Capability.READ)

@@ -125,3 +125,54 @@ def test_the_run_page_shows_checkpoint_evals_and_contamination(client, client_fo
     client.force_login(users["viewer"])
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert "Contaminated training data" in html and "add-0" in html
+
+
+def test_a_gate_checks_contamination_again_when_it_decides(client_for, gated, users, tmp_path) -> None:
+    """A run launched before any gate pinned the benchmark is still caught when its checkpoint is gated."""
+    gated["gate"].benchmark_versions.clear()
+    reply = _launch(client_for, gated, gated["tasks"])
+    assert reply.status_code == 201  # nothing gated yet: launched clean
+    run = Run.objects.get(pk=reply.json()["id"])
+    assert "contamination" not in run.spec
+    gated["gate"].benchmark_versions.set([gated["version"]])
+    path = tmp_path / "ckpt.pt"
+    path.write_bytes(b"x")
+    checkpoint = Checkpoint.objects.create(run=run, step=1, uri=f"file://{path}")
+    reply = client_for("operator").post(
+        f"/api/v1/gates/{gated['gate'].pk}/evaluate/", {"checkpoint": checkpoint.pk}, format="json"
+    )
+    check = GateCheck.objects.get(pk=reply.json()["id"])
+    finish_eval(check.candidate_evals.get(), {row["id"]: (1, 1) for row in CODING_ROWS[:6]})
+    decision = GateDecision.objects.get(gate_check=check)
+    guard = decision.evidence["outcomes"][-1]
+    assert decision.verdict == "fail" and guard["rule"]["type"] == "contamination_guard"
+    assert guard["inputs"]["contamination"][0]["overlapping_tasks"] == ["add-0", "add-1"]
+
+
+def test_a_checkpoint_ingested_for_an_auto_eval_run_queues_the_auto_eval_after_commit(
+    client_for, gated, monkeypatch, django_capture_on_commit_callbacks, tmp_path
+) -> None:
+    from apps.runs.services import ingest_batch
+    from workers.events import EVENTS_LIST
+
+    queued: list[tuple[int, list[int]]] = []
+    monkeypatch.setattr(
+        "apps.runs.tasks.auto_eval_checkpoints.delay", lambda run_id, steps: queued.append((run_id, steps))
+    )
+    reply = _launch(client_for, gated, gated["clean"], auto_eval=[gated["version"].pk])
+    run = Run.objects.get(pk=reply.json()["id"])
+    events = EVENTS_LIST.validate_python([{"seq": 1, "kind": "checkpoint", "step": 3, "uri": f"file://{tmp_path}/c"}])
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest_batch(run_id=run.pk, events=events, publish=False)
+    assert queued == [(run.pk, [3])]
+
+
+def test_an_auto_eval_that_cannot_start_is_recorded_on_the_run(client_for, gated, users, tmp_path) -> None:
+    from apps.benchmarks.services import eval_auto
+
+    reply = _launch(client_for, gated, gated["clean"], auto_eval=[gated["version"].pk])
+    run = Run.objects.get(pk=reply.json()["id"])
+    Checkpoint.objects.create(run=run, step=1, uri=f"file://{tmp_path}/not-written-yet.pt")
+    assert eval_auto(run_id=run.pk, steps=[1]) == 0
+    run.refresh_from_db()
+    assert "does not exist" in run.summary["auto_eval_errors"][0]

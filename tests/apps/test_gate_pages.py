@@ -108,3 +108,13 @@ def test_an_eval_trajectory_page_shows_how_the_sandbox_run_ended(client, users) 
     html = client.get(f"/runs/{run.pk}/trajectories/eval-1-x/").content.decode()
     default_storage.delete(name)
     assert 'id="sandbox"' in html and "ZeroDivisionError" in html and "landlock" in html
+
+
+def test_a_judge_post_without_an_action_changes_nothing(client, users, decided) -> None:
+    client.force_login(users["approver"])
+    reply = client.post(f"/gates/decisions/{decided['decision'].pk}/judge/", {}, follow=True)
+    assert "choose approve or reject" in reply.content.decode()
+    assert GateDecision.objects.get(pk=decided["decision"].pk).approval == ""
+    client.force_login(users["operator"])
+    reply = client.post(f"/gates/{decided['gate'].pk}/evaluate/", {"checkpoint": "abc"}, follow=True)
+    assert reply.status_code == 200 and "pick a registered checkpoint" in reply.content.decode()

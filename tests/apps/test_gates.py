@@ -142,7 +142,7 @@ def test_a_regression_against_the_deployment_fails_and_a_failed_decision_cannot_
     assert outcome["statistic"]["compared"] is True
     assert Deployment.objects.get(is_current=True).checkpoint_id == first.pk
     reply = client_for("approver").post(f"/api/v1/gate-decisions/{decision.pk}/approve/", {}, format="json")
-    assert reply.status_code == 400 and "cannot be approved" in reply.json()["detail"]
+    assert reply.status_code == 400 and "nothing to approve" in reply.json()["detail"]
 
 
 def test_a_threshold_miss_fails_the_gate(client_for, users, version, tmp_path) -> None:
@@ -247,3 +247,92 @@ def test_decisions_cannot_be_changed_over_the_api(client_for, users, version, tm
     for method in ("put", "patch", "delete"):
         reply = getattr(client_for("admin"), method)(f"/api/v1/gate-decisions/{decision.pk}/", {}, format="json")
         assert reply.status_code == 405
+
+
+def test_a_decision_that_passed_without_approval_cannot_be_approved_or_rejected(client_for, users, version, tmp_path):  # type: ignore[no-untyped-def]
+    gate = _gate(client_for, version, requires_approval=False)
+    check = _gate_checkpoint(client_for, gate, checkpoint_for(owner=users["operator"], tmp_path=tmp_path), ALL_PASS)
+    decision = GateDecision.objects.get(gate_check=check)
+    for verb in ("approve", "reject"):
+        reply = client_for("approver").post(f"/api/v1/gate-decisions/{decision.pk}/{verb}/", {}, format="json")
+        assert reply.status_code == 400 and "without needing approval" in reply.json()["detail"]
+    assert Deployment.objects.count() == 1
+
+
+def test_a_decision_taken_against_an_older_deployment_is_not_deployed(client_for, users, version, tmp_path):  # type: ignore[no-untyped-def]
+    gate = _gate(client_for, version)
+    first = checkpoint_for(owner=users["operator"], tmp_path=tmp_path, step=1)
+    second = checkpoint_for(owner=users["operator"], tmp_path=tmp_path, step=2)
+    stale = GateDecision.objects.get(gate_check=_gate_checkpoint(client_for, gate, first, ALL_PASS))
+    fresh = GateDecision.objects.get(gate_check=_gate_checkpoint(client_for, gate, second, ALL_PASS))
+    assert client_for("approver").post(f"/api/v1/gate-decisions/{fresh.pk}/approve/", {}).status_code == 200
+    reply = client_for("approver").post(f"/api/v1/gate-decisions/{stale.pk}/approve/", {}, format="json")
+    assert reply.status_code == 400 and "evaluate the checkpoint again" in reply.json()["detail"]
+    assert Deployment.objects.get(is_current=True).checkpoint_id == second.pk
+    assert GateDecision.objects.get(pk=stale.pk).approval == ""  # nothing recorded
+
+
+def test_flagged_eval_trajectories_fail_a_flag_rate_ceiling(client_for, users, version, tmp_path) -> None:
+    from apps.review.models import Flag
+    from apps.runs.models import TrajectorySummary
+
+    rules = [
+        {"type": "flag_rate", "detector": "broken_tool_call", "max_rate": 0.2},
+        {"type": "flag_rate", "max_rate": 0.2},
+    ]
+    gate = _gate(client_for, version, rules=rules, requires_approval=False)
+    checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
+    check = GateCheck.objects.get(pk=_evaluate(client_for, gate, checkpoint).json()["id"])
+    evaluation = check.candidate_evals.get()
+    TrajectorySummary.objects.bulk_create(
+        [
+            TrajectorySummary(run=evaluation.run, trajectory_id=f"eval-1-{row['id']}-0", task_id=row["id"])
+            for row in CODING_ROWS
+        ]
+    )
+    for row in CODING_ROWS[:3]:  # 3 of 12 trajectories, one of them flagged by two detectors
+        Flag.objects.create(
+            run=evaluation.run,
+            trajectory_ref=f"eval-1-{row['id']}-0",
+            detector="broken_tool_call",
+            detector_version="1",
+        )
+    Flag.objects.create(
+        run=evaluation.run, trajectory_ref="eval-1-add-0-0", detector="length_blowup", detector_version="1"
+    )
+    finish_eval(evaluation, ALL_PASS)
+    decision = GateDecision.objects.get(gate_check=check)
+    outcomes = decision.evidence["outcomes"]
+    assert [o["verdict"] for o in outcomes] == ["fail", "fail"]
+    assert outcomes[0]["statistic"]["rate"] == pytest.approx(0.25) and outcomes[1]["statistic"][
+        "rate"
+    ] == pytest.approx(0.25)
+    assert decision.evidence["flag_rates"]["trajectories"] == 12
+    assert not Deployment.objects.exists()
+
+
+def test_evaluating_while_a_check_waits_returns_that_check(client_for, users, version, tmp_path) -> None:
+    gate = _gate(client_for, version)
+    checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
+    first = _evaluate(client_for, gate, checkpoint).json()["id"]
+    assert _evaluate(client_for, gate, checkpoint).json()["id"] == first
+    assert GateCheck.objects.count() == 1 and Eval.objects.count() == 1
+
+
+def test_missing_task_results_count_as_failures_not_as_a_smaller_benchmark(client_for, users, version, tmp_path):  # type: ignore[no-untyped-def]
+    gate = _gate(client_for, version, requires_approval=False)
+    checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
+    check = _gate_checkpoint(client_for, gate, checkpoint, {row["id"]: (1, 1) for row in CODING_ROWS[:4]})
+    evaluation = check.candidate_evals.get()
+    assert evaluation.metrics["missing_tasks"] == 8 and evaluation.metrics["pass@1"] == pytest.approx(4 / 12)
+    assert GateDecision.objects.get(gate_check=check).verdict == "fail"  # pass@1 1/3 < 0.5
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [({"eval_k": 0}, "eval_k"), ({"max_new_tokens": 10**6}, "max_new_tokens"), ({"name": ""}, "name")],
+)
+def test_bad_gate_settings_are_refused_at_creation(client_for, version, extra, field) -> None:
+    body = {"name": "g", "benchmark_versions": [version.pk], "rules": [{"type": "approval"}], **extra}
+    reply = client_for("admin").post("/api/v1/gates/", body, format="json")
+    assert reply.status_code == 400 and field in reply.json()["fields"]

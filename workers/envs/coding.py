@@ -135,7 +135,14 @@ class CodingEnv(Environment):
         outcome, detail = result.outcome, result.detail
         completed = result.passed and nonce in result.stdout
         if result.passed and not completed:
-            outcome, detail = Outcome.FAILED, "exited cleanly before its tests finished (sys.exit or os._exit?)"
+            outcome, detail = (
+                Outcome.FAILED,
+                (
+                    f"printed more than {self.limits.max_output_bytes} bytes, so the completion marker was cut off"
+                    if result.truncated
+                    else "exited cleanly before its tests finished (sys.exit or os._exit?)"
+                ),
+            )
         self._sandbox = {
             "outcome": str(outcome),
             "detail": detail,
