@@ -12,6 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
+from workers.detectors.base import Severity
+
 
 class _Event(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -102,6 +104,20 @@ class TaskResultEvent(_Event):
         return passed
 
 
+class FlagEvent(_Event):
+    """A detector's flag on one trajectory of the run (workers.detectors): the detector and its version, how
+    severe, and its evidence (the offending turn index, span and excerpt, and the measured value against the
+    threshold). The control plane keeps one flag per (run, trajectory, detector)."""
+
+    kind: Literal["flag"]
+    trajectory_id: str = Field(min_length=1, max_length=200)
+    detector: str = Field(min_length=1, max_length=64)
+    detector_version: str = Field(min_length=1, max_length=16)
+    severity: Severity
+    evidence: dict[str, Any] = {}
+    step: int = Field(default=0, ge=0)
+
+
 class SummaryEvent(_Event):
     kind: Literal["summary"]
     data: dict[str, Any]
@@ -116,6 +132,7 @@ Event = Annotated[
     | ArtifactEvent
     | CheckpointEvent
     | TaskResultEvent
+    | FlagEvent
     | SummaryEvent,
     Field(discriminator="kind"),
 ]

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from workers.detectors.base import Severity
 from workers.events import EVENT
 
 log = logging.getLogger(__name__)
@@ -112,6 +113,28 @@ class Reporter:
 
     def task_result(self, **fields: Any) -> int:
         return self._add("task_result", **fields)
+
+    def flag(
+        self,
+        *,
+        trajectory_id: str,
+        detector: str,
+        detector_version: str,
+        severity: Severity,
+        evidence: Mapping[str, Any],
+        step: int = 0,
+    ) -> int:
+        """A detector's flag on one trajectory (`workers.events.FlagEvent`); send it after the trajectory's own
+        event so the control plane can link the two."""
+        return self._add(
+            "flag",
+            trajectory_id=trajectory_id,
+            detector=detector,
+            detector_version=detector_version,
+            severity=severity,
+            evidence=dict(evidence),
+            step=step,
+        )
 
     def summary(self, data: Mapping[str, Any]) -> int:
         return self._add("summary", data=dict(data))

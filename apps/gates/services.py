@@ -290,10 +290,14 @@ def flag_rates(evals: Sequence[Eval]) -> dict[str, float]:
 def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecision:
     rules = parse_rules(check.gate.rules)
     rates = flag_rates(evals)
+    from workers.detectors.registry import detectors
+
+    known = detectors()
     for rule in rules:
-        # A ceiling on a detector that raised nothing is a rate of 0, not missing evidence.
+        # A ceiling on a detector that ran on these trajectories and raised nothing is a rate of 0; a name no
+        # detector answers to stays missing, so its rule fails instead of passing on a typo.
         detector = getattr(rule, "detector", None)
-        if detector is not None:
+        if detector == "*" or detector in known:
             rates.setdefault(detector, 0.0)
     inputs = GateInputs(
         candidate={e.benchmark_version.benchmark.name: _evidence(e) for e in evals},

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 from django.utils.module_loading import import_string
 from pydantic import ValidationError as PydanticError
@@ -21,6 +22,7 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.benchmarks.models import BenchmarkVersion
 from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.review.models import Flag
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import ray_jobs
 from apps.runs.models import (
@@ -687,6 +689,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         artifacts: list[Artifact] = []
         checkpoints: list[Checkpoint] = []
         task_results: list[TaskResult] = []
+        flags: list[Any] = []
         log_events: list[Any] = []
         progress: Any = None
         summary: dict[str, Any] | None = None
@@ -728,6 +731,8 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
                 checkpoints.append(Checkpoint(run=run, step=event.step, uri=event.uri, metrics=event.metrics))
             elif kind == "task_result":
                 task_results.append(TaskResult(run=run, **event.model_dump(exclude={"seq", "time", "kind"})))
+            elif kind == "flag":
+                flags.append(event)
             elif kind == "summary":
                 summary = {**(summary or run.summary), **event.data}
         # COPY, not INSERT: a 1,000-event batch goes in ~10x faster, and the row lock above keeps it exactly-once.
@@ -736,6 +741,8 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         _copy_rows(RunEvent._meta.db_table, ["run_id", "seq", "batch", "kind", "data", "created_at"], ledger)
         _copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], metrics)
         TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
+        # After the summaries: a flag usually arrives in the same batch as its trajectory.
+        _store_flags(run, flags, new_trajectory_ids=[t.trajectory_id for t in trajectories])
         Artifact.objects.bulk_create(artifacts, ignore_conflicts=True)
         Checkpoint.objects.bulk_create(checkpoints, ignore_conflicts=True)
         if checkpoints and run.spec.get("auto_eval"):
@@ -778,6 +785,40 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             last_seq=run.last_seq,
             payloads=payloads,
             state=state,
+        )
+
+
+def _store_flags(run: Run, flags: list[Any], *, new_trajectory_ids: list[str]) -> None:
+    """Store flag events as `Flag` rows, one per (run, trajectory, detector) (a repeat is ignored), linked to the
+    run's trajectory summary with that id when there is one. A flag that came before its trajectory's summary is
+    linked when the summary arrives."""
+    if flags:
+        refs = {event.trajectory_id for event in flags}
+        summaries = dict(
+            TrajectorySummary.objects.filter(run=run, trajectory_id__in=refs).values_list("trajectory_id", "pk")
+        )
+        Flag.objects.bulk_create(
+            [
+                Flag(
+                    run=run,
+                    trajectory_id=summaries.get(event.trajectory_id),
+                    trajectory_ref=event.trajectory_id,
+                    detector=event.detector,
+                    detector_version=event.detector_version,
+                    severity=event.severity,
+                    evidence=event.evidence,
+                    step=event.step,
+                )
+                for event in flags
+            ],
+            ignore_conflicts=True,
+            batch_size=2000,
+        )
+    if new_trajectory_ids:
+        Flag.objects.filter(run=run, trajectory__isnull=True, trajectory_ref__in=new_trajectory_ids).update(
+            trajectory=Subquery(
+                TrajectorySummary.objects.filter(run=run, trajectory_id=OuterRef("trajectory_ref")).values("pk")[:1]
+            )
         )
 
 

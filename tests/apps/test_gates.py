@@ -277,8 +277,10 @@ def test_flagged_eval_trajectories_fail_a_flag_rate_ceiling(client_for, users, v
     from apps.runs.models import TrajectorySummary
 
     rules = [
-        {"type": "flag_rate", "detector": "broken_tool_call", "max_rate": 0.2},
+        {"type": "flag_rate", "detector": "malformed_tool_calls", "max_rate": 0.2},
         {"type": "flag_rate", "max_rate": 0.2},
+        {"type": "flag_rate", "detector": "search_once_then_quit", "max_rate": 0.0},  # ran, raised nothing
+        {"type": "flag_rate", "detector": "no-such-detector", "max_rate": 1.0},  # a typo: no evidence, fails
     ]
     gate = _gate(client_for, version, rules=rules, requires_approval=False)
     checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
@@ -294,7 +296,7 @@ def test_flagged_eval_trajectories_fail_a_flag_rate_ceiling(client_for, users, v
         Flag.objects.create(
             run=evaluation.run,
             trajectory_ref=f"eval-1-{row['id']}-0",
-            detector="broken_tool_call",
+            detector="malformed_tool_calls",
             detector_version="1",
         )
     Flag.objects.create(
@@ -303,7 +305,7 @@ def test_flagged_eval_trajectories_fail_a_flag_rate_ceiling(client_for, users, v
     finish_eval(evaluation, ALL_PASS)
     decision = GateDecision.objects.get(gate_check=check)
     outcomes = decision.evidence["outcomes"]
-    assert [o["verdict"] for o in outcomes] == ["fail", "fail"]
+    assert [o["verdict"] for o in outcomes] == ["fail", "fail", "pass", "fail"]
     assert outcomes[0]["statistic"]["rate"] == pytest.approx(0.25) and outcomes[1]["statistic"][
         "rate"
     ] == pytest.approx(0.25)

@@ -126,3 +126,43 @@ def test_close_delivers_every_event_once_and_in_order_while_the_flusher_is_busy(
         reporter.log(str(i))
     reporter.close()
     assert seen == list(range(1, 51))
+
+
+def test_findings_are_sent_as_flag_events_after_their_trajectory():
+    from workers.detectors import Finding
+    from workers.jobs.common import report_flags
+
+    events: list[dict] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        events.extend(json.loads(request.content)["events"])
+        return httpx.Response(200, json={})
+
+    reporter = _reporter(handler)
+    reporter.trajectory(trajectory_id="s2-t1", step=2, reward=0.5)
+    evidence = {"turn": 3, "span": [0, 12], "excerpt": "error: boom", "value": 1, "threshold": 1}
+    findings = [
+        Finding("malformed_tool_calls", "1", "high", evidence, "s2-t1"),
+        Finding("reward_eval_divergence", "1", "medium", {}, None),  # run scope: no trajectory, not a flag event
+    ]
+    assert report_flags(reporter, findings, step=2) == 1
+    reporter.close()
+    assert [e["kind"] for e in events] == ["trajectory", "flag"]
+    flag = {k: v for k, v in events[1].items() if k != "time"}
+    assert flag == {
+        "seq": 2,
+        "kind": "flag",
+        "trajectory_id": "s2-t1",
+        "detector": "malformed_tool_calls",
+        "detector_version": "1",
+        "severity": "high",
+        "evidence": evidence,
+        "step": 2,
+    }
+
+
+def test_a_flag_with_an_unknown_severity_raises_where_it_is_made():
+    reporter = _reporter(lambda request: httpx.Response(200, json={}))
+    with pytest.raises(ValueError, match="invalid flag event.*severity"):
+        reporter.flag(trajectory_id="t", detector="d", detector_version="1", severity="critical", evidence={})
+    reporter.close()

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import fsspec
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.detectors.base import Finding
 from workers.reporting import Reporter
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
@@ -54,3 +56,21 @@ def write_bytes(uri: str, data: bytes, storage_options: dict[str, Any]) -> None:
         fs.makedirs(parent, exist_ok=True)
     with fs.open(path, "wb") as handle:
         handle.write(data)
+
+
+def report_flags(reporter: Reporter, findings: Iterable[Finding], *, step: int) -> int:
+    """Send each trajectory finding as a `flag` event at `step`; returns how many were sent. Run-scope findings
+    (no trajectory) are left out: a flag names a trajectory."""
+    sent = 0
+    for finding in findings:
+        if finding.trajectory_id:
+            reporter.flag(
+                trajectory_id=finding.trajectory_id,
+                detector=finding.detector,
+                detector_version=finding.version,
+                severity=finding.severity,
+                evidence=finding.evidence,
+                step=step,
+            )
+            sent += 1
+    return sent

@@ -5,6 +5,8 @@ benchmark's `score_field` (an episode metric such as `tests_passed`, or `reward`
 - one `task_result` event per task (`passed` of `k` attempts, the mean score, how the attempts ended), which the
   control plane stores as the eval's per-task results and streams to the page;
 - a trajectory summary per attempt, with the full records written to object storage in shards;
+- the trajectory detectors' flags on every attempt (workers.detectors; `detectors` in the job spec, all of them
+  with their defaults when left out) and the running flag rates beside pass@1;
 - progress, and at the end a summary with pass@1 .. pass@k (the unbiased estimator, `workers.evals.stats`).
 
 A checkpoint is a trainer checkpoint (`workers.rl.learner`): it is loaded onto its base model (LoRA adapters
@@ -24,8 +26,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.detectors.base import Finding
+from workers.detectors.registry import DetectorConfig, default_detector_config, flag_metrics
 from workers.evals.stats import pass_at_k
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.common import (
+    JobSpec,
+    configure_logging,
+    load_spec,
+    read_bytes,
+    report_flags,
+    reporter_for,
+    write_bytes,
+)
 
 log = logging.getLogger("crucible.evaluate")
 
@@ -55,6 +67,10 @@ class EvalSpec(JobSpec):
     tasks_uri: str
     reward: dict[str, Any]
     output_prefix: str
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Detectors run on every attempt, {name: {enabled, thresholds}}; left out: all, with defaults",
+    )
 
 
 def pass_at_ks(counts: Sequence[tuple[int, int]], k: int) -> dict[str, float]:
@@ -142,8 +158,10 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             temperature=config.temperature,
             top_p=config.top_p,
             max_new_tokens=config.max_new_tokens,
+            detectors=spec.detectors,
         )
         counts: list[tuple[int, int]] = []
+        findings_per_attempt: list[list[Finding]] = []
         scores: list[float] = []
         outcomes: Counter[str] = Counter()
         for shard, at in enumerate(range(0, len(rows), config.tasks_per_batch), start=1):
@@ -158,6 +176,8 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             for sample in result.samples:
                 by_task.setdefault(sample.task_id, []).append(sample)
                 reporter.trajectory(**_trajectory_summary(sample, 0), storage_uri=uri)
+                report_flags(reporter, sample.findings, step=0)  # after its trajectory, so ingest links them
+                findings_per_attempt.append(sample.findings)
             for task_id, samples in by_task.items():
                 fields = task_result(task_id, samples, config.score_field)
                 reporter.task_result(**fields)
@@ -167,7 +187,9 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             done = min(at + config.tasks_per_batch, len(rows))
             reporter.progress(done, len(rows))
             running = pass_at_ks(counts, 1)
-            reporter.metric(done, {"eval/pass@1": running["pass@1"], "eval/mean_score": sum(scores) / len(scores)})
+            values = {"eval/pass@1": running["pass@1"], "eval/mean_score": sum(scores) / len(scores)}
+            values.update(flag_metrics(findings_per_attempt, spec.detectors))
+            reporter.metric(done, values)
             reporter.log(f"{done}/{len(rows)} tasks: pass@1 so far {running['pass@1']:.3f}")
         metrics = {**pass_at_ks(counts, config.k), "mean_score": sum(scores) / len(scores)}
         summary = {

@@ -1,8 +1,9 @@
 """Offline re-scoring: score every stored trajectory with a reward config version, on Ray.
 
-Shards of trajectories are scored by Ray tasks in parallel; as each shard completes the job reports per-trajectory
-summaries, progress, running per-term means and the reward histogram, and at the end writes the scores as JSONL
-to `output_uri` and registers it as an artifact.
+Shards of trajectories are scored by Ray tasks in parallel, and the enabled trajectory detectors run on each
+trajectory (workers.detectors); as each shard completes the job reports per-trajectory summaries and their flags,
+progress, running per-term means and flag rates, and the reward histogram, and at the end writes the scores (with
+each trajectory's flags) as JSONL to `output_uri` and registers it as an artifact.
 """
 
 from __future__ import annotations
@@ -13,8 +14,19 @@ import time
 from typing import Any
 
 import ray
+from pydantic import Field
 
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.detectors.base import Finding
+from workers.detectors.registry import DetectorConfig, default_detector_config, flag_metrics, run_detectors
+from workers.jobs.common import (
+    JobSpec,
+    configure_logging,
+    load_spec,
+    read_bytes,
+    report_flags,
+    reporter_for,
+    write_bytes,
+)
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
@@ -28,10 +40,17 @@ class RescoreSpec(JobSpec):
     reward: dict[str, Any]
     shard_size: int = 0  # 0: about 24 shards, so progress and the charts move in visible steps
     histogram_bins: int = 20
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Detectors run on every trajectory, {name: {enabled, thresholds}}; left out: all, with defaults",
+    )
 
 
-def score_shard(reward: RewardSpec, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Score one shard; returns one summary dict per trajectory (reward, unweighted terms, turns, error)."""
+def score_shard(
+    reward: RewardSpec, rows: list[dict[str, Any]], detectors: DetectorConfig | None = None
+) -> list[dict[str, Any]]:
+    """Score one shard; returns one summary dict per trajectory (reward, unweighted terms, turns, error) with the
+    detectors' `findings` (a list of `Finding`) on it."""
     out: list[dict[str, Any]] = []
     for row in rows:
         trajectory = Trajectory.model_validate(row)
@@ -44,9 +63,19 @@ def score_shard(reward: RewardSpec, rows: list[dict[str, Any]]) -> list[dict[str
                 "terms": dict(result.terms),
                 "num_turns": trajectory.num_turns,
                 "error": trajectory.error,
+                "findings": run_detectors(row, detectors),
             }
         )
     return out
+
+
+def _flag_row(finding: Finding) -> dict[str, Any]:
+    return {
+        "detector": finding.detector,
+        "detector_version": finding.version,
+        "severity": finding.severity,
+        "evidence": finding.evidence,
+    }
 
 
 _score_shard_remote = ray.remote(num_cpus=1)(score_shard)
@@ -69,23 +98,34 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
 
         ray.init(ignore_reinit_error=True, log_to_driver=False)
         reward_ref = ray.put(reward)
+        detectors_ref = ray.put(spec.detectors)
         pending = [
-            _score_shard_remote.remote(reward_ref, rows[i : i + shard_size]) for i in range(0, total, shard_size)
+            _score_shard_remote.remote(reward_ref, rows[i : i + shard_size], detectors_ref)
+            for i in range(0, total, shard_size)
         ]
         scored: list[dict[str, Any]] = []
+        findings_per_trajectory: list[list[Finding]] = []
+        flag_counts: dict[str, int] = {}
         term_sums: dict[str, float] = {}
         while pending:
             ready, pending = ray.wait(pending, num_returns=1)
             for shard in ray.get(ready):
                 for item in shard:
-                    scored.append(item)
+                    findings: list[Finding] = item.pop("findings")
                     reporter.trajectory(**item, storage_uri=spec.input_uri)
+                    report_flags(reporter, findings, step=0)  # after its trajectory, so ingest links them
+                    item["flags"] = [_flag_row(finding) for finding in findings]
+                    scored.append(item)
+                    findings_per_trajectory.append(findings)
+                    for finding in findings:
+                        flag_counts[finding.detector] = flag_counts.get(finding.detector, 0) + 1
                     for name, value in item["terms"].items():
                         term_sums[name] = term_sums.get(name, 0.0) + value
             done = len(scored)
             rewards = [s["reward"] for s in scored]
             values = {"reward_mean": sum(rewards) / done}
             values.update({f"term/{name}": total_value / done for name, total_value in term_sums.items()})
+            values.update(flag_metrics(findings_per_trajectory, spec.detectors))
             reporter.metric(done, values)
             reporter.progress(done, total)
             hist = histogram(rewards, bins=spec.histogram_bins)
@@ -101,6 +141,7 @@ def run(spec: RescoreSpec) -> dict[str, Any]:
             "reward_min": min(rewards) if rewards else None,
             "reward_max": max(rewards) if rewards else None,
             "term_means": {name: v / len(scored) for name, v in term_sums.items()} if scored else {},
+            "flag_counts": flag_counts,
             "seconds": round(time.monotonic() - started, 3),
         }
         reporter.summary(summary)

@@ -18,7 +18,16 @@ from typing import Any
 
 import ray
 
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.detectors.registry import flag_metrics
+from workers.jobs.common import (
+    JobSpec,
+    configure_logging,
+    load_spec,
+    read_bytes,
+    report_flags,
+    reporter_for,
+    write_bytes,
+)
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig
 from workers.rl.rollout import RolloutResult, Sample
@@ -81,6 +90,7 @@ class _RolloutActor:
             temperature=config.sampling.temperature,
             top_p=config.sampling.top_p,
             max_new_tokens=config.sampling.max_new_tokens,
+            detectors=config.detectors,
         )
         self.receiver = WeightSyncReceiver()
 
@@ -233,6 +243,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
         pending = launch(start_step) if start_step < config.steps else []
         last_metrics: dict[str, float] = {}
+        flag_counts: dict[str, int] = {}
         step = start_step
         for step in range(start_step, config.steps):
             wait_started = time.perf_counter()
@@ -261,6 +272,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             sampled = sum(r.sampled_tokens for r in results)
             metrics.update(sync)
             metrics.update({f"env/{k}": v for k, v in mean_metrics(s.episode_metrics for s in samples).items()})
+            metrics.update(flag_metrics([s.findings for s in samples], config.detectors))
             beta = f_beta(step)
             if beta is not None:
                 metrics["f_beta"] = beta
@@ -283,11 +295,14 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 # Full records are kept for the first few of each step; the trajectory page opens them.
                 where = stored_uri if index < len(keep) else ""
                 reporter.trajectory(**_trajectory_summary(sample, step + 1), storage_uri=where)
+                report_flags(reporter, sample.findings, step=step + 1)  # after its trajectory, so ingest links them
+                for finding in sample.findings:
+                    flag_counts[finding.detector] = flag_counts.get(finding.detector, 0) + 1
             reporter.progress(step + 1, config.steps)
             reporter.log(
                 f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f} loss {metrics['loss']:.4f} "
-                f"dropped groups {metrics['dropped_groups']:.0f} ({generation_seconds:.1f}s gen, "
-                f"{metrics['train_seconds']:.1f}s train)"
+                f"dropped groups {metrics['dropped_groups']:.0f} flagged {metrics.get('flags/rate', 0.0):.0%} "
+                f"({generation_seconds:.1f}s gen, {metrics['train_seconds']:.1f}s train)"
             )
             last_metrics = metrics
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
@@ -303,6 +318,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             "start_step": start_step,
             "final_reward_mean": last_metrics.get("reward_mean"),
             "policy_version": version,
+            "flag_counts": flag_counts,
         }
         reporter.summary(summary)
     return summary

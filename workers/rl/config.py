@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.detectors.registry import DetectorConfig, default_detector_config
+
 if TYPE_CHECKING:
     from workers.rl.losses import LossConfig
 
@@ -120,6 +122,11 @@ class TrainConfig(_Strict):
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Reward-hacking detectors run on every episode, {name: {enabled, thresholds}} "
+        "(workers/detectors); a detector left out runs with its defaults",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:

@@ -17,6 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from workers.detectors.base import Finding
+from workers.detectors.registry import DetectorConfig, default_detector_config, run_detectors
 from workers.envs.base import Environment, Message
 from workers.envs.registry import make_env
 from workers.models.base import PolicyBackend, SamplingParams
@@ -29,7 +31,8 @@ from workers.trajectories import Trajectory
 class Sample:
     """One scored episode. `token_ids`/`completion_start` are its last segment and `prior_segments` the earlier
     ones (empty unless the environment rewrote its context); `loss_mask` and `old_logprobs` cover the segments'
-    completion regions (`ids[start:]` of each), concatenated in order."""
+    completion regions (`ids[start:]` of each), concatenated in order. `findings` are the trajectory detectors'
+    flags on the episode (workers.detectors), at most one per detector."""
 
     task_id: str
     group: int
@@ -47,6 +50,7 @@ class Sample:
     trajectory: dict[str, Any] = field(repr=False)
     prior_segments: list[tuple[list[int], int]] = field(default_factory=list, repr=False)
     episode_metrics: dict[str, float] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
 
     @property
     def sampled_tokens(self) -> int:
@@ -107,6 +111,7 @@ class RolloutWorker:
         top_p: float = 1.0,
         max_new_tokens: int = 64,
         max_context_tokens: int = 2048,
+        detectors: DetectorConfig | Mapping[str, Any] | None = None,
     ) -> None:
         self.backend = backend
         self.environment = environment
@@ -114,6 +119,10 @@ class RolloutWorker:
         self.reward = reward if isinstance(reward, RewardSpec) else validate_reward_spec(dict(reward))
         self.temperature, self.top_p, self.max_new_tokens = temperature, top_p, max_new_tokens
         self.max_context_tokens = max_context_tokens
+        # Every scored episode goes through the enabled trajectory detectors (None: all, with their defaults).
+        if not isinstance(detectors, DetectorConfig):
+            detectors = default_detector_config() if detectors is None else DetectorConfig.model_validate(detectors)
+        self.detectors = detectors
         make_env(environment, **self.env_params)  # fail now, not mid-run, on a bad name or parameter
 
     def rollout(
@@ -221,4 +230,5 @@ class RolloutWorker:
             trajectory=record,
             prior_segments=episode.prior_segments,
             episode_metrics=episode.env.episode_metrics(record),
+            findings=run_detectors(record, self.detectors),
         )
