@@ -96,6 +96,7 @@ def test_code_extraction_prefers_the_block_that_defines_the_function() -> None:
     reply = "```python\nprint('example')\n```\nand\n```py\ndef f(x):\n    return x\n```\n```\nassert f(1) == 1\n```"
     assert extract_code(reply, "f") == ("def f(x):\n    return x\n", True)
     assert extract_code("    return 1\n", "f") == ("    return 1\n", False)
+    assert extract_code("Sure:\n```python\ndef f(x):\n    return x", "f") == ("def f(x):\n    return x", True)
 
 
 @pytest.mark.parametrize(

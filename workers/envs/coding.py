@@ -42,7 +42,12 @@ def extract_code(reply: str, entry_point: str) -> tuple[str, bool]:
     for block in reversed(blocks):
         if defines.search(block):
             return block, True
-    code = blocks[0] if blocks else reply
+    if blocks:
+        code = blocks[0]
+    else:
+        # A reply cut off by max_new_tokens leaves its fence open: take what follows the opening fence.
+        opened = re.search(r"```[ \t]*(?:python3?|py)?[ \t]*\n", reply, re.IGNORECASE)
+        code = reply[opened.end() :] if opened else reply
     return code, bool(defines.search(code))
 
 
