@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from apps.web import trajectory_views, views
+from apps.web import browse_views, trajectory_views, views
 
 app_name = "web"
 
@@ -17,6 +17,8 @@ urlpatterns = [
     path("runs/new/rescore/", views.rescore_new, name="rescore-new"),
     path("runs/new/train/", views.train_new, name="train-new"),
     path("runs/<int:run_id>/resume/", views.run_resume_view, name="run-resume"),
+    path("runs/compare/", browse_views.run_compare, name="runs-compare"),
+    path("runs/<int:run_id>/trajectories/", browse_views.trajectory_browser, name="trajectories"),
     path(
         "runs/<int:run_id>/trajectories/<str:trajectory_id>/",
         trajectory_views.trajectory_detail,
