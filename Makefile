@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow lint fmt bench install clean-var
+.PHONY: run test test-slow lint fmt bench install clean-var browser-deps
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -25,8 +25,20 @@ install: $(STAMP)
 run: $(STAMP)
 	$(PY) -m controlplane.devstack up
 
-## make test: lint, type checks, import boundaries, migrations check, then the whole test suite.
-test: $(STAMP) lint
+## make browser-deps: Debian's chromium (apt, as root) and playwright-core from npm, for the browser tests.
+## Without them (not root, no apt) the browser tests skip and say why; CI runs as root and gets them.
+BROWSER_STAMP := tests/browser/node_modules/.installed
+$(BROWSER_STAMP): tests/browser/package-lock.json
+	command -v chromium >/dev/null || apt-get install -y -q chromium >/dev/null || \
+		{ apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; } || \
+		echo "chromium could not be installed (needs root and apt): the browser tests will skip"
+	cd tests/browser && npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+browser-deps: $(BROWSER_STAMP)
+
+## make test: lint, type checks, import boundaries, migrations check, then the whole test suite (browser included).
+test: $(STAMP) lint browser-deps
 	$(PY) -m pytest -m "not slow and not gpu"
 
 test-slow: $(STAMP)

@@ -516,3 +516,52 @@ def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and
     assert "❌ FAIL" in (tmp_path / "strict.md").read_text()
     down = sh(cli, "--url", "http://127.0.0.1:9", "gate", "check", "--gate", "x", "--checkpoint", "1")
     assert down.returncode == 2 and "cannot reach" in down.stderr
+
+
+BROWSER_DIR = ROOT / "tests" / "browser"
+
+
+def _browser_flow(stack, user, flow: str, **env: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Run one flow of tests/browser/flows.mjs (playwright-core driving Debian's chromium) against the stack."""
+    import shutil
+    import subprocess
+
+    from django.contrib.auth.hashers import PBKDF2PasswordHasher
+
+    if not (BROWSER_DIR / "node_modules" / "playwright-core").is_dir() or not shutil.which("chromium"):
+        pytest.skip("browser tests need `make browser-deps` (playwright-core from npm, Debian's chromium)")
+    hasher = PBKDF2PasswordHasher()  # the live server does not know the tests' fast MD5 hasher
+    user.password = hasher.encode("browser-pw", hasher.salt())
+    user.save(update_fields=["password"])
+    done = subprocess.run(
+        ["node", "flows.mjs", flow],
+        cwd=BROWSER_DIR,
+        env={
+            **os.environ,
+            "CRUCIBLE_URL": stack["web"],
+            "CRUCIBLE_USER": user.username,
+            "CRUCIBLE_PASSWORD": "browser-pw",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    logs = {p.name: p.read_text()[-1500:] for p in (stack["var"] / "log").glob("*.log")}
+    assert done.returncode == 0, (done.stdout, done.stderr, logs)
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["problems"] == []
+    return report
+
+
+def test_in_a_browser_an_operator_launches_a_run_and_its_chart_updates_live(stack, users, trajectories_jsonl):
+    """Playwright (playwright-core + Debian chromium): log in, launch a re-scoring job from its page, see the
+    metric chart drawn and the progress move over the websocket, the status turn succeeded, no console errors."""
+    from tests.factories import context1_version, trajectories_version
+
+    operator = users["operator"]
+    trajectories_version(owner=operator, data=trajectories_jsonl, name="browser-trajs")
+    context1_version(owner=operator, name="browser-ctx1")
+    report = _browser_flow(stack, operator, "launch")
+    assert "metric chart drawn from websocket frames" in report["steps"]
+    assert "status badge turned succeeded" in report["steps"]
