@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import asdict
 from functools import wraps
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
 from django.db import connection
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -28,7 +29,7 @@ from apps.datasets.services import (
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 from apps.runs import selectors, services
-from apps.runs.models import Run
+from apps.runs.models import Run, RunKind, RunStatus
 from workers.rewards.schema import TERM_TYPES, context1_spec
 
 
@@ -61,14 +62,42 @@ def healthz(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True})
 
 
+SPARKLINE_WIDTH, SPARKLINE_HEIGHT = 120, 24
+
+
+def _sparkline_points(series: list[tuple[int, float]]) -> str:
+    """SVG polyline points for a sparkline: steps scaled to the width, values to the height (top = highest).
+
+    A sparkline is a 50-point glyph in a table cell, not a chart (no axes, zoom or updates), so it is drawn on
+    the server as one <polyline>: nothing to re-initialise when htmx swaps the table every 5 s."""
+    if len(series) < 2:
+        return ""
+    steps = [s for s, _ in series]
+    values = [v for _, v in series]
+    x0, dx = steps[0], (steps[-1] - steps[0]) or 1
+    lo, dv = min(values), (max(values) - min(values)) or 1.0
+    w, h = SPARKLINE_WIDTH - 2, SPARKLINE_HEIGHT - 2  # 1px margin so the stroke is not clipped
+    return " ".join(f"{1 + (s - x0) * w / dx:.1f},{1 + h - (v - lo) * h / dv:.1f}" for s, v in series)
+
+
 @needs(Capability.READ)
 def runs_index(request: HttpRequest) -> HttpResponse:
-    runs = selectors.run_list()
-    if status := request.GET.get("status"):
-        runs = runs.filter(status=status)
-    page = Paginator(runs, 50).get_page(request.GET.get("page"))
+    filters = selectors.RunListFilters.from_query(request.GET)
+    page = selectors.run_list_page(filters=filters, page=request.GET.get("page"))
+    for run in page:
+        run.sparkline_points = _sparkline_points(run.sparkline)  # type: ignore[attr-defined]
+        run.reward_last = run.sparkline[-1][1] if run.sparkline else None  # type: ignore[attr-defined]
+    query = urlencode({k: v for k, v in asdict(filters).items() if v})
     template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
-    return render(request, template, {"page": page, "status": status or ""})
+    context = {
+        "page": page,
+        "filters": filters,
+        "query": query,
+        "statuses": RunStatus.values,
+        "kinds": RunKind.values,
+        "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
+    }
+    return render(request, template, context)
 
 
 @needs(Capability.READ)
@@ -84,10 +113,25 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "logs": run.log_tail.splitlines()[-200:],
             "artifacts": run.artifacts.order_by("name"),
             **_checkpoints_context(run),
+            "spec_json": json.dumps(run.spec, indent=2, sort_keys=True),
+            "parent_diff": _parent_diff(run),
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
         },
     )
+
+
+def _parent_diff(run: Run) -> list[dict[str, Any]] | None:
+    """Config and reward-config changes against the parent run (None without a parent): what a resumed or
+    forked run changed."""
+    if run.parent is None:
+        return None
+    rows = reward_spec_diff(run.parent.spec.get("config") or {}, run.spec.get("config") or {})
+    if run.parent.reward_version_id != run.reward_version_id:
+        old = run.parent.reward_version.spec if run.parent.reward_version else {}
+        new = run.reward_version.spec if run.reward_version else {}
+        rows += [{**row, "path": f"reward.{row['path']}"} for row in reward_spec_diff(old, new)]
+    return rows
 
 
 def _checkpoints_context(run: Run) -> dict[str, Any]:

@@ -37,14 +37,44 @@
     return [steps, steps.map((s) => points.get(s)[name])];
   }
 
+  // Pause keeps collecting points but stops redrawing; the filter shows only the metrics whose name matches.
+  let paused = false;
+  let filter = "";
+  function visible(name) { return !filter || name.toLowerCase().includes(filter); }
+  function applyFilter() {
+    for (const [name, c] of charts) c.root.parentNode.style.display = visible(name) ? "" : "none";
+  }
+  document.addEventListener("DOMContentLoaded", () => {
+    const pause = document.getElementById("chart-pause");
+    const box = document.getElementById("chart-filter");
+    if (pause) pause.addEventListener("click", () => {
+      paused = !paused;
+      pause.textContent = paused ? "Resume updates" : "Pause updates";
+      pause.setAttribute("aria-pressed", String(paused));
+      if (!paused) drawMetrics();
+    });
+    if (box) box.addEventListener("input", () => { filter = box.value.trim().toLowerCase(); applyFilter(); });
+  });
+
+  // A chart the user zoomed keeps its zoom while new points arrive; an unzoomed one follows the data.
+  function update(chart, data) {
+    const xs = data[0];
+    const last = chart._crucibleRange;
+    const sx = chart.scales.x;
+    const zoomed = last && sx.min != null && (sx.min > last[0] || sx.max < last[1]);
+    chart.setData(data, !zoomed);
+    if (xs.length) chart._crucibleRange = [xs[0], xs[xs.length - 1]];
+  }
+
   function drawMetrics() {
+    if (paused) return;
     const el = document.getElementById("chart-metrics");
     const cols = Array.from(names).sort(order);
     if (!cols.length) { el.textContent = "No metrics yet."; return; }
     if (!charts.size) el.textContent = "";
     cols.forEach((name, i) => {
       const data = seriesData(name);
-      if (charts.has(name)) { charts.get(name).setData(data); return; }
+      if (charts.has(name)) { update(charts.get(name), data); return; }
       const box = document.createElement("div");
       box.className = "small-chart";
       box.dataset.metric = name;
@@ -59,7 +89,10 @@
     });
     // Keep the boxes in a stable, useful order as new metrics appear.
     for (const name of cols) { const c = charts.get(name); if (c) el.appendChild(c.root.parentNode); }
+    for (const name of cols) { const c = charts.get(name); if (c && !c._crucibleRange && data0(name)) c._crucibleRange = data0(name); }
+    applyFilter();
   }
+  function data0(name) { const xs = seriesData(name)[0]; return xs.length ? [xs[0], xs[xs.length - 1]] : null; }
 
   function drawHistogram(h) {
     const el = document.getElementById("chart-histogram");

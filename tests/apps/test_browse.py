@@ -85,3 +85,15 @@ def test_two_runs_compare_curves_config_and_reward(client, users, run) -> None:
     assert series["reward_mean"][1]["mean"] == [2.0, 4.0, 6.0, 8.0, 10.0]
     one = client.get("/runs/compare/", {"run": [run.pk]}).content.decode()
     assert "pick at least two runs" in one
+
+
+def test_the_run_page_shows_its_config_and_the_diff_to_its_parent(client, users, run) -> None:
+    child = Run.objects.create(
+        kind="train", name="child", spec={"config": {"learning_rate": 2e-5}}, parent=run, created_by=users["operator"]
+    )
+    client.force_login(users["viewer"])
+    html = client.get(f"/runs/{child.pk}/").content.decode()
+    assert f"Against the parent run {run.pk}" in html and "<code>learning_rate</code>" in html
+    assert 'id="chart-pause"' in html and 'id="chart-filter"' in html
+    assert "Same config" not in html
+    assert "Against the parent" not in client.get(f"/runs/{run.pk}/").content.decode()
