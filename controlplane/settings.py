@@ -105,6 +105,8 @@ CELERY_BEAT_SCHEDULE = {
         "task": "apps.gates.tasks.gate_checks_advance",
         "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
     },
+    # Puts newly ingested flags into the review queues that match them (apps/review/tasks.py).
+    "review-queues-sync": {"task": "apps.review.tasks.review_queues_sync", "schedule": 60.0},
 }
 
 # Ray: the same code targets the local head or a remote cluster's dashboard (Jobs API) address.

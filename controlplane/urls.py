@@ -7,7 +7,14 @@ from apps.accounts.api import ApiTokenViewSet, UserViewSet, me
 from apps.benchmarks.api import BenchmarkVersionViewSet, BenchmarkViewSet, EvalViewSet
 from apps.datasets.api import DatasetVersionViewSet, DatasetViewSet
 from apps.gates.api import DeploymentViewSet, GateCheckViewSet, GateDecisionViewSet, GateViewSet
-from apps.review.api import FlagViewSet
+from apps.review.api import (
+    FlagViewSet,
+    QueueItemViewSet,
+    ReviewActionViewSet,
+    ReviewQueueViewSet,
+    RewardDraftViewSet,
+    TaskExclusionViewSet,
+)
 from apps.rewards.api import RewardConfigViewSet, RewardVersionViewSet
 from apps.runs.api import RunViewSet
 from apps.runs.ingest import ingest_view
@@ -29,6 +36,11 @@ router.register("gate-checks", GateCheckViewSet, basename="gate-check")
 router.register("gate-decisions", GateDecisionViewSet, basename="gate-decision")
 router.register("deployments", DeploymentViewSet, basename="deployment")
 router.register("flags", FlagViewSet, basename="flag")
+router.register("review-queues", ReviewQueueViewSet, basename="review-queue")
+router.register("review-items", QueueItemViewSet, basename="review-item")
+router.register("reward-drafts", RewardDraftViewSet, basename="reward-draft")
+router.register("review-actions", ReviewActionViewSet, basename="review-action")
+router.register("task-exclusions", TaskExclusionViewSet, basename="task-exclusion")
 router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 router.register("webhook-deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")
 
@@ -48,5 +60,6 @@ urlpatterns = [
     path("search/", include("apps.search.pages")),
     path("benchmarks/", include("apps.benchmarks.pages")),
     path("gates/", include("apps.gates.pages")),
+    path("review/", include("apps.review.pages")),
     path("", include("apps.web.urls")),
 ]

@@ -1,13 +1,25 @@
 from __future__ import annotations
 
-from rest_framework import serializers, status, viewsets
+from typing import Any
+
+from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Capability
-from apps.review.models import Flag, Review
-from apps.review.services import review_submit
+from apps.datasets.models import Dataset
+from apps.review import services
+from apps.review.models import (
+    Flag,
+    QueueItem,
+    Review,
+    ReviewAction,
+    ReviewQueue,
+    RewardDraft,
+    Severity,
+    TaskExclusion,
+)
 
 
 class ReviewSerializer(serializers.ModelSerializer):
@@ -38,21 +50,252 @@ class FlagSerializer(serializers.ModelSerializer):
         ]
 
 
+class RewardDraftSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField()
+    decided_by = serializers.StringRelatedField()
+
+    class Meta:
+        model = RewardDraft
+        fields = [
+            "id",
+            "flag",
+            "base_version",
+            "proposed_spec",
+            "reason",
+            "status",
+            "result_version",
+            "created_by",
+            "created_at",
+            "decided_by",
+            "decided_at",
+        ]
+
+
+class TaskExclusionSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField()
+
+    class Meta:
+        model = TaskExclusion
+        fields = ["id", "dataset", "task_id", "flag", "reason", "created_by", "created_at"]
+
+
+class ReviewActionSerializer(serializers.ModelSerializer):
+    actor = serializers.StringRelatedField()
+
+    class Meta:
+        model = ReviewAction
+        fields = [
+            "id",
+            "kind",
+            "flag",
+            "actor",
+            "created_at",
+            "draft",
+            "reward_version",
+            "benchmark_version",
+            "exclusion",
+            "detail",
+        ]
+
+
+class PromoteSerializer(serializers.Serializer):
+    benchmark = serializers.CharField(max_length=100, help_text="Benchmark to add the task to (created if new)")
+    task_id = serializers.CharField(max_length=200, required=False, default="", help_text="When the trajectory is gone")
+
+
+class ExcludeSerializer(serializers.Serializer):
+    dataset = serializers.PrimaryKeyRelatedField(
+        queryset=Dataset.objects.all(), required=False, default=None, help_text="Default: the run's dataset"
+    )
+    task_id = serializers.CharField(max_length=200, required=False, default="", help_text="When the trajectory is gone")
+    reason = serializers.CharField(required=False, default="", allow_blank=True)
+
+
 class FlagViewSet(viewsets.ReadOnlyModelViewSet):
-    """Flags are read by everyone; only reviewers (and admins) judge them."""
+    """Flags are read by everyone; only reviewers (and admins) judge them and act on confirmed hacks."""
 
     serializer_class = FlagSerializer
     queryset = Flag.objects.prefetch_related("reviews__reviewer").order_by("-created_at")
-    capability_map = {"review": Capability.REVIEW}
+    capability_map = {
+        "review": Capability.REVIEW,
+        "reward_draft": Capability.REVIEW,
+        "promote": Capability.REVIEW,
+        "exclude": Capability.REVIEW,
+    }
 
     @action(detail=True, methods=["post"])
     def review(self, request: Request, pk: str | None = None) -> Response:
         body = ReviewSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        review = review_submit(
+        review = services.review_submit(
             flag=self.get_object(),
             reviewer=request.user,
             label=body.validated_data["label"],
             note=body.validated_data.get("note", ""),
         )
         return Response(ReviewSerializer(review).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], url_path="reward-draft", serializer_class=serializers.Serializer)
+    def reward_draft(self, request: Request, pk: str | None = None) -> Response:
+        """Draft the run's reward config with a penalty for this detector, left for an operator to accept."""
+        draft = services.reward_draft_create(flag=self.get_object(), created_by=request.user)
+        return Response(RewardDraftSerializer(draft).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], serializer_class=PromoteSerializer)
+    def promote(self, request: Request, pk: str | None = None) -> Response:
+        """Append the trajectory's task to a benchmark as a regression case (a new version, provenance review)."""
+        body = PromoteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        version = services.task_promote(
+            flag=self.get_object(),
+            benchmark_name=body.validated_data["benchmark"],
+            task_id=body.validated_data["task_id"],
+            user=request.user,
+        )
+        return Response(
+            {"benchmark_version": version.pk, "benchmark": version.benchmark.name, "number": version.number},
+            status=status.HTTP_201_CREATED,
+        )
+
+    @action(detail=True, methods=["post"], serializer_class=ExcludeSerializer)
+    def exclude(self, request: Request, pk: str | None = None) -> Response:
+        """Exclude the trajectory's task from future training on its dataset."""
+        body = ExcludeSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        exclusion = services.task_exclude(flag=self.get_object(), user=request.user, **body.validated_data)
+        return Response(TaskExclusionSerializer(exclusion).data, status=status.HTTP_201_CREATED)
+
+
+class ReviewQueueSerializer(serializers.ModelSerializer):
+    created_by = serializers.StringRelatedField()
+    min_severity = serializers.ChoiceField(choices=Severity.choices, required=False, default="", allow_blank=True)
+
+    class Meta:
+        model = ReviewQueue
+        fields = [
+            "id",
+            "name",
+            "description",
+            "run",
+            "detector",
+            "min_severity",
+            "required_reviews",
+            "lock_timeout_s",
+            "created_by",
+            "created_at",
+            "synced_at",
+        ]
+        read_only_fields = ["created_by", "created_at", "synced_at"]
+        extra_kwargs = {"name": {"validators": []}}
+
+
+class QueueItemSerializer(serializers.ModelSerializer):
+    locked_by = serializers.StringRelatedField()
+    flag = FlagSerializer(read_only=True)
+
+    class Meta:
+        model = QueueItem
+        fields = ["id", "queue", "flag", "run", "trajectory_ref", "status", "locked_by", "locked_until", "done_at"]
+
+
+class LabelSerializer(serializers.Serializer):
+    label = serializers.CharField(max_length=16)
+    note = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    """Review queues: anyone reads them; reviewers create, sync and take items from them."""
+
+    serializer_class = ReviewQueueSerializer
+    queryset = ReviewQueue.objects.select_related("created_by").order_by("name")
+    capability_map = {"create": Capability.REVIEW, "sync": Capability.REVIEW, "next": Capability.REVIEW}
+
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        body = ReviewQueueSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        queue = services.queue_create(
+            name=data["name"],
+            description=data.get("description", ""),
+            run_id=data["run"].pk if data.get("run") else None,
+            detector=data.get("detector", ""),
+            min_severity=data.get("min_severity", ""),
+            required_reviews=data.get("required_reviews", 1),
+            lock_timeout_s=data.get("lock_timeout_s", 900),
+            created_by=request.user,
+        )
+        return Response(ReviewQueueSerializer(queue).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    def sync(self, request: Request, pk: str | None = None) -> Response:
+        """Queue the flags that arrived since the last sync."""
+        return Response({"added": services.queue_sync(queue=self.get_object())})
+
+    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    def next(self, request: Request, pk: str | None = None) -> Response:
+        """Claim and lock the next item you have not reviewed; 204 when none is left for you."""
+        item = services.queue_next(queue=self.get_object(), reviewer=request.user)
+        if item is None:
+            return Response(status=status.HTTP_204_NO_CONTENT)
+        return Response(QueueItemSerializer(item).data)
+
+
+class QueueItemViewSet(viewsets.ReadOnlyModelViewSet):
+    """Items of the queues (`?queue=<id>`, `?status=open|done`); the lock holder labels one."""
+
+    serializer_class = QueueItemSerializer
+    capability_map = {"label": Capability.REVIEW}
+
+    def get_queryset(self) -> Any:
+        items = QueueItem.objects.select_related("flag", "locked_by").prefetch_related("flag__reviews__reviewer")
+        queue, item_status = self.request.query_params.get("queue", ""), self.request.query_params.get("status")
+        if queue.isdigit():
+            items = items.filter(queue_id=int(queue))
+        if item_status:
+            items = items.filter(status=item_status)
+        return items.order_by("queue", "status", "-priority", "id")
+
+    @action(detail=True, methods=["post"], serializer_class=LabelSerializer)
+    def label(self, request: Request, pk: str | None = None) -> Response:
+        body = LabelSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        review = services.item_label(item=self.get_object(), reviewer=request.user, **body.validated_data)
+        return Response(ReviewSerializer(review).data, status=status.HTTP_201_CREATED)
+
+
+class RewardDraftViewSet(viewsets.ReadOnlyModelViewSet):
+    """Reward changes drafted from confirmed hacks; an operator accepts (a new reward version) or discards one."""
+
+    serializer_class = RewardDraftSerializer
+    queryset = RewardDraft.objects.select_related("created_by", "decided_by").order_by("-created_at")
+    capability_map = {"accept": Capability.LAUNCH, "discard": Capability.LAUNCH}
+
+    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    def accept(self, request: Request, pk: str | None = None) -> Response:
+        """Create the next reward config version from the draft, or from `spec` (your edit of it) when given."""
+        spec = request.data.get("spec") if isinstance(request.data, dict) else None
+        draft = services.reward_draft_accept(draft=self.get_object(), user=request.user, spec=spec)
+        return Response(RewardDraftSerializer(draft).data)
+
+    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    def discard(self, request: Request, pk: str | None = None) -> Response:
+        draft = services.reward_draft_discard(draft=self.get_object(), user=request.user)
+        return Response(RewardDraftSerializer(draft).data)
+
+
+class ReviewActionViewSet(viewsets.ReadOnlyModelViewSet):
+    """What reviews led to, who did it and when (`?flag=<id>`)."""
+
+    serializer_class = ReviewActionSerializer
+
+    def get_queryset(self) -> Any:
+        actions = ReviewAction.objects.select_related("actor").order_by("-created_at", "-id")
+        flag = self.request.query_params.get("flag", "")
+        return actions.filter(flag_id=int(flag)) if flag.isdigit() else actions
+
+
+class TaskExclusionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Tasks kept out of training after review, per dataset."""
+
+    serializer_class = TaskExclusionSerializer
+    queryset = TaskExclusion.objects.select_related("created_by").order_by("-created_at")

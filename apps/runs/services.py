@@ -285,18 +285,23 @@ def run_launch_train(
     corpus_version: DatasetVersion | None = None,
     allow_contamination: bool = False,
     auto_eval: list[Any] | None = None,
+    allow_excluded: bool = False,
 ) -> Run:
     from apps.benchmarks.services import contamination_guard
+    from apps.review.services import task_exclusion_guard
 
     parsed = train_config_check(
         config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
     )
     contamination = contamination_guard(dataset_version=dataset_version, allow=allow_contamination)
+    excluded = task_exclusion_guard(dataset_version=dataset_version, allow=allow_excluded)
     spec: dict[str, Any] = {
         "config": parsed.model_dump(mode="json"),
         "dataset_version": dataset_version.pk,
         "reward_version": reward_version.pk,
     }
+    if excluded:
+        spec["excluded_tasks"] = excluded
     if contamination:
         spec["contamination"] = contamination
         tags = [*(tags or []), "contaminated"] if "contaminated" not in (tags or []) else tags

@@ -28,6 +28,11 @@ READ_ENDPOINTS = [
     "/api/v1/evals/",
     "/api/v1/deployments/",
     "/api/v1/flags/",
+    "/api/v1/review-queues/",
+    "/api/v1/review-items/",
+    "/api/v1/reward-drafts/",
+    "/api/v1/review-actions/",
+    "/api/v1/task-exclusions/",
     "/api/v1/search-indexes/",
     "/api/v1/datagen/",
     "/api/v1/schema/",
@@ -63,6 +68,15 @@ WRITE_ENDPOINTS = [
     ("post", "/api/v1/gates/{gate}/rollback/", {}, {Role.APPROVER, Role.ADMIN}),
     ("post", "/api/v1/users/", {"username": "u-{role}", "role": "viewer"}, {Role.ADMIN}),
     ("post", "/api/v1/flags/{flag}/review/", {"label": "unclear"}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/review-queues/", {"name": "q-{role}"}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/review-queues/{queue}/sync/", {}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/review-queues/{queue}/next/", {}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/review-items/{item}/label/", "LABEL", {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/flags/{confirmed_flag}/reward-draft/", {}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/flags/{confirmed_flag}/promote/", {"benchmark": "reg-{role}"}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/flags/{confirmed_flag}/exclude/", {}, {Role.REVIEWER, Role.ADMIN}),
+    ("post", "/api/v1/reward-drafts/{draft}/accept/", {}, {Role.OPERATOR, Role.ADMIN}),
+    ("post", "/api/v1/reward-drafts/{draft}/discard/", {}, {Role.OPERATOR, Role.ADMIN}),
     ("post", "/api/v1/webhooks/", {"name": "w-{role}", "url": "http://127.0.0.1:9/h", "events": ["*"]}, {Role.ADMIN}),
     ("get", "/api/v1/webhooks/{webhook}/", {}, {Role.ADMIN}),
     ("patch", "/api/v1/webhooks/{webhook}/", {"active": False}, {Role.ADMIN}),
@@ -99,10 +113,43 @@ def world(users, trajectories_jsonl, tmp_path):  # type: ignore[no-untyped-def]
     webhook_delivery = WebhookDelivery.objects.create(
         endpoint=webhook, event="deployment.created", event_id=uuid.uuid4(), status="failed"
     )
+    # A confirmed hack on a training run over a tasks dataset, a queue holding it and a reward draft from it.
+    from apps.accounts.models import User
+    from apps.review.models import Review, RewardDraft
+    from apps.review.services import queue_create
+    from apps.runs.models import TrajectorySummary
+    from tests.factories import exact_answer_version, tasks_version
+
+    rows = [{"id": "q1", "prompt": "2 + 2?", "answer": "4"}]
+    train_run = Run.objects.create(
+        kind="train",
+        spec={"config": {"environment": "exact_answer"}},
+        dataset_version=tasks_version(owner=owner, rows=rows),
+        reward_version=exact_answer_version(owner=owner),
+        created_by=owner,
+    )
+    summary = TrajectorySummary.objects.create(run=train_run, trajectory_id="t9", task_id="q1")
+    confirmed_flag = Flag.objects.create(
+        run=train_run, trajectory=summary, trajectory_ref="t9", detector="repetition", detector_version="1"
+    )
+    seed = User.objects.create_user(username="seed-reviewer", role=Role.REVIEWER)
+    Review.objects.create(flag=confirmed_flag, reviewer=seed, label="confirmed")
+    queue = queue_create(name="matrix", created_by=owner, run_id=train_run.pk)
+    draft = RewardDraft.objects.create(
+        flag=confirmed_flag,
+        base_version=train_run.reward_version,
+        proposed_spec={"terms": [{"type": "normalized_match"}, {"type": "turn_penalty"}]},
+        reason="test",
+        created_by=seed,
+    )
     return {
         "dataset_version": dataset_version,
         "reward_version": reward_version,
         "flag": flag,
+        "confirmed_flag": confirmed_flag,
+        "queue": queue,
+        "item": queue.items.get(),
+        "draft": draft,
         "benchmark_version": bench_version,
         "gate": gate,
         "decision": decision,
@@ -126,10 +173,16 @@ def test_reads_follow_the_role(client_for, role, path):
 
 @pytest.mark.parametrize("role", Role.values)
 @pytest.mark.parametrize("method,path,body,allowed", WRITE_ENDPOINTS)
-def test_writes_follow_the_role(client_for, world, role, method, path, body, allowed):
+def test_writes_follow_the_role(client_for, users, world, role, method, path, body, allowed):
     from workers.rewards.schema import context1_spec
 
-    if body == "LAUNCH":
+    if body == "LABEL":
+        from apps.review.services import queue_next
+
+        if role in allowed:  # only the lock holder labels: claim the item first
+            queue_next(queue=world["queue"], reviewer=users[role])
+        body = {"label": "confirmed"}
+    elif body == "LAUNCH":
         body = {
             "kind": "rescore",
             "dataset_version": world["dataset_version"].pk,
@@ -156,6 +209,10 @@ def test_writes_follow_the_role(client_for, world, role, method, path, body, all
         "benchmark": world["benchmark_version"].benchmark_id,
         "gate": world["gate"].pk,
         "decision": world["decision"].pk,
+        "confirmed_flag": world["confirmed_flag"].pk,
+        "queue": world["queue"].pk,
+        "item": world["item"].pk,
+        "draft": world["draft"].pk,
     }
     response = getattr(client_for(role), method)(path.format(**ids), body, format="json")
     if role in allowed:
