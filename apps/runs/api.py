@@ -78,6 +78,10 @@ class LaunchSerializer(serializers.Serializer):
         default=False,
         help_text="Launch even if the tasks overlap a benchmark that gates deployments; the run is flagged instead",
     )
+    allow_excluded = serializers.BooleanField(
+        default=False,
+        help_text="kind=train: launch although reviewers excluded some of the tasks; those tasks are left out",
+    )
 
 
 class TrajectorySerializer(serializers.ModelSerializer):
@@ -117,6 +121,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
                 corpus_version=data["corpus_version"],
                 auto_eval=data["auto_eval"],
                 allow_contamination=data["allow_contamination"],
+                allow_excluded=data["allow_excluded"],
             )
         elif data["kind"] == "sft":
             if not isinstance(data["config"], dict):

@@ -419,6 +419,7 @@ def run_resume(*, run: Run, user: User) -> Run:
         parent=run,
         resume_from=checkpoint,
         allow_contamination=bool(run.spec.get("contamination")),
+        allow_excluded=True,  # a resume trains on what is still allowed: excluded tasks are left out, not refused
         auto_eval=list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or [])),
         corpus_version=(
             DatasetVersion.objects.filter(pk=run.spec["corpus_version"]).first()
@@ -456,6 +457,7 @@ def worker_spec(run: Run) -> dict[str, Any]:
             "reward": run.reward_version.spec,
             "output_prefix": storage_uri(f"runs/{run.pk}"),
             "resume_from": resume["uri"] if resume else None,
+            "exclude_task_ids": list(run.spec.get("excluded_tasks") or []),
         }
     if run.kind == RunKind.SFT:
         assert run.dataset_version is not None and run.reward_version is not None

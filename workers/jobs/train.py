@@ -44,6 +44,7 @@ class TrainSpec(JobSpec):
     output_prefix: str  # checkpoints/ and trajectories/ go under it
     resume_from: str | None = None  # URI of a checkpoint written by this job
     max_rows: int = 100_000
+    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
 
 
 def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
@@ -180,6 +181,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         env_cls = get_environment(config.environment)
         raw = read_bytes(spec.input_uri, opts)
         rows = [json.loads(line) for line in raw.split(b"\n") if line.strip()][: spec.max_rows]
+        if spec.exclude_task_ids:
+            excluded = set(spec.exclude_task_ids)
+            kept = [row for row in rows if str(row.get("id")) not in excluded]
+            reporter.log(f"{len(rows) - len(kept)} excluded task(s) left out of training")
+            rows = kept
         for index, row in enumerate(rows, start=1):
             env_cls.validate_task_row(row, index=index)
         model_path = str(resolve_base_model(config.base_model))
