@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(PY) bench/trainer_vs_trl.py
 	$(PY) bench/search_corpus.py --threads 1
 	$(PY) bench/sandbox_vs_humaneval.py
+	$(PY) bench/dashboard_scale.py
 
 clean-var:
 	rm -rf var

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 
 
@@ -63,7 +64,18 @@ class Run(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
-        indexes = [models.Index(fields=["kind", "status"])]
+        indexes = [
+            models.Index(fields=["kind", "status"]),
+            # The runs list: newest first, alone or after one equality filter, reads the page off an index.
+            models.Index(fields=["-created_at", "-id"], name="run_recent_idx"),
+            models.Index(fields=["status", "-created_at", "-id"], name="run_status_recent_idx"),
+            models.Index(fields=["kind", "-created_at", "-id"], name="run_kind_recent_idx"),
+            models.Index(fields=["created_by", "-created_at", "-id"], name="run_owner_recent_idx"),
+            GinIndex(fields=["tags"], opclasses=["jsonb_path_ops"], name="run_tags_idx"),
+            # The name search (icontains: UPPER(name) LIKE '%Q%') uses run_name_trgm_idx, a trigram index on
+            # UPPER(name) created by raw SQL in migration 0007: OpClass() in Meta needs django.contrib.postgres
+            # in INSTALLED_APPS.
+        ]
 
     def __str__(self) -> str:
         return f"run {self.pk} ({self.kind})"
