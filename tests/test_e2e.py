@@ -565,3 +565,29 @@ def test_in_a_browser_an_operator_launches_a_run_and_its_chart_updates_live(stac
     report = _browser_flow(stack, operator, "launch")
     assert "metric chart drawn from websocket frames" in report["steps"]
     assert "status badge turned succeeded" in report["steps"]
+
+
+def test_in_a_browser_a_reviewer_works_a_queue_with_the_keyboard(stack, users):
+    """Playwright: a reviewer claims a flagged trajectory, sees the detector's evidence highlighted, labels one a
+    false positive with `2` (the next item opens) and the next a confirmed hack with `1`; no console errors."""
+    from apps.review.models import Flag, Review
+    from apps.review.services import queue_create
+    from apps.runs.models import Run, TrajectorySummary
+
+    reviewer = users["reviewer"]
+    run = Run.objects.create(kind="rescore", name="browser-review", spec={}, created_by=users["operator"])
+    for i in range(2):
+        TrajectorySummary.objects.create(run=run, trajectory_id=f"t{i}", task_id=f"q{i}", reward=1.0)
+        Flag.objects.create(
+            run=run,
+            trajectory_ref=f"t{i}",
+            detector="repetition",
+            detector_version="1",
+            severity="high",
+            evidence={"message": "the same 4-gram 40 times", "turn": 1, "excerpt": "again and again and again"},
+        )
+    queue = queue_create(name="browser-queue", created_by=users["admin"], run_id=run.pk)
+    report = _browser_flow(stack, reviewer, "review", CRUCIBLE_REVIEW_URL=f"/review/queues/{queue.pk}/")
+    assert "1 labelled it a confirmed hack" in report["steps"]
+    labels = sorted(Review.objects.filter(flag__run=run).values_list("label", flat=True))
+    assert labels == ["confirmed", "false_positive"]

@@ -25,7 +25,9 @@
       const button = form.querySelector('button[data-key="' + event.key + '"]');
       if (button) {
         event.preventDefault();
-        form.requestSubmit(button);
+        // A click, not form.requestSubmit(button): htmx includes the pressed button's name/value (the label)
+        // only for a button it saw clicked.
+        button.click();
       }
     } else if (event.key === "n") {
       const next = document.getElementById("next-form");

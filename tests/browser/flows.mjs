@@ -41,21 +41,27 @@ async function launch(page) {
   steps.push("status badge turned succeeded");
 }
 
+// A reviewer works a queue with the keyboard: claim an item, see the detector's evidence highlighted, press 2
+// (false positive) and land on the next item, press 1 (confirmed hack) and get the flow-back actions.
 async function review(page) {
-  // Filled in by the review-queue flow (keyboard labelling); see tests/test_browser.py.
   await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
-  const start = process.env.CRUCIBLE_REVIEW_URL;
-  await page.goto(`${base}${start}`);
-  await page.waitForSelector("[data-review-item]", { timeout: 30000 });
-  const first = await page.getAttribute("[data-review-item]", "data-review-item");
-  check(first, `review item ${first} shown`);
-  check(await page.locator(".evidence, [data-evidence]").count() > 0, "detector evidence highlighted");
-  await page.keyboard.press("1");  // confirmed hack
-  await page.waitForFunction((id) => {
-    const el = document.querySelector("[data-review-item]");
-    return !el || el.getAttribute("data-review-item") !== id;
-  }, first, { timeout: 30000 });
-  steps.push("labelled with the keyboard (1 = confirmed hack); the next item loaded");
+  await page.goto(`${base}${process.env.CRUCIBLE_REVIEW_URL}`);
+  await Promise.all([page.waitForNavigation(), page.click('main form button:has-text("Review next")')]);
+  check(/\/review\/items\/\d+\/$/.test(page.url()), `claimed an item: ${page.url()}`);
+  const first = page.url();
+  await page.waitForSelector("#evidence mark.evidence", { timeout: 30000 });
+  steps.push("detector evidence highlighted");
+  await page.keyboard.press("2");
+  await page.waitForFunction((url) => location.href !== url || document.querySelector("#label-result .errors"), first, {
+    timeout: 30000,
+  });
+  const refused = await page.locator("#label-result .errors").count();
+  if (refused) throw new Error(`label refused: ${await page.textContent("#label-result")}`);
+  check(/\/review\/items\/\d+\/$/.test(page.url()), `2 labelled it a false positive and opened the next item: ${page.url()}`);
+  await page.waitForSelector("#evidence mark.evidence", { timeout: 30000 });
+  await page.keyboard.press("1");
+  await page.waitForSelector("#label-result .ok", { timeout: 30000 });
+  check((await page.textContent("#label-result")).includes("confirmed hack"), "1 labelled it a confirmed hack");
 }
 
 const browser = await chromium.launch({
