@@ -135,6 +135,29 @@ class MetricPoint(models.Model):
         indexes = [models.Index(fields=["run", "name", "step"], include=["value"], name="metric_series_idx")]
 
 
+ROLLUP_STEPS = 256
+"""Steps per roll-up bucket: a million-step series reads ~3,900 roll-up rows instead of a million points."""
+
+
+class MetricRollup(models.Model):
+    """Per-series aggregates of `ROLLUP_STEPS` consecutive steps (bucket = step // ROLLUP_STEPS), kept by ingest in
+    the same transaction as the points. Long series are downsampled from these: min and max stay exact envelopes,
+    the mean is sum / count."""
+
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="metric_rollups")
+    name = models.CharField(max_length=100)
+    bucket = models.BigIntegerField()
+    min = models.FloatField()
+    max = models.FloatField()
+    sum = models.FloatField()
+    count = models.BigIntegerField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["run", "name", "bucket"], name="uniq_metric_rollup_bucket"),
+        ]
+
+
 class TrajectorySummary(models.Model):
     run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="trajectories")
     trajectory_id = models.CharField(max_length=200)

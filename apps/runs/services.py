@@ -26,6 +26,7 @@ from apps.review.models import Flag
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import ray_jobs
 from apps.runs.models import (
+    ROLLUP_STEPS,
     TERMINAL_STATUSES,
     Artifact,
     Checkpoint,
@@ -660,6 +661,49 @@ def _ts(event: Any, default: datetime) -> datetime:
     return datetime.fromtimestamp(event.time, tz=timezone.get_current_timezone())
 
 
+def _rollup_metrics(run_id: int, points: list[tuple[Any, ...]]) -> None:
+    """Fold a batch's new metric points (run, step, name, value, time) into the run's roll-up buckets, in the
+    ingest transaction: the ledger already made these points new, so each is counted exactly once."""
+    if not points:
+        return
+    buckets: dict[tuple[str, int], list[float]] = {}
+    for _, step, name, value, _ in points:
+        agg = buckets.get((name, step // ROLLUP_STEPS))
+        if agg is None:
+            buckets[(name, step // ROLLUP_STEPS)] = [value, value, value, 1.0]
+        else:
+            agg[0], agg[1] = min(agg[0], value), max(agg[1], value)
+            agg[2] += value
+            agg[3] += 1
+    rows = [(run_id, name, bucket, lo, hi, total, int(n)) for (name, bucket), (lo, hi, total, n) in buckets.items()]
+    with connection.cursor() as cursor:
+        cursor.executemany(
+            """
+            INSERT INTO runs_metricrollup (run_id, name, bucket, min, max, sum, count)
+            VALUES (%s, %s, %s, %s, %s, %s, %s)
+            ON CONFLICT (run_id, name, bucket) DO UPDATE SET
+              min = LEAST(runs_metricrollup.min, EXCLUDED.min),
+              max = GREATEST(runs_metricrollup.max, EXCLUDED.max),
+              sum = runs_metricrollup.sum + EXCLUDED.sum,
+              count = runs_metricrollup.count + EXCLUDED.count
+            """,
+            rows,
+        )
+
+
+def metric_rollups_rebuild(*, run_ids: list[int] | None = None) -> None:
+    """Recompute roll-ups from the stored points (for data loaded around ingest, e.g. by a bulk COPY)."""
+    where, params = ("WHERE run_id = ANY(%s)", [run_ids]) if run_ids is not None else ("", [])
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM runs_metricrollup {where}", params)
+        cursor.execute(
+            "INSERT INTO runs_metricrollup (run_id, name, bucket, min, max, sum, count) "
+            f"SELECT run_id, name, step / %s, min(value), max(value), sum(value), count(*) FROM runs_metricpoint "
+            f"{where} GROUP BY run_id, name, step / %s",
+            [ROLLUP_STEPS, *params, ROLLUP_STEPS],
+        )
+
+
 def _copy_rows(table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
     if not rows:
         return
@@ -747,6 +791,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
         _copy_rows(IngestedRange._meta.db_table, ["run_id", "lo", "hi", "batch"], ranges)
         _copy_rows(RunEvent._meta.db_table, ["run_id", "seq", "batch", "kind", "data", "created_at"], ledger)
         _copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], metrics)
+        _rollup_metrics(run.pk, metrics)
         TrajectorySummary.objects.bulk_create(trajectories, ignore_conflicts=True, batch_size=2000)
         # After the summaries: a flag usually arrives in the same batch as its trajectory.
         _store_flags(run, flags, new_trajectory_ids=[t.trajectory_id for t in trajectories])
