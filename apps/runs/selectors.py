@@ -158,7 +158,7 @@ def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str
     Each bucket returns its min, mean and max, so spikes survive downsampling (an envelope, like M4); the bucket
     counts add up to the point count. The step range comes from two index probes. A long series (each output
     bucket spanning at least two roll-up buckets) is read from its roll-ups (`MetricRollup`, ROLLUP_STEPS steps
-    each): a million-point series reads about 3,900 rows, and the output buckets' edges fall on roll-up edges.
+    each): a million-point series reads about 15,600 rows, and the output buckets' edges fall on roll-up edges.
     A shorter one is grouped from its points in one scan."""
     max_points = max(10, min(max_points, 5000))
     params = {"run": run_id, "name": name, "n": max_points, "r": ROLLUP_STEPS}

@@ -36,8 +36,8 @@ class Migration(migrations.Migration):
         # Existing series get their roll-ups; from now on ingest keeps them (apps/runs/services.py).
         migrations.RunSQL(
             "INSERT INTO runs_metricrollup (run_id, name, bucket, min, max, sum, count) "
-            "SELECT run_id, name, step / 256, min(value), max(value), sum(value), count(*) "
-            "FROM runs_metricpoint GROUP BY run_id, name, step / 256",
+            "SELECT run_id, name, step / 64, min(value), max(value), sum(value), count(*) "
+            "FROM runs_metricpoint GROUP BY run_id, name, step / 64",
             reverse_sql=migrations.RunSQL.noop,
         ),
     ]
