@@ -394,6 +394,76 @@ def eval_finalize(*, run_id: int) -> None:
     from apps.gates.services import gate_checks_for_eval
 
     gate_checks_for_eval(eval_id=evaluation.pk)
+    if evaluation.checkpoint_id is not None:
+        training_run_eval_curve(evaluation=evaluation)
+
+
+def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
+    """After an eval of a training run's checkpoint: chart the run's eval results per checkpoint step
+    (`eval/<benchmark>/<metric>` metric points on the training run) and run the run-level detectors
+    (reward-eval divergence: training reward rising while this held-out eval falls) on the run's reward and
+    these points. A divergence is stored as a `Flag` of the run (trajectory_ref "run:<id>"), once per detector.
+    Returns the findings."""
+    from django.utils import timezone
+
+    from apps.review.models import Flag
+    from apps.runs.models import MetricPoint
+    from apps.runs.selectors import metric_series
+    from workers.detectors.registry import DetectorConfig, run_run_detectors
+
+    checkpoint = Checkpoint.objects.select_related("run").get(pk=evaluation.checkpoint_id)
+    run = checkpoint.run
+    if run.kind != RunKind.TRAIN:
+        return []
+    version = evaluation.benchmark_version
+    evals = (
+        Eval.objects.filter(checkpoint__run=run, benchmark_version=version, run__status=RunStatus.SUCCEEDED)
+        .exclude(metrics={})
+        .select_related("checkpoint")
+        .order_by("checkpoint__step", "-created_at")
+    )
+    points: dict[int, dict[str, float]] = {}
+    for other in evals:
+        points.setdefault(other.checkpoint.step, other.metrics)  # the newest eval of each checkpoint
+    names = [m for m in ("pass@1", "mean_score") if any(m in metrics for metrics in points.values())]
+    now = timezone.now()
+    with transaction.atomic():
+        for metric in names:
+            name = f"eval/{version.benchmark.name}/{metric}"[:100]
+            # Rewritten whole: a retried hook or a re-run eval never leaves a duplicate point.
+            MetricPoint.objects.filter(run=run, name=name).delete()
+            MetricPoint.objects.bulk_create(
+                [
+                    MetricPoint(run=run, step=step, name=name, value=float(metrics[metric]), time=now)
+                    for step, metrics in sorted(points.items())
+                    if metric in metrics
+                ]
+            )
+    if not names:
+        return []
+    reward = metric_series(run_id=run.pk, name="reward_mean", max_points=2000)
+    series = {
+        "reward_mean": list(zip(reward["steps"], reward["mean"], strict=True)),
+        "eval/pass@1": [(step, float(m[names[0]])) for step, m in sorted(points.items()) if names[0] in m],
+    }
+    config = DetectorConfig.model_validate((run.spec.get("config") or {}).get("detectors") or {})
+    findings = run_run_detectors(series, config)
+    Flag.objects.bulk_create(
+        [
+            Flag(
+                run=run,
+                trajectory_ref=f"run:{run.pk}",
+                detector=finding.detector,
+                detector_version=finding.version,
+                severity=finding.severity,
+                evidence={**finding.evidence, "benchmark_version": version.pk, "eval_metric": names[0]},
+                step=max(points),
+            )
+            for finding in findings
+        ],
+        ignore_conflicts=True,
+    )
+    return findings
 
 
 def eval_task_scores(evaluation: Eval) -> dict[str, TaskScore]:

@@ -176,3 +176,42 @@ def test_an_auto_eval_that_cannot_start_is_recorded_on_the_run(client_for, gated
     assert eval_auto(run_id=run.pk, steps=[1]) == 0
     run.refresh_from_db()
     assert "does not exist" in run.summary["auto_eval_errors"][0]
+
+
+@pytest.mark.parametrize(("eval_scores", "flagged"), [((6, 5, 4, 3, 2), True), ((2, 3, 4, 5, 6), False)])
+def test_checkpoint_evals_chart_on_the_run_and_feed_the_reward_eval_divergence_detector(
+    users, tmp_path, eval_scores, flagged
+) -> None:
+    from django.utils import timezone
+
+    from apps.benchmarks.services import eval_launch
+    from apps.review.models import Flag
+    from apps.runs.models import MetricPoint
+
+    owner = users["operator"]
+    version = coding_version(owner=users["admin"], rows=CODING_ROWS[:6])
+    run = Run.objects.create(
+        kind="train", spec={"config": {"base_model": "tiny-llama-smollm2-tokenizer"}}, created_by=owner
+    )
+    now = timezone.now()
+    MetricPoint.objects.bulk_create(  # the training reward keeps rising
+        [MetricPoint(run=run, step=step, name="reward_mean", value=step / 10, time=now) for step in range(1, 11)]
+    )
+    for index, step in enumerate((2, 4, 6, 8, 10)):
+        path = tmp_path / f"ckpt-{step}.pt"
+        path.write_bytes(b"x")
+        checkpoint = Checkpoint.objects.create(run=run, step=step, uri=f"file://{path}")
+        evaluation, _ = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=owner)
+        passed = eval_scores[index]
+        finish_eval(evaluation, {row["id"]: (1, int(i < passed)) for i, row in enumerate(CODING_ROWS[:6])})
+    curve = list(
+        MetricPoint.objects.filter(run=run, name="eval/mini-coding/pass@1")
+        .order_by("step")
+        .values_list("step", "value")
+    )
+    assert curve == [(s, pytest.approx(p / 6)) for s, p in zip((2, 4, 6, 8, 10), eval_scores, strict=True)]
+    flags = Flag.objects.filter(run=run, detector="reward_eval_divergence")
+    assert flags.exists() is flagged
+    if flagged:
+        flag = flags.get()
+        assert flag.trajectory_ref == f"run:{run.pk}" and flag.evidence["eval_metric"] == "pass@1"
