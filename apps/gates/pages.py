@@ -174,8 +174,18 @@ def decision_judge(request: HttpRequest, decision_id: int) -> HttpResponse:
     return redirect("gates:decision", decision_id=decision.pk)
 
 
+@needs(Capability.READ)
+def deployment_list(request: HttpRequest) -> HttpResponse:
+    """Every deployment of every gate, newest first: what serves now, what it replaced, and rollbacks."""
+    deployments = Deployment.objects.select_related(
+        "gate", "checkpoint", "created_by", "decision", "rolled_back_from"
+    ).order_by("-created_at")[:200]
+    return render(request, "gates/deployments.html", {"deployments": deployments})
+
+
 urlpatterns = [
     path("", gate_list, name="list"),
+    path("deployments/", deployment_list, name="deployments"),
     path("<int:gate_id>/", gate_detail, name="gate"),
     path("<int:gate_id>/evaluate/", gate_evaluate_view, name="evaluate"),
     path("<int:gate_id>/rollback/", gate_rollback_view, name="rollback"),

@@ -849,6 +849,7 @@ def _store_flags(run: Run, flags: list[Any], *, new_trajectory_ids: list[str]) -
         summaries = dict(
             TrajectorySummary.objects.filter(run=run, trajectory_id__in=refs).values_list("trajectory_id", "pk")
         )
+        _queue_flags_on_commit()
         Flag.objects.bulk_create(
             [
                 Flag(
@@ -872,6 +873,14 @@ def _store_flags(run: Run, flags: list[Any], *, new_trajectory_ids: list[str]) -
                 TrajectorySummary.objects.filter(run=run, trajectory_id=OuterRef("trajectory_ref")).values("pk")[:1]
             )
         )
+
+
+def _queue_flags_on_commit() -> None:
+    """New flags join the review queues that match them right after the commit (beat re-syncs every minute as a
+    backstop, so a lost task only delays them)."""
+    from apps.review.tasks import review_queues_sync
+
+    transaction.on_commit(review_queues_sync.delay, robust=True)
 
 
 def _auto_eval_on_commit(run_id: int, steps: list[int]) -> None:

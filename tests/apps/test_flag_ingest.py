@@ -95,3 +95,21 @@ def test_the_workers_severities_and_field_limits_match_the_flag_model() -> None:
     ):
         limits = {m.max_length for m in FlagEvent.model_fields[event_field].metadata if hasattr(m, "max_length")}
         assert limits == {Flag._meta.get_field(model_field).max_length}
+
+
+def test_ingested_flags_queue_a_review_sync_after_the_commit(users, monkeypatch, django_capture_on_commit_callbacks):
+    from apps.runs.models import Run
+    from apps.runs.services import ingest_batch
+    from workers.events import EVENTS_LIST
+
+    synced: list[bool] = []
+    monkeypatch.setattr("apps.review.tasks.review_queues_sync.delay", lambda: synced.append(True))
+    run = Run.objects.create(kind="rescore", spec={}, created_by=users["operator"])
+    flag = {"seq": 1, "kind": "flag", "trajectory_id": "t1", "detector": "repetition", "detector_version": "1"}
+    with django_capture_on_commit_callbacks(execute=True):
+        ingest_batch(
+            run_id=run.pk,
+            events=EVENTS_LIST.validate_python([{**flag, "severity": "low", "evidence": {}}]),
+            publish=False,
+        )
+    assert synced == [True]

@@ -32,6 +32,7 @@ def test_every_role_reads_benchmarks_evals_gates_and_decisions(client, users, de
         f"/benchmarks/evals/{evaluation.pk}/results/",
         f"/benchmarks/evals/compare/?before={evaluation.pk}&after={evaluation.pk}",
         "/gates/",
+        "/gates/deployments/",
         f"/gates/{decided['gate'].pk}/",
         f"/gates/decisions/{decided['decision'].pk}/",
     ]
@@ -118,3 +119,10 @@ def test_a_judge_post_without_an_action_changes_nothing(client, users, decided) 
     client.force_login(users["operator"])
     reply = client.post(f"/gates/{decided['gate'].pk}/evaluate/", {"checkpoint": "abc"}, follow=True)
     assert reply.status_code == 200 and "pick a registered checkpoint" in reply.content.decode()
+
+
+def test_the_deployments_page_lists_every_deployment_with_its_state(client, users, decided) -> None:
+    client.force_login(users["approver"])
+    client.post(f"/gates/decisions/{decided['decision'].pk}/judge/", {"action": "approve"})
+    html = client.get("/gates/deployments/").content.decode()
+    assert "current" in html and f"decision {decided['decision'].pk}" in html and decided["gate"].name in html
