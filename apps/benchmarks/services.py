@@ -404,11 +404,9 @@ def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
     (reward-eval divergence: training reward rising while this held-out eval falls) on the run's reward and
     these points. A divergence is stored as a `Flag` of the run (trajectory_ref "run:<id>"), once per detector.
     Returns the findings."""
-    from django.utils import timezone
-
     from apps.review.models import Flag
-    from apps.runs.models import MetricPoint
     from apps.runs.selectors import metric_series
+    from apps.runs.services import metric_series_replace
     from workers.detectors.registry import DetectorConfig, run_run_detectors
 
     checkpoint = Checkpoint.objects.select_related("run").get(pk=evaluation.checkpoint_id)
@@ -426,19 +424,13 @@ def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
     for other in evals:
         points.setdefault(other.checkpoint.step, other.metrics)  # the newest eval of each checkpoint
     names = [m for m in ("pass@1", "mean_score") if any(m in metrics for metrics in points.values())]
-    now = timezone.now()
-    with transaction.atomic():
-        for metric in names:
-            name = f"eval/{version.benchmark.name}/{metric}"[:100]
-            # Rewritten whole: a retried hook or a re-run eval never leaves a duplicate point.
-            MetricPoint.objects.filter(run=run, name=name).delete()
-            MetricPoint.objects.bulk_create(
-                [
-                    MetricPoint(run=run, step=step, name=name, value=float(metrics[metric]), time=now)
-                    for step, metrics in sorted(points.items())
-                    if metric in metrics
-                ]
-            )
+    for metric in names:
+        # Rewritten whole: a retried hook or a re-run eval never leaves a duplicate point.
+        metric_series_replace(
+            run_id=run.pk,
+            name=f"eval/{version.benchmark.name}/{metric}"[:100],
+            points=[(step, float(metrics[metric])) for step, metrics in sorted(points.items()) if metric in metrics],
+        )
     if not names:
         return []
     reward = metric_series(run_id=run.pk, name="reward_mean", max_points=2000)

@@ -122,12 +122,14 @@ CHECK_PREFETCH = [
 ] + ["benchmark_versions"]
 
 
-def _check_response(check: GateCheck) -> Response:
-    check = (
-        GateCheck.objects.select_related("gate", "decision__gate", "decision__approved_by")
-        .prefetch_related(*CHECK_PREFETCH)
-        .get(pk=check.pk)
+def _checks() -> Any:
+    return GateCheck.objects.select_related("gate", "decision__gate", "decision__approved_by").prefetch_related(
+        *CHECK_PREFETCH
     )
+
+
+def _check_response(check: GateCheck) -> Response:
+    """The check with its evals and decision; `check` must come from `_checks()` (one query per relation)."""
     code = status.HTTP_202_ACCEPTED if check.status == CheckStatus.WAITING else status.HTTP_200_OK
     return Response(GateCheckSerializer(check).data, status=code)
 
@@ -185,7 +187,7 @@ class GateViewSet(viewsets.ModelViewSet):
         check = services.gate_evaluate(
             gate=gate, checkpoint=checkpoint, user=request.user, benchmark_versions=data["benchmark_versions"]
         )
-        return _check_response(check)
+        return _check_response(_checks().get(pk=check.pk))
 
     @action(detail=True, methods=["post"])
     def rollback(self, request: Request, pk: str | None = None) -> Response:
@@ -197,11 +199,7 @@ class GateViewSet(viewsets.ModelViewSet):
 
 class GateCheckViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = GateCheckSerializer
-    queryset = (
-        GateCheck.objects.select_related("gate", "decision__gate", "decision__approved_by")
-        .prefetch_related(*CHECK_PREFETCH)
-        .order_by("-created_at")
-    )
+    queryset = _checks().order_by("-created_at")
 
     def retrieve(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return _check_response(self.get_object())

@@ -15,7 +15,6 @@ Every decision, approval and deployment is announced by a signed webhook (`apps.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +26,7 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 from apps.accounts.models import Capability, User
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.benchmarks.services import contamination_check, eval_launch, eval_metrics_for, eval_task_scores
+from apps.datasets.services import SLUG
 from apps.gates.models import Approval, CheckStatus, Deployment, Gate, GateCheck, GateDecision, Verdict
 from apps.runs.models import Checkpoint, RunStatus, TrajectorySummary
 from workers.evals.gates import (
@@ -39,7 +39,6 @@ from workers.evals.gates import (
 )
 
 FAILED_RUN = (RunStatus.FAILED, RunStatus.STOPPED)
-SLUG = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 
 
 def _emit(event: str, payload: dict[str, Any]) -> None:

@@ -32,6 +32,7 @@ from apps.runs.models import (
     Checkpoint,
     IngestedRange,
     MetricPoint,
+    MetricRollup,
     Run,
     RunEvent,
     RunKind,
@@ -689,6 +690,18 @@ def _rollup_metrics(run_id: int, points: list[tuple[Any, ...]]) -> None:
             """,
             rows,
         )
+
+
+def metric_series_replace(*, run_id: int, name: str, points: list[tuple[int, float]]) -> None:
+    """Replace one series of a run outside ingest (values the control plane computes, e.g. eval results per
+    checkpoint): its points and its roll-ups together, so long-range charts read the same data as short ones."""
+    now = timezone.now()
+    with transaction.atomic():
+        MetricPoint.objects.filter(run_id=run_id, name=name).delete()
+        MetricRollup.objects.filter(run_id=run_id, name=name).delete()
+        rows = [(run_id, step, name, value, now) for step, value in points]
+        _copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], rows)
+        _rollup_metrics(run_id, rows)
 
 
 def metric_rollups_rebuild(*, run_ids: list[int] | None = None) -> None:

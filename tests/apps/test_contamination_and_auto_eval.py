@@ -210,6 +210,10 @@ def test_checkpoint_evals_chart_on_the_run_and_feed_the_reward_eval_divergence_d
         .values_list("step", "value")
     )
     assert curve == [(s, pytest.approx(p / 6)) for s, p in zip((2, 4, 6, 8, 10), eval_scores, strict=True)]
+    from apps.runs.models import MetricRollup
+
+    rolled = MetricRollup.objects.filter(run=run, name="eval/mini-coding/pass@1")
+    assert sum(rolled.values_list("count", flat=True)) == 5  # long-range charts read the same curve
     flags = Flag.objects.filter(run=run, detector="reward_eval_divergence")
     assert flags.exists() is flagged
     if flagged:
