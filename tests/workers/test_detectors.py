@@ -491,3 +491,106 @@ def test_a_rescore_shard_carries_each_trajectorys_findings() -> None:
     assert [f.detector for f in flagged["findings"]] == ["malformed_tool_calls"] and clean["findings"] == []
     # A parsed upload keeps role, content and tool only: the malformed call is found from its turns.
     assert flagged["findings"][0].evidence["malformed_tool_calls"] == 1
+
+
+# --- suggested reward changes ------------------------------------------------------------------------------------
+
+SUGGESTION_SPECS: list[dict[str, Any]] = [
+    {"terms": [{"type": "exact_match"}]},
+    {
+        "terms": [
+            {"type": "f_beta", "weight": 0.7},
+            {"type": "turn_penalty", "start": 10, "ramp": 4, "max_penalty": 0.2},
+        ]
+    },
+    {
+        "terms": [
+            {"type": "trajectory_recall", "name": "recall", "weight": 0.3},
+            {"type": "turn_penalty", "name": "long", "max_penalty": 0},
+        ]
+    },
+    {"terms": [{"type": "trajectory_recall", "weight": 0}], "floor": 0.0},
+    {},
+]
+_ADD_TURNS = (
+    "{}: add a turn_penalty (from 8 turns, up to 0.5 over 16 more) so the long episodes this hack produces cost reward"
+)
+_DEFAULT_TURNS = {"type": "turn_penalty", "start": 8, "ramp": 16, "max_penalty": 0.5}
+# What apps/review/suggestions.suggest_penalty returned for each spec above before the logic moved here (copied,
+# since that module is on its way out): "{}" is the detector's name.
+TURN_PENALTY_SUGGESTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"terms": [{"type": "exact_match"}, _DEFAULT_TURNS]}, _ADD_TURNS),
+    (
+        {
+            "terms": [
+                {"type": "f_beta", "weight": 0.7},
+                {"type": "turn_penalty", "start": 5, "ramp": 4, "max_penalty": 0.3},
+            ]
+        },
+        "{}: tighten turn_penalty: start 10 -> 5 turns, max_penalty 0.2 -> 0.3",
+    ),
+    (
+        {
+            "terms": [
+                {"type": "trajectory_recall", "name": "recall", "weight": 0.3},
+                {"type": "turn_penalty", "name": "long", "max_penalty": 0.5, "start": 32},
+            ]
+        },
+        "{}: tighten long: start 64 -> 32 turns, max_penalty 0 -> 0.5",
+    ),
+    ({"terms": [{"type": "trajectory_recall", "weight": 0}, _DEFAULT_TURNS], "floor": 0.0}, _ADD_TURNS),
+    ({"terms": [_DEFAULT_TURNS]}, _ADD_TURNS),
+]
+_ADD_RECALL = (
+    "search_once_then_quit: add trajectory_recall (weight 0.5) so searching further pays, instead of answering "
+    "after one search"
+)
+RECALL_SUGGESTIONS: list[tuple[dict[str, Any], str]] = [
+    ({"terms": [{"type": "exact_match"}, {"type": "trajectory_recall", "weight": 0.5}]}, _ADD_RECALL),
+    (
+        {
+            "terms": [
+                {"type": "f_beta", "weight": 0.7},
+                {"type": "turn_penalty", "start": 10, "ramp": 4, "max_penalty": 0.2},
+                {"type": "trajectory_recall", "weight": 0.5},
+            ]
+        },
+        _ADD_RECALL,
+    ),
+    (
+        {
+            "terms": [
+                {"type": "trajectory_recall", "name": "recall", "weight": 0.45},
+                {"type": "turn_penalty", "name": "long", "max_penalty": 0},
+            ]
+        },
+        "search_once_then_quit: raise recall's weight 0.3 -> 0.45",
+    ),
+    (
+        {"terms": [{"type": "trajectory_recall", "weight": 0.5}], "floor": 0.0},
+        "search_once_then_quit: raise trajectory_recall's weight 0 -> 0.5",
+    ),
+    ({"terms": [{"type": "trajectory_recall", "weight": 0.5}]}, _ADD_RECALL),
+]
+
+
+@pytest.mark.parametrize("name", [*detectors(), "a_retired_detector"])
+def test_suggest_penalty_gives_what_the_control_plane_suggested_for_every_detector(name: str) -> None:
+    from workers.detectors import suggest_penalty
+
+    if name == "search_once_then_quit":
+        expected = RECALL_SUGGESTIONS
+    else:  # every other detector's hacks spend turns: the generic turn penalty, also for a name no longer known
+        expected = [(spec, reason.format(name)) for spec, reason in TURN_PENALTY_SUGGESTIONS]
+    for spec, (proposed, reason) in zip(SUGGESTION_SPECS, expected, strict=True):
+        before = json.dumps(spec, sort_keys=True)
+        assert suggest_penalty(spec, name) == (proposed, reason), spec
+        assert json.dumps(spec, sort_keys=True) == before  # the spec under review is left alone
+        assert proposed != spec
+
+
+def test_a_detector_offers_its_own_suggestion_or_none_for_the_generic_one() -> None:
+    spec = {"terms": [{"type": "exact_match"}]}
+    assert get_detector("search_once_then_quit").suggest(spec) == RECALL_SUGGESTIONS[0]
+    for name in ("length_blowup", "malformed_tool_calls", "repetition", "reward_eval_divergence"):
+        assert get_detector(name).suggest(spec) is None

@@ -591,6 +591,25 @@ def test_every_reward_term_type_has_its_inputs_declared() -> None:
     assert set(TERM_INPUTS) == set(TERM_TYPES)
 
 
+def test_term_inputs_keeps_its_old_home_and_its_old_values() -> None:
+    from workers.envs.base import TermInputs
+    from workers.rewards import schema
+
+    answer = frozenset({"answer", "gold_answers"})
+    # The table workers/envs/base.py held before the terms declared their own inputs.
+    assert TERM_INPUTS == {
+        "exact_match": TermInputs((answer,)),
+        "normalized_match": TermInputs((answer,)),
+        "f_beta": TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),)),
+        "trajectory_recall": TermInputs((frozenset({"seen_doc_ids", "gold_doc_ids"}),)),
+        "final_answer_bonus": TermInputs((frozenset({"output_doc_ids", "answer_doc_ids"}), answer)),
+        "prune_penalty": TermInputs((frozenset({"turns"}),), tools=frozenset({"prune_chunks"})),
+        "turn_penalty": TermInputs((frozenset({"turns"}),)),
+        "tests_passed": TermInputs((frozenset({"tests_passed"}),)),
+    }
+    assert TERM_INPUTS is schema.TERM_INPUTS and TermInputs is schema.TermInputs
+
+
 def test_the_context1_retrieval_reward_is_incompatible_with_the_calculator() -> None:
     problems = check_reward_compatible(CalculatorEnv, context1_spec())
     assert len(problems) == 3
@@ -683,3 +702,42 @@ def test_word_problems_are_deterministic_and_valid_for_the_calculator() -> None:
         match = re.match(r"(\d+) stickers are shared equally among (\d+) children", row["prompt"])
         if match:
             assert int(match.group(1)) == int(row["answer"]) * int(match.group(2))
+
+
+# --- what the control plane asks an environment ------------------------------------------------------------------
+
+# The values apps/benchmarks/services.py hard-coded (SCORE_FIELDS, DEFAULT_METRICS, eval_reward) and
+# apps/runs/services.py decided by name ("search" reads a corpus index), copied so the move changes nothing.
+_EXACT_MATCH = {"terms": [{"type": "exact_match"}]}
+CONTROL_PLANE_FACTS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
+    "exact_answer": ("reward", "mean_score", False, _EXACT_MATCH),
+    "calculator": ("reward", "mean_score", False, _EXACT_MATCH),
+    "coding": ("tests_passed", "pass@1", False, {"terms": [{"type": "tests_passed"}]}),
+    "search": ("output_recall", "mean_score", True, context1_spec().model_dump(mode="json")),
+}
+
+
+def test_every_environment_declares_what_the_control_plane_used_to_hard_code() -> None:
+    assert set(CONTROL_PLANE_FACTS) == set(ENVIRONMENTS)
+    for name, cls in ENVIRONMENTS.items():
+        score_field, metric, needs_index, reward = CONTROL_PLANE_FACTS[name]
+        assert (cls.score_field, cls.default_metric, cls.needs_corpus_index) == (score_field, metric, needs_index)
+        assert cls.eval_reward() == reward, name
+        assert cls.eval_reward() is not cls.eval_reward()  # a fresh dict each time: callers may edit it
+
+
+def test_an_environments_eval_reward_can_score_its_own_episodes() -> None:
+    for name, cls in ENVIRONMENTS.items():
+        assert check_reward_compatible(cls, cls.eval_reward()) == [], name
+        validate_reward_spec(cls.eval_reward())  # raises when the spec is not one
+
+
+def test_only_search_names_corpus_chunks_and_the_old_name_still_answers() -> None:
+    from workers.envs.search import SearchEnv
+
+    row = {"gold_chunk_ids": ["a", "b"], "answer_chunk_ids": ["b"], "distractor_chunk_ids": ["c"], "other": ["d"]}
+    assert SearchEnv.referenced_chunk_ids(row) == SearchEnv.task_chunk_ids(row) == {"a", "b", "c"}
+    assert SearchEnv.referenced_chunk_ids({"gold_chunk_ids": "not a list"}) == set()
+    for name, cls in ENVIRONMENTS.items():
+        if cls is not SearchEnv:
+            assert cls.referenced_chunk_ids(row) == set(), name

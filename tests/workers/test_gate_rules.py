@@ -391,3 +391,42 @@ def test_evaluation_to_dict_is_json_ready_and_deterministic() -> None:
 def test_evaluate_rules_needs_at_least_one_rule() -> None:
     with pytest.raises(GateRulesError, match="a gate needs at least one rule"):
         evaluate_rules([], GateInputs(candidate={}))
+
+
+# --- each rule decides itself ------------------------------------------------------------------------------------
+
+
+def test_every_rule_type_carries_its_own_evaluate() -> None:
+    from workers.evals.gates import RULE_CLASSES
+
+    for cls in RULE_CLASSES:
+        assert "evaluate" in cls.__dict__, f"{cls.__name__} does not define evaluate"
+
+
+def test_evaluate_rules_records_what_each_rule_decides() -> None:
+    before, after = _tasks(same_pass=10, same_fail=2)
+    inputs = GateInputs(
+        candidate={"humaneval": _evidence(after, metrics={"pass@1": 0.7})},
+        baseline={"humaneval": _evidence(before)},
+        flag_rates={"*": 0.5},
+        approval="",
+    )
+    rules = parse_rules(
+        [
+            {"type": "threshold", "benchmark": "humaneval", "value": 0.6},
+            {"type": "no_regression", "benchmark": "humaneval"},
+            {"type": "flag_rate", "max_rate": 0.1},
+            {"type": "approval"},
+        ]
+    )
+    evaluation = evaluate_rules(rules, inputs)
+    for rule, outcome in zip(rules, evaluation.outcomes, strict=True):
+        verdict, used, statistic, message = rule.evaluate(inputs)
+        assert (outcome.verdict, outcome.inputs, outcome.statistic, outcome.message) == (
+            verdict,
+            used,
+            statistic,
+            message,
+        )
+    assert [o.verdict for o in evaluation.outcomes] == ["pass", "pass", "fail", "pending"]
+    assert evaluation.verdict == "fail"

@@ -501,3 +501,52 @@ def test_smollm2_converts_once_and_answers_a_chat_prompt_ending_at_its_end_token
     assert "Paris" in generation.text and "<|im_end|>" not in generation.text
     expected = _full_forward_logprobs(backend, prompt, generation.token_ids, temperature=1.0)
     assert generation.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+# --- the built-in model registry ---------------------------------------------------------------------------------
+
+
+def test_one_registry_carries_every_builtin_and_the_old_tables_derive_from_it() -> None:
+    from workers.rl.config import BUILTIN_SHAPES as RL_SHAPES
+    from workers.rl.config import ModelShape as RlModelShape
+
+    assert list(registry.BUILTINS) == [SMOLLM2, TINY_LLAMA]
+    assert BUILTIN_MODELS == {name: model.description for name, model in registry.BUILTINS.items()}
+    assert RL_SHAPES is registry.BUILTIN_SHAPES and RlModelShape is registry.ModelShape
+    # The shapes workers/rl/config.py held before the registry carried them.
+    assert RL_SHAPES == {
+        SMOLLM2: registry.ModelShape(parameters=134_515_008, layers=30, hidden=576, vocab=49_152),
+        TINY_LLAMA: registry.ModelShape(parameters=3_300_000, layers=2, hidden=64, vocab=49_152),
+    }
+    assert set(registry._BUILDERS) == set(registry.BUILTINS)  # every built-in can be built
+
+
+def test_model_name_problems_accepts_builtins_allowed_names_and_model_directories(tmp_path: Path) -> None:
+    from workers.models import model_name_problems
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    assert model_name_problems(SMOLLM2) == model_name_problems(TINY_LLAMA) == []
+    assert model_name_problems(str(tmp_path / "model")) == []
+    assert model_name_problems("scripted-search", allow=["scripted-search"]) == []
+    expected = (
+        "unknown model {!r}: use a built-in name (smollm2-135m-instruct, tiny-llama-smollm2-tokenizer) or the path "
+        "of a model directory with config.json"
+    )
+    assert model_name_problems("scripted-search") == [expected.format("scripted-search")]
+    assert model_name_problems("gpt-9", allow=("scripted-search",)) == [expected.format("gpt-9")]
+    assert model_name_problems(str(tmp_path / "empty")) == [expected.format(str(tmp_path / "empty"))]
+
+
+def test_the_model_registry_imports_without_torch_or_ray() -> None:
+    # The control plane imports it to check names; it must not pay for (or need) the training stack.
+    script = (
+        "import sys\n"
+        "import workers.models.registry, workers.rl.config\n"
+        "print(sorted(m for m in ('torch', 'ray', 'transformers', 'vllm') if m in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"

@@ -509,3 +509,34 @@ def test_histogram_of_equal_values_puts_them_in_one_bin() -> None:
 def test_histogram_skips_non_finite_values() -> None:
     hist = histogram([1.0, math.nan, math.inf, 2.0], bins=2)
     assert hist["counts"] == [1, 1]
+
+
+def test_every_term_class_declares_what_it_reads_and_every_table_derives_from_the_classes() -> None:
+    from typing import get_args
+
+    from workers.rewards.schema import TERM_CLASSES, TERM_INPUTS, TermInputs, TermSpec
+
+    for cls in TERM_CLASSES:
+        assert isinstance(cls.__dict__.get("reads"), TermInputs), f"{cls.__name__} does not declare `reads`"
+        assert all(option for option in cls.reads.fields), cls.__name__
+    assert TERM_TYPES == tuple(cls.model_fields["type"].default for cls in TERM_CLASSES)
+    assert TERM_INPUTS == {cls.model_fields["type"].default: cls.reads for cls in TERM_CLASSES}
+    union, _discriminator = get_args(TermSpec)
+    assert get_args(union) == TERM_CLASSES
+    assert RewardSpec.model_fields["terms"].annotation == list[TermSpec]
+
+
+def test_the_spec_validates_every_term_type_through_the_derived_union() -> None:
+    spec = validate_reward_spec({"terms": [{"type": name} for name in TERM_TYPES]})
+    assert [type(term).__name__ for term in spec.terms] == [
+        "ExactMatchTerm",
+        "NormalizedMatchTerm",
+        "FBetaTerm",
+        "TrajectoryRecallTerm",
+        "FinalAnswerBonusTerm",
+        "PrunePenaltyTerm",
+        "TurnPenaltyTerm",
+        "PassedTestsTerm",
+    ]
+    with pytest.raises(RewardSpecError, match="unknown term type 'nope'; use one of: exact_match"):
+        validate_reward_spec({"terms": [{"type": "nope"}]})

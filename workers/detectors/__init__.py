@@ -16,6 +16,7 @@ from workers.detectors.registry import (
     get_detector,
     run_detectors,
     run_run_detectors,
+    suggest_penalty,
 )
 
 __all__ = [
@@ -32,4 +33,5 @@ __all__ = [
     "get_detector",
     "run_detectors",
     "run_run_detectors",
+    "suggest_penalty",
 ]

@@ -10,6 +10,9 @@ A detector is a class in its own module of this package (the registry finds it b
 - `detect(...)`: trajectory scope takes a record (`workers.trajectories` JSON, as `Environment.trajectory`
   writes it or as uploads hold it) and its params; run scope takes `RunSeries` and its params. It returns at most
   one `Finding` (a flag is unique per trajectory and detector), never raises on an odd record and does no I/O.
+- optionally `suggest(spec)`: the reward change that would make its hack cost reward (a proposed reward spec and
+  a one-line reason), offered to the reviewer who confirms one of its flags; without it the generic turn penalty
+  (`suggest_turn_penalty`) is offered, which fits any hack that spends turns the task did not need.
 
 Evidence is a JSON-able dict with the same core keys for every detector, so the review page can highlight it:
 `message` (one sentence), `turn` (index into the record's `turns`, or None), `span` ([start, end) character
@@ -21,6 +24,7 @@ own keys beside these.
 from __future__ import annotations
 
 import abc
+import copy
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -75,6 +79,12 @@ class Detector(abc.ABC, Generic[ParamsT]):
     scope: ClassVar[Scope]
     description: ClassVar[str]
     Params: type[ParamsT]
+
+    def suggest(self, spec: dict[str, Any]) -> tuple[dict[str, Any], str] | None:
+        """(proposed reward spec, one-line reason) for a confirmed hack of this detector's kind, or None when the
+        generic turn penalty fits. Pure: `spec` (a reward spec's JSON) is not modified, and a proposal always
+        differs from it, so confirming a flag never suggests a no-op."""
+        return None
 
     def finding(self, trajectory_id: str | None, severity: Severity, evidence: Mapping[str, Any]) -> Finding:
         return Finding(
@@ -167,3 +177,46 @@ def excerpt(text: str, start: int, end: int, limit: int = EXCERPT_CHARS) -> str:
 def rounded(value: float, digits: int = 4) -> float:
     """A finite float for evidence (JSON has no NaN or infinity)."""
     return round(value, digits) if math.isfinite(value) else 0.0
+
+
+# --- suggested reward changes -----------------------------------------------------------------------------------
+# The reward schema's only penalty terms are turn_penalty (methods.md X5) and prune_penalty (X4), so a suggestion
+# adds or tightens one of those, or reweights a gain term that pays for the behaviour the hack skipped.
+
+TIGHTEN = 1.5
+"""How much a suggestion scales an existing penalty's size or a gain term's weight."""
+
+DEFAULT_TURN_PENALTY: dict[str, Any] = {"type": "turn_penalty", "start": 8, "ramp": 16, "max_penalty": 0.5}
+
+
+def proposal(spec: dict[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A deep copy of `spec` to edit and its term list (created when missing): suggestions never touch `spec`."""
+    proposed = copy.deepcopy(spec)
+    terms: list[dict[str, Any]] = proposed.setdefault("terms", [])
+    return proposed, terms
+
+
+def term_of_type(terms: list[dict[str, Any]], term_type: str) -> dict[str, Any] | None:
+    """The first term of `term_type`: the one a suggestion tightens rather than adding another."""
+    return next((term for term in terms if term.get("type") == term_type), None)
+
+
+def suggest_turn_penalty(spec: dict[str, Any], detector: str) -> tuple[dict[str, Any], str]:
+    """The generic suggestion: add a turn_penalty, or halve an existing one's start and raise its maximum, so the
+    long episodes most hacks produce (loops, padding, broken tool calls retried) cost reward."""
+    proposed, terms = proposal(spec)
+    term = term_of_type(terms, "turn_penalty")
+    if term is None:
+        terms.append(dict(DEFAULT_TURN_PENALTY))
+        return proposed, (
+            f"{detector}: add a turn_penalty (from {DEFAULT_TURN_PENALTY['start']} turns, up to "
+            f"{DEFAULT_TURN_PENALTY['max_penalty']} over {DEFAULT_TURN_PENALTY['ramp']} more) so the long episodes "
+            "this hack produces cost reward"
+        )
+    old_start, old_max = int(term.get("start", 64)), float(term.get("max_penalty", 0.5))
+    term["start"] = old_start // 2
+    term["max_penalty"] = round(old_max * TIGHTEN, 4) if old_max > 0 else DEFAULT_TURN_PENALTY["max_penalty"]
+    return proposed, (
+        f"{detector}: tighten {term.get('name') or 'turn_penalty'}: start {old_start} -> {term['start']} turns, "
+        f"max_penalty {old_max:g} -> {term['max_penalty']:g}"
+    )

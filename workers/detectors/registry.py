@@ -29,6 +29,7 @@ from workers.detectors.base import (
     RunSeries,
     Scope,
     TrajectoryDetector,
+    suggest_turn_penalty,
 )
 
 _NOT_DETECTORS = frozenset({"base", "registry"})
@@ -266,6 +267,16 @@ def flag_metrics(
     return metrics
 
 
+def suggest_penalty(spec: dict[str, Any], detector: str) -> tuple[dict[str, Any], str]:
+    """(proposed reward spec, one-line reason) for a confirmed hack flagged by `detector`: that detector's own
+    `suggest`, else the generic turn penalty. A name no longer registered (a flag raised by a detector since
+    removed) still gets the generic suggestion, so old flags can be confirmed. `spec` is not modified; the
+    proposal always differs from it."""
+    known = detectors().get(detector)
+    suggestion = known.suggest(spec) if known is not None else None
+    return suggestion if suggestion is not None else suggest_turn_penalty(spec, detector)
+
+
 __all__ = [
     "SEVERITIES",
     "DetectorConfig",
@@ -277,4 +288,5 @@ __all__ = [
     "get_detector",
     "run_detectors",
     "run_run_detectors",
+    "suggest_penalty",
 ]

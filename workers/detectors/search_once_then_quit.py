@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from workers.detectors.base import (
+    TIGHTEN,
     DetectorParams,
     Finding,
     Severity,
@@ -22,15 +23,20 @@ from workers.detectors.base import (
     content_of,
     excerpt,
     is_assistant,
+    proposal,
     record_id,
     reply_count,
     rounded,
+    term_of_type,
     turns_of,
 )
 from workers.envs.search import GREP_TOOL, READ_TOOL, SEARCH_TOOL
 
 RETRIEVAL_TOOLS = frozenset({SEARCH_TOOL, GREP_TOOL, READ_TOOL})
 """Calls that look for evidence; prune_chunks is not one."""
+
+DEFAULT_RECALL_WEIGHT = 0.5
+"""Weight of the trajectory_recall term a suggestion adds to a reward that has none."""
 
 
 class SearchOnceThenQuitParams(DetectorParams):
@@ -122,3 +128,21 @@ class SearchOnceThenQuit(TrajectoryDetector[SearchOnceThenQuitParams]):
             "trajectory_recall": rounded(recall) if recall is not None else None,
         }
         return [self.finding(record_id(record), severity, evidence)]
+
+    def suggest(self, spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
+        """More weight on trajectory_recall (methods.md X2's r_traj): it pays for every gold document seen, so
+        searching further earns more than answering after one search. A turn penalty would reward quitting."""
+        proposed, terms = proposal(spec)
+        term = term_of_type(terms, "trajectory_recall")
+        if term is None:
+            terms.append({"type": "trajectory_recall", "weight": DEFAULT_RECALL_WEIGHT})
+            return proposed, (
+                f"{self.name}: add trajectory_recall (weight {DEFAULT_RECALL_WEIGHT}) so searching further pays, "
+                "instead of answering after one search"
+            )
+        old = float(term.get("weight", 1.0))
+        term["weight"] = round(old * TIGHTEN, 4) if old > 0 else DEFAULT_RECALL_WEIGHT
+        return (
+            proposed,
+            f"{self.name}: raise {term.get('name') or 'trajectory_recall'}'s weight {old:g} -> {term['weight']:g}",
+        )

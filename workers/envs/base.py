@@ -14,7 +14,9 @@ An episode is
 Every environment declares, as class attributes, what a task row must hold (`required_task_fields`) and which
 trajectory fields it fills (`produces`), so a run that pairs it with a dataset or a reward config it cannot serve
 is refused when the run is created (`check_task_fields`, `check_task_rows`, `check_reward_compatible`), not hours
-into training.
+into training. It also declares how it is benchmarked and launched (`score_field`, `default_metric`,
+`eval_reward`, `needs_corpus_index`, `referenced_chunk_ids`): the control plane asks the class instead of
+comparing environment names, so a new environment needs no edit there.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar, Literal, TypedDict
 
 from workers.envs.toolcalls import ToolCall, ToolSpec, json_kind, parse_tool_calls, render_tool_prompt
+from workers.rewards.schema import TERM_INPUTS as TERM_INPUTS  # alias: apps/ imports it from here
 from workers.rewards.schema import RewardSpec, validate_reward_spec
-from workers.rewards.terms import PRUNE_TOOL
+from workers.rewards.schema import TermInputs as TermInputs  # alias: apps/ imports it from here
 
 AnswerFormat = Literal["text", "last_number"]
 """How the final reply becomes the trajectory's `answer`: the whole stripped text, or the last number in it."""
@@ -139,7 +142,12 @@ class Environment(abc.ABC):
     - `name`, `description`: registry key and help text;
     - `required_task_fields`: fields every task row must hold;
     - `produces`: trajectory fields (`workers.trajectories.Trajectory`) this environment fills;
-    - `tools`: the tools it offers (none for single-turn environments).
+    - `tools`: the tools it offers (none for single-turn environments);
+    - `score_field`: what an eval attempt is scored by unless its benchmark says otherwise: "reward" or a key of
+      `episode_metrics`;
+    - `default_metric`: the headline metric of a new benchmark on this environment ("pass@1", "mean_score");
+    - `needs_corpus_index`: whether the environment searches a corpus, so a run or benchmark must name a corpus
+      version whose ready index fills `env_params["index_uri"]`.
     """
 
     name: ClassVar[str]
@@ -147,6 +155,21 @@ class Environment(abc.ABC):
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "answer"})
     produces: ClassVar[frozenset[str]] = frozenset({"answer", "gold_answers", "turns"})
     tools: ClassVar[tuple[ToolSpec, ...]] = ()
+    score_field: ClassVar[str] = "reward"
+    default_metric: ClassVar[str] = "mean_score"
+    needs_corpus_index: ClassVar[bool] = False
+
+    @classmethod
+    def eval_reward(cls) -> dict[str, Any]:
+        """The reward spec (JSON) an eval's episodes are scored with. Trajectory pages show it; pass or fail is
+        the benchmark's `score_field`. By default the answer must match a gold answer exactly."""
+        return {"terms": [{"type": "exact_match"}]}
+
+    @classmethod
+    def referenced_chunk_ids(cls, row: Mapping[str, Any]) -> set[str]:
+        """Corpus chunk ids a task row names; at launch each must exist in the corpus version the run searches,
+        else the task could never be answered. Environments without a corpus name none."""
+        return set()
 
     def __init__(
         self, *, max_turns: int, answer_format: AnswerFormat = "text", system_prompt: str | None = None
@@ -460,34 +483,6 @@ class ToolUseEnvironment(Environment):
 # --- checks at run creation ---------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class TermInputs:
-    """What one reward term reads: any one of `fields` (sets of trajectory fields), and the `tools` whose calls
-    it counts (a term over a tool the environment never offers is constant, so almost surely a mistake)."""
-
-    fields: tuple[frozenset[str], ...]
-    tools: frozenset[str] = frozenset()
-
-
-TERM_INPUTS: dict[str, TermInputs] = {
-    "exact_match": TermInputs((frozenset({"answer", "gold_answers"}),)),
-    "normalized_match": TermInputs((frozenset({"answer", "gold_answers"}),)),
-    "f_beta": TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),)),
-    "trajectory_recall": TermInputs((frozenset({"seen_doc_ids", "gold_doc_ids"}),)),
-    # terms.final_answer_found: answer chunk ids when the task has them, else the answer text
-    "final_answer_bonus": TermInputs(
-        (frozenset({"output_doc_ids", "answer_doc_ids"}), frozenset({"answer", "gold_answers"}))
-    ),
-    "prune_penalty": TermInputs((frozenset({"turns"}),), tools=frozenset({PRUNE_TOOL})),
-    "turn_penalty": TermInputs((frozenset({"turns"}),)),
-    "tests_passed": TermInputs((frozenset({"tests_passed"}),)),
-}
-"""Trajectory inputs of each reward term type (read off `workers.rewards.schema`'s `value` methods).
-
-Kept here rather than on the terms so the reward package stays independent of environments; a test fails when
-a term type is missing from this table.
-"""
-
 EnvLike = Environment | type[Environment]
 
 
@@ -503,10 +498,7 @@ def check_reward_compatible(env: EnvLike, reward_spec: RewardSpec | Mapping[str,
     problems: list[str] = []
     for index, term in enumerate(spec.terms):
         label = f"terms[{index}] ({term.type}" + (f" '{term.name}')" if term.name != term.type else ")")
-        needs = TERM_INPUTS.get(term.type)
-        if needs is None:
-            problems.append(f"{label}: no known inputs for this term type; add it to workers.envs.base.TERM_INPUTS")
-            continue
+        needs = term.reads
         if not any(option <= env.produces for option in needs.fields):
             wanted = " or ".join(", ".join(sorted(option)) for option in needs.fields)
             problems.append(

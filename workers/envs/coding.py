@@ -76,6 +76,13 @@ class CodingEnv(Environment):
     )
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "code_prompt", "test", "entry_point"})
     produces: ClassVar[frozenset[str]] = frozenset({"turns", "tests_passed"})
+    score_field: ClassVar[str] = "tests_passed"
+    default_metric: ClassVar[str] = "pass@1"
+
+    @classmethod
+    def eval_reward(cls) -> dict[str, Any]:
+        """A coding attempt is as good as the tests it passes; there is no answer text to match."""
+        return {"terms": [{"type": "tests_passed"}]}
 
     def __init__(
         self,

