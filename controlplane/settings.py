@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "channels",
     "apps.accounts",
+    "apps.common",
     "apps.datasets",
     "apps.rewards",
     "apps.benchmarks",
@@ -35,6 +36,7 @@ INSTALLED_APPS = [
     "apps.webhooks",
     "apps.review",
     "apps.search",
+    "apps.training",
     "apps.web",
 ]
 
@@ -162,7 +164,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "apps.accounts.errors.json_exception_handler",
+    "EXCEPTION_HANDLER": "apps.common.errors.json_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {

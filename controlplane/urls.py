@@ -18,6 +18,8 @@ from apps.review.api import (
 from apps.rewards.api import RewardConfigViewSet, RewardVersionViewSet
 from apps.runs.api import RunViewSet
 from apps.runs.ingest import ingest_view
+from apps.search import api as search_api
+from apps.training import api as training_api
 from apps.webhooks.api import WebhookDeliveryViewSet, WebhookEndpointViewSet
 
 router = DefaultRouter()
@@ -50,7 +52,8 @@ api_v1 = [
     path("schema/", SpectacularAPIView.as_view(), name="schema"),
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
-    path("", include("apps.search.urls")),
+    path("", include(search_api.router.urls)),
+    path("", include(training_api.router.urls)),
     path("", include(router.urls)),
 ]
 

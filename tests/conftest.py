@@ -54,7 +54,7 @@ def _fast_password_hashing(settings):  # type: ignore[no-untyped-def]
 @pytest.fixture
 def run(users, trajectories_jsonl):  # type: ignore[no-untyped-def]
     """A re-scoring run launched through the service (its dispatch waits for a commit that never comes)."""
-    from apps.runs.services import run_launch_rescore
+    from apps.training.services import run_launch_rescore
     from tests.factories import context1_version, trajectories_version
 
     owner = users["operator"]

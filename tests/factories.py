@@ -73,7 +73,6 @@ def checkpoint_for(*, owner: User, tmp_path, step: int = 1, base_model: str = "t
 def finish_eval(evaluation, results: dict[str, tuple[int, int]], status: str = "succeeded") -> None:  # type: ignore[no-untyped-def]
     """Play an eval job's end: ingest one task_result event per task ((samples, passed)), then mark the run
     finished and run the success hook, as the reconcile loop and Celery would."""
-    from apps.benchmarks.services import eval_finalize
     from apps.runs.models import Run
     from apps.runs.services import ingest_batch
     from workers.events import EVENTS_LIST
@@ -90,4 +89,15 @@ def finish_eval(evaluation, results: dict[str, tuple[int, int]], status: str = "
         status=status, failure_reason="" if status == "succeeded" else "boom"
     )
     if status == "succeeded":
-        eval_finalize(run_id=evaluation.run_id)
+        play_lifecycle(evaluation.run_id, "succeeded")
+
+
+def play_lifecycle(run_id: int, point: str, steps: list[int] | None = None) -> list[str]:
+    """Run a lifecycle point's hooks in this process as the Celery tasks would (apps.runs.tasks.run_lifecycle):
+    the owning app's hook, then each subscriber. Returns the subscribers' names."""
+    from apps.runs.services import run_owner_hook, run_subscriber_hook
+
+    names = run_owner_hook(run_id=run_id, point=point, steps=steps or [])  # type: ignore[arg-type]
+    for name in names:
+        run_subscriber_hook(run_id=run_id, point=point, name=name, steps=steps or [])  # type: ignore[arg-type]
+    return names

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Capability
-from apps.benchmarks import services
+from apps.benchmarks import selectors, services
 from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, Eval, TaskProvenance
 from apps.datasets.models import DatasetVersion
 from apps.runs.models import Checkpoint, TaskResult
@@ -256,5 +256,5 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
             alpha = float(request.query_params.get("alpha", "0.05"))
         except ValueError:
             raise ValidationError({"alpha": ["must be a number between 0 and 0.5"]})
-        comparison = services.eval_compare(before=ids["before"], after=ids["after"], slice_by=slice_by, alpha=alpha)
+        comparison = selectors.eval_compare(before=ids["before"], after=ids["after"], slice_by=slice_by, alpha=alpha)
         return Response(comparison)

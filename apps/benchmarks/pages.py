@@ -8,10 +8,11 @@ from django.urls import path
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
-from apps.benchmarks import services
+from apps.benchmarks import selectors
 from apps.benchmarks.models import Benchmark, BenchmarkVersion, Eval
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
 from apps.runs.models import TaskResult
-from apps.web.views import _errors, needs
 
 app_name = "benchmarks"
 
@@ -81,9 +82,9 @@ def eval_compare(request: HttpRequest) -> HttpResponse:
             errors.append("before/after: pick two existing evals")
         else:
             try:
-                comparison = services.eval_compare(before=before, after=after, slice_by=slice_by)
+                comparison = selectors.eval_compare(before=before, after=after, slice_by=slice_by)
             except ValidationError as exc:
-                errors = _errors(exc)
+                errors = validation_messages(exc)
     evals = Eval.objects.select_related("benchmark_version__benchmark", "checkpoint", "run").order_by("-created_at")
     return render(
         request,

@@ -2,7 +2,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Mapping
 from itertools import islice
 from typing import Any
@@ -14,6 +13,7 @@ from django.db.models import Max
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from workers.search.corpus import (
     ChunkerConfig,
@@ -34,8 +34,6 @@ from workers.trajectories import parse_trajectories_jsonl
 
 ChunkerOption = ChunkerConfig | Mapping[str, Any] | str | None
 CORPUS_SCHEMA = "corpus/v1"
-
-SLUG = re.compile(r"[-a-zA-Z0-9_]{1,100}")
 
 
 def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, object]]:

@@ -15,10 +15,11 @@ from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
 from apps.benchmarks.models import BenchmarkVersion, Eval
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
 from apps.gates import services
 from apps.gates.models import Deployment, Gate, GateCheck, GateDecision
 from apps.runs.models import Checkpoint
-from apps.web.views import _errors, needs
 
 app_name = "gates"
 
@@ -53,7 +54,7 @@ def gate_list(request: HttpRequest) -> HttpResponse:
                     owner=request.user,  # type: ignore[arg-type]
                 )
             except ValidationError as exc:
-                errors = _errors(exc)
+                errors = validation_messages(exc)
             else:
                 return redirect("gates:gate", gate_id=gate.pk)
     gates = Gate.objects.select_related("owner").prefetch_related("benchmark_versions__benchmark").order_by("name")
@@ -106,7 +107,7 @@ def gate_evaluate_view(request: HttpRequest, gate_id: int) -> HttpResponse:
     try:
         check = services.gate_evaluate(gate=gate, checkpoint=checkpoint, user=request.user)  # type: ignore[arg-type]
     except ValidationError as exc:
-        messages.error(request, "; ".join(_errors(exc)))
+        messages.error(request, "; ".join(validation_messages(exc)))
     else:
         messages.info(request, f"Gate check {check.pk}: {check.get_status_display().lower()}.")
     return redirect("gates:gate", gate_id=gate.pk)
@@ -119,7 +120,7 @@ def gate_rollback_view(request: HttpRequest, gate_id: int) -> HttpResponse:
     try:
         restored = services.deployment_rollback(gate=gate, user=request.user, note=request.POST.get("note", ""))  # type: ignore[arg-type]
     except ValidationError as exc:
-        messages.error(request, "; ".join(_errors(exc)))
+        messages.error(request, "; ".join(validation_messages(exc)))
     else:
         messages.info(request, f"Rolled back: checkpoint {restored.checkpoint} is the deployment again.")
     return redirect("gates:gate", gate_id=gate.pk)
@@ -168,7 +169,7 @@ def decision_judge(request: HttpRequest, decision_id: int) -> HttpResponse:
             note=request.POST.get("note", ""),
         )
     except ValidationError as exc:
-        messages.error(request, "; ".join(_errors(exc)))
+        messages.error(request, "; ".join(validation_messages(exc)))
     else:
         messages.info(request, "Approved: the checkpoint is now the deployment." if approve else "Rejected.")
     return redirect("gates:decision", decision_id=decision.pk)

@@ -25,10 +25,14 @@ from rest_framework.exceptions import PermissionDenied, ValidationError
 
 from apps.accounts.models import Capability, User
 from apps.benchmarks.models import BenchmarkVersion, Eval
-from apps.benchmarks.services import contamination_check, eval_launch, eval_metrics_for, eval_task_scores
-from apps.datasets.services import SLUG
+from apps.benchmarks.selectors import contamination_check, eval_metrics_for, eval_task_scores
+from apps.benchmarks.services import eval_launch
+from apps.common.validators import SLUG
 from apps.gates.models import Approval, CheckStatus, Deployment, Gate, GateCheck, GateDecision, Verdict
+from apps.review.models import Flag
 from apps.runs.models import Checkpoint, RunStatus, TrajectorySummary
+from apps.webhooks.services import webhook_emit
+from workers.detectors.registry import detectors
 from workers.evals.gates import (
     ApprovalRule,
     BenchmarkEvidence,
@@ -42,8 +46,6 @@ FAILED_RUN = (RunStatus.FAILED, RunStatus.STOPPED)
 
 
 def _emit(event: str, payload: dict[str, Any]) -> None:
-    from apps.webhooks.services import webhook_emit
-
     webhook_emit(event=event, payload=payload)
 
 
@@ -207,6 +209,13 @@ def gate_checks_for_eval(*, eval_id: int) -> None:
         gate_check_advance(check_id=check_id)
 
 
+def gate_checks_after_eval(*, run_id: int) -> None:
+    """EVAL's succeeded subscriber (apps.runs.kinds): advance the checks waiting on the eval of this run."""
+    eval_id = Eval.objects.filter(run_id=run_id).values_list("pk", flat=True).first()
+    if eval_id is not None:
+        gate_checks_for_eval(eval_id=eval_id)
+
+
 def gate_checks_advance_all() -> int:
     """Beat: advance every waiting check (a backstop for a missed eval-finished notification)."""
     ids = list(GateCheck.objects.filter(status=CheckStatus.WAITING).values_list("pk", flat=True))
@@ -271,8 +280,6 @@ def _evidence(evaluation: Eval) -> BenchmarkEvidence:
 def flag_rates(evals: Sequence[Eval]) -> dict[str, float]:
     """Detector flag rates over the evals' trajectories: flagged trajectories / trajectories, per detector and
     for any detector ("*"). Detectors that raised nothing have no entry of their own; "*" is always there."""
-    from apps.review.models import Flag
-
     run_ids = [e.run_id for e in evals]
     total = TrajectorySummary.objects.filter(run_id__in=run_ids).count()
     rates: dict[str, float] = {}
@@ -289,8 +296,6 @@ def flag_rates(evals: Sequence[Eval]) -> dict[str, float]:
 def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecision:
     rules = parse_rules(check.gate.rules)
     rates = flag_rates(evals)
-    from workers.detectors.registry import detectors
-
     known = detectors()
     for rule in rules:
         # A ceiling on a detector that ran on these trajectories and raised nothing is a rate of 0; a name no

@@ -13,6 +13,8 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
 from apps.review import selectors, services
 from apps.review.models import (
     DraftStatus,
@@ -24,7 +26,6 @@ from apps.review.models import (
     RewardDraft,
     Severity,
 )
-from apps.web.views import _errors, needs
 from workers.detectors.registry import detectors
 
 app_name = "review"
@@ -51,7 +52,7 @@ def queue_list(request: HttpRequest) -> HttpResponse:
                 created_by=request.user,  # type: ignore[arg-type]
             )
         except ValidationError as exc:
-            errors = _errors(exc)
+            errors = validation_messages(exc)
         else:
             messages.success(request, f"Queue {queue.name} created with {queue.items.count()} item(s).")
             return redirect("review:queue", queue_id=queue.pk)
@@ -158,7 +159,9 @@ def item_label(request: HttpRequest, item_id: int) -> HttpResponse:
             note=request.POST.get("note", ""),
         )
     except ValidationError as exc:
-        return render(request, "review/_label_result.html", {"errors": _errors(exc), "item": item}, status=400)
+        return render(
+            request, "review/_label_result.html", {"errors": validation_messages(exc), "item": item}, status=400
+        )
     if request.POST.get("label") != Label.CONFIRMED:
         following = services.queue_next(queue=item.queue, reviewer=request.user)  # type: ignore[arg-type]
         target = (
@@ -196,7 +199,7 @@ def flag_act(request: HttpRequest, flag_id: int, what: str) -> HttpResponse:
         else:
             raise Http404(f"unknown action {what!r}: draft, promote or exclude")
     except ValidationError as exc:
-        errors = _errors(exc)
+        errors = validation_messages(exc)
     item = QueueItem.objects.filter(pk=_int_or_none(request.POST.get("item"))).first()
     context = {"flag": flag, "item": item, "errors": errors, **_flow_context(flag)}
     return render(request, "review/_flow.html", context, status=400 if errors else 200)
@@ -216,7 +219,7 @@ def draft_decide(request: HttpRequest, draft_id: int, decision: str) -> HttpResp
             services.reward_draft_discard(draft=draft, user=request.user)  # type: ignore[arg-type]
             messages.info(request, f"Draft {draft.pk} discarded.")
     except ValidationError as exc:
-        for error in _errors(exc):
+        for error in validation_messages(exc):
             messages.error(request, error)
     return redirect("review:list")
 

@@ -11,6 +11,7 @@ from django.db.models import Count, Q, QuerySet
 from django.utils.safestring import SafeString, mark_safe
 
 from apps.review.models import ItemStatus, Label, QueueItem, Review, ReviewQueue
+from apps.runs.selectors import find_record
 
 
 @dataclass
@@ -123,8 +124,6 @@ def highlighted(text: str, span: Any) -> SafeString:
 def evidence_view(item: QueueItem) -> dict[str, Any]:
     """What the review page shows of the flag's trajectory: whether it is still stored, the flagged turn's text
     with the evidence span marked, and the other flags on the same trajectory."""
-    from apps.web.trajectory_views import find_record
-
     flag = item.flag
     evidence = flag.evidence if isinstance(flag.evidence, dict) else {}
     turn_index = evidence.get("turn")

@@ -14,8 +14,10 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, TaskProvenance
+from apps.benchmarks.services import benchmark_create, benchmark_version_create
+from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from apps.datasets.services import SLUG
 from apps.review.models import (
     SEVERITY_PRIORITY,
     ActionKind,
@@ -32,6 +34,9 @@ from apps.review.models import (
     TaskExclusion,
 )
 from apps.review.suggestions import suggest_penalty
+from apps.rewards.services import reward_version_create
+from apps.runs.models import Run
+from workers.detectors.registry import detectors
 
 MIN_LOCK_TIMEOUT_S = 10
 
@@ -74,9 +79,6 @@ def queue_create(
     description: str = "",
 ) -> ReviewQueue:
     """A queue, filled at once with the flags that match it."""
-    from apps.runs.models import Run
-    from workers.detectors.registry import detectors
-
     problems: dict[str, list[str]] = {}
     if not SLUG.fullmatch(name or ""):
         problems["name"] = ["use 1-100 letters, digits, '-' or '_' (e.g. run-12-high)"]
@@ -263,8 +265,6 @@ def reward_draft_create(*, flag: Flag, created_by: User) -> RewardDraft:
 @transaction.atomic
 def reward_draft_accept(*, draft: RewardDraft, user: User, spec: Any = None) -> RewardDraft:
     """Make the draft (or `spec`, the operator's edit of it) the next version of its reward config."""
-    from apps.rewards.services import reward_version_create
-
     draft = RewardDraft.objects.select_for_update().select_related("base_version__config").get(pk=draft.pk)
     if draft.status != DraftStatus.DRAFT:
         raise ValidationError({"draft": [f"draft {draft.pk} was already {draft.status}"]})
@@ -317,9 +317,6 @@ def task_promote(*, flag: Flag, benchmark_name: str, user: User, task_id: str = 
     """Add the flagged trajectory's task to benchmark `benchmark_name` as a regression case: a new version with
     the task row appended (provenance "review"), or a new benchmark in the run's environment. Returns the
     benchmark version."""
-    from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, TaskProvenance
-    from apps.benchmarks.services import benchmark_create, benchmark_version_create
-
     _require_confirmed(flag)
     task_id = _flag_task_id(flag, task_id)
     run = flag.run
@@ -448,3 +445,23 @@ def task_exclusion_guard(*, dataset_version: DatasetVersion, allow: bool) -> lis
             }
         )
     return found
+
+
+def flags_record(*, run: Run, findings: Sequence[Any], step: int, evidence: dict[str, Any] | None = None) -> None:
+    """Store run-level detector findings (no trajectory: `trajectory_ref` is "run:<id>") as flags of `run`, once
+    per detector (a repeat is ignored); `evidence` is added to each finding's own."""
+    Flag.objects.bulk_create(
+        [
+            Flag(
+                run=run,
+                trajectory_ref=f"run:{run.pk}",
+                detector=finding.detector,
+                detector_version=finding.version,
+                severity=finding.severity,
+                evidence={**finding.evidence, **(evidence or {})},
+                step=step,
+            )
+            for finding in findings
+        ],
+        ignore_conflicts=True,
+    )

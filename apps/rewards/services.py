@@ -7,7 +7,7 @@ from django.db.models import Max
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
-from apps.datasets.services import SLUG
+from apps.common.validators import SLUG
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from workers.rewards.schema import RewardSpec, RewardSpecError, spec_hash, validate_reward_spec
 

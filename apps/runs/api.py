@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -7,10 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Capability
-from apps.benchmarks.models import BenchmarkVersion
-from apps.datasets.models import DatasetVersion
-from apps.rewards.models import RewardConfigVersion
-from apps.runs import selectors, services
+from apps.runs import kinds, selectors, services
 from apps.runs.models import Run, TrajectorySummary
 
 
@@ -46,42 +44,13 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
 
-class LaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(
-        choices=["rescore", "train", "sft"],
-        help_text="Run kinds launched here (index and datagen: /search-indexes/, /datagen/)",
-    )
-    dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
-    reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
-    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
-    config = serializers.JSONField(
-        required=False,
-        default=dict,
-        help_text="kind=train: the training config (workers.rl.config.TrainConfig); omitted fields take defaults",
-    )
-    corpus_version = serializers.PrimaryKeyRelatedField(
-        queryset=DatasetVersion.objects.select_related("dataset"),
-        required=False,
-        allow_null=True,
-        default=None,
-        help_text="kind=train with environment 'search': the corpus version whose index the agent searches",
-    )
-    auto_eval = serializers.PrimaryKeyRelatedField(
-        many=True,
-        queryset=BenchmarkVersion.objects.all(),
-        required=False,
-        default=list,
-        help_text="kind=train: benchmark versions every new checkpoint is evaluated on (results on the run page)",
-    )
-    allow_contamination = serializers.BooleanField(
-        default=False,
-        help_text="Launch even if the tasks overlap a benchmark that gates deployments; the run is flagged instead",
-    )
-    allow_excluded = serializers.BooleanField(
-        default=False,
-        help_text="kind=train: launch although reviewers excluded some of the tasks; those tasks are left out",
-    )
+# The body of POST /runs/ is the launch input of the kind it names; evaluated when the schema is generated, after
+# every app registered its kinds.
+LaunchRequestSerializer = PolymorphicProxySerializer(
+    component_name="RunLaunch",
+    serializers=lambda: {kind: handler.launch_input for kind, handler in kinds.launchable().items()},
+    resource_type_field_name="kind",
+)
 
 
 class TrajectorySerializer(serializers.ModelSerializer):
@@ -92,7 +61,7 @@ class TrajectorySerializer(serializers.ModelSerializer):
 
 class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
-    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH, "resume": Capability.LAUNCH}
+    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH}
 
     def get_queryset(self):  # type: ignore[no-untyped-def]
         qs = selectors.run_list()
@@ -101,47 +70,22 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
                 qs = qs.filter(**{field: value})
         return qs
 
+    @extend_schema(request=LaunchRequestSerializer, responses={201: RunSerializer})
     def create(self, request: Request) -> Response:
-        body = LaunchSerializer(data=request.data)
+        """Launch a run of a kind whose app registered an API launch (apps.runs.kinds); the body is that kind's
+        launch input. Other kinds have their own endpoints (index: /search-indexes/, datagen: /datagen/,
+        eval: /evals/)."""
+        launchable = kinds.launchable()
+        kind = request.data.get("kind") if isinstance(request.data, dict) else None
+        if kind not in launchable:
+            raise ValidationError(
+                {"kind": [f"{kind!r} is not a run kind launched here; choose one of {', '.join(launchable)}"]}
+            )
+        handler = launchable[kind]
+        assert handler.launch_input is not None and handler.launch is not None
+        body = handler.launch_input(data=request.data)
         body.is_valid(raise_exception=True)
-        data = body.validated_data
-        common = {
-            "created_by": request.user,
-            "dataset_version": data["dataset_version"],
-            "reward_version": data["reward_version"],
-            "name": data["name"],
-            "tags": data["tags"],
-        }
-        if data["kind"] == "train":
-            if not isinstance(data["config"], dict):
-                raise ValidationError({"config": ["must be a JSON object of training settings"]})
-            run = services.run_launch_train(
-                **common,
-                config=data["config"],
-                corpus_version=data["corpus_version"],
-                auto_eval=data["auto_eval"],
-                allow_contamination=data["allow_contamination"],
-                allow_excluded=data["allow_excluded"],
-            )
-        elif data["kind"] == "sft":
-            if not isinstance(data["config"], dict):
-                raise ValidationError(
-                    {"config": ["must be a JSON object of SFT settings (workers.jobs.sft.SFTConfig)"]}
-                )
-            run = services.run_launch_sft(
-                **common,
-                config=data["config"],
-                corpus_version=data["corpus_version"],
-                allow_contamination=data["allow_contamination"],
-            )
-        else:
-            run = services.run_launch_rescore(**common)
-        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
-
-    @action(detail=True, methods=["post"])
-    def resume(self, request: Request, pk: str | None = None) -> Response:
-        """Continue a stopped or failed training run from its latest checkpoint, as a new run linked to it."""
-        run = services.run_resume(run=self.get_object(), user=request.user)
+        run = handler.launch(request.user, body.validated_data)  # type: ignore[arg-type]
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"])

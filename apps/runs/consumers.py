@@ -10,8 +10,7 @@ from django.contrib.auth import get_user_model
 
 from apps.accounts.models import Capability
 from apps.runs.live import frames_for, group_name
-from apps.runs.selectors import run_events_after, run_for_viewer
-from apps.runs.services import run_state
+from apps.runs.selectors import run_events_after, run_for_viewer, run_state
 
 REPLAY_PAGE = 2000
 PERMISSION_RECHECK_SECONDS = 5.0

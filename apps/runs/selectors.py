@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,6 +10,19 @@ from django.db.models import Q, QuerySet
 
 from apps.accounts.models import Capability, User
 from apps.runs.models import ROLLUP_STEPS, Run, RunEvent
+from apps.runs.storage import read_storage_uri
+
+
+def run_state(run: Run) -> dict[str, Any]:
+    """The run's live state as the page and the websocket show it."""
+    return {
+        "id": run.pk,
+        "status": run.status,
+        "progress_done": run.progress_done,
+        "progress_total": run.progress_total,
+        "failure_reason": run.failure_reason,
+        "last_seq": run.last_seq,
+    }
 
 
 def run_list() -> QuerySet[Run]:
@@ -217,3 +231,26 @@ def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str
         "max": [r[3] for r in rows],
         "count": count,
     }
+
+
+MAX_RECORD_SCAN_BYTES = 256 * 1024 * 1024
+
+
+def find_record(uri: str, trajectory_id: str) -> dict[str, Any] | None:
+    """The JSONL record with `id` == trajectory_id in the file at `uri`; None when absent or unreadable."""
+    try:
+        data = read_storage_uri(uri)
+    except (FileNotFoundError, OSError):
+        return None
+    if len(data) > MAX_RECORD_SCAN_BYTES:
+        return None
+    needle = json.dumps(trajectory_id).encode()
+    for line in data.splitlines():
+        if needle in line:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and str(record.get("id")) == trajectory_id:
+                return record
+    return None

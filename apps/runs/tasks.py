@@ -1,4 +1,7 @@
-"""Celery tasks: thin, take IDs, call a service, return in seconds (architecture.md: Celery is the glue)."""
+"""Celery tasks: thin, take IDs, call a service, return in seconds (architecture.md: Celery is the glue).
+
+The services queue these tasks and these tasks call the services: each module imports the other as a module and
+reads its names at call time, so either can be imported first."""
 
 from __future__ import annotations
 
@@ -33,20 +36,25 @@ def cancel_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @shared_task(bind=True, max_retries=5, acks_late=True)
-def run_succeeded(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
-    """The run kind's success hook (services.SUCCESS_HOOKS): registers what the job produced."""
+def run_lifecycle(self, run_id: int, point: str, steps: list[int]) -> list[str]:  # type: ignore[no-untyped-def]
+    """The owning app's hook for a lifecycle point of a run (apps.runs.kinds), then one task per subscriber: the
+    owner's work (e.g. an eval's metrics) is done before anyone reacts to it, and a failing subscriber retries
+    alone."""
     try:
-        services.run_success_hook(run_id=run_id)
+        names = services.run_owner_hook(run_id=run_id, point=point, steps=steps)
     except OSError as exc:  # storage briefly unreachable
         raise self.retry(exc=exc, countdown=2**self.request.retries)
+    for name in names:
+        run_subscriber.delay(run_id, point, name, steps)
+    return names
 
 
-@shared_task(acks_late=True)
-def auto_eval_checkpoints(run_id: int, steps: list[int]) -> int:
-    """Evaluate new checkpoints of a run on the benchmark versions its spec names (`auto_eval`); idempotent."""
-    from apps.benchmarks.services import eval_auto
-
-    return eval_auto(run_id=run_id, steps=steps)
+@shared_task(bind=True, max_retries=5, acks_late=True)
+def run_subscriber(self, run_id: int, point: str, name: str, steps: list[int]) -> None:  # type: ignore[no-untyped-def]
+    try:
+        services.run_subscriber_hook(run_id=run_id, point=point, name=name, steps=steps)
+    except OSError as exc:
+        raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
 @shared_task

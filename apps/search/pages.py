@@ -1,10 +1,184 @@
-"""Search web pages (under /search/, URL namespace "search"); each part keeps its own module of routes."""
+"""Search pages (under /search/, namespace "search"): corpus indexes with a form to build one, and synthetic-task
+generation (the launch form, the list of datagen runs, one run's verification report; progress streams on the
+run's own page)."""
 
-from django.urls import include, path
+from __future__ import annotations
 
-app_name = "search"
+import json
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.runs import selectors
+from apps.runs.models import RunKind
+from apps.search.models import CorpusIndex
+from apps.search.selectors import datagen_report
+from apps.search.services.datagen import datagen_launch
+from apps.search.services.indexes import index_launch_or_reuse
+from workers.search.index import IndexConfig
+from workers.search.synth import DROP_REASONS, SynthParams
+
+
+@needs(Capability.READ)
+@require_http_methods(["GET", "POST"])
+def indexes(request: HttpRequest) -> HttpResponse:
+    corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
+    errors: list[str] = []
+    config_text = request.POST.get("config") or json.dumps(IndexConfig().model_dump(mode="json"), indent=2)
+    if request.method == "POST":
+        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+            raise PermissionDenied("your role cannot build indexes (needs 'launch')")
+        try:
+            corpus_version = corpora.get(pk=int(request.POST.get("corpus_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist):
+            errors.append("corpus_version: pick a version of a corpus dataset")
+        else:
+            try:
+                config = json.loads(config_text)
+            except ValueError as exc:
+                errors.append(f"config: not valid JSON ({exc})")
+            else:
+                try:
+                    index, _ = index_launch_or_reuse(
+                        corpus_version=corpus_version,
+                        config=config,
+                        user=request.user,  # type: ignore[arg-type]
+                    )
+                except ValidationError as exc:
+                    errors = validation_messages(exc)
+                else:
+                    return redirect("web:run", run_id=index.run_id)
+    rows = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")[:200]
+    return render(
+        request,
+        "search/index_list.html",
+        {
+            "indexes": rows,
+            "corpora": corpora,
+            "errors": errors,
+            "config_text": config_text,
+            "config_fields": [(name, f.description) for name, f in IndexConfig.model_fields.items()],
+        },
+    )
+
+
+# The form's numeric fields, in order, with their help text from the typed parameters.
+NUMBER_FIELDS = ("num_tasks", "max_hops", "distractors", "min_distractors", "seed", "max_candidates")
+SAMPLE_TASKS = 5
+
+
+def _params_from_post(post: Any) -> dict[str, Any]:
+    """Form values as parameters: blank fields take the defaults; a value that is not a whole number is passed on
+    as typed, so the typed check names the field."""
+    params: dict[str, Any] = {"generator": post.get("generator", "template") or "template"}
+    if params["generator"] == "llm" and post.get("model", "").strip():
+        params["model"] = post["model"].strip()
+    for name in NUMBER_FIELDS:
+        raw = post.get(name, "").strip()
+        if raw:
+            params[name] = int(raw) if raw.lstrip("-").isdigit() else raw
+    return params
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def datagen_new(request: HttpRequest) -> HttpResponse:
+    corpora = (
+        DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS)
+        .select_related("dataset")
+        .order_by("dataset__name", "-number")
+    )
+    errors: list[str] = []
+    values: dict[str, str] = {}
+    if request.method == "POST":
+        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        raw = request.POST.get("corpus_version", "")
+        corpus_version = corpora.filter(pk=int(raw)).first() if raw.isdigit() else None
+        if corpus_version is None:
+            errors.append("corpus_version: pick a version of a corpus dataset")
+        else:
+            try:
+                run = datagen_launch(
+                    corpus_version=corpus_version,
+                    target_dataset=request.POST.get("target_dataset", "").strip(),
+                    params=_params_from_post(request.POST),
+                    user=request.user,  # type: ignore[arg-type]
+                )
+            except ValidationError as exc:
+                errors = validation_messages(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    defaults = SynthParams()
+    fields = [
+        {
+            "name": name,
+            "value": values.get(name, getattr(defaults, name)),
+            "help": SynthParams.model_fields[name].description or "",
+        }
+        for name in NUMBER_FIELDS
+    ]
+    return render(
+        request,
+        "search/datagen_new.html",
+        {"corpora": corpora, "fields": fields, "values": values, "errors": errors, "default_model": defaults.model},
+    )
+
+
+@needs(Capability.READ)
+def datagen_list(request: HttpRequest) -> HttpResponse:
+    runs = selectors.run_list().filter(kind=RunKind.DATAGEN)[:100]
+    return render(request, "search/datagen_list.html", {"runs": runs})
+
+
+@needs(Capability.READ)
+def datagen_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list().filter(kind=RunKind.DATAGEN), pk=run_id)
+    report = datagen_report(run)
+    outcome = (run.summary or {}).get("datagen") or {}
+    version = None
+    samples: list[dict[str, Any]] = []
+    if outcome.get("tasks_version"):
+        version = DatasetVersion.objects.select_related("dataset").filter(pk=outcome["tasks_version"]).first()
+    if version is not None:
+        with version.file.open("rb") as handle:
+            for line in handle:
+                if line.strip():
+                    samples.append(json.loads(line))
+                if len(samples) >= SAMPLE_TASKS:
+                    break
+    dropped = []
+    if report is not None:
+        dropped = [(reason, report["dropped"].get(reason, 0)) for reason in DROP_REASONS]
+    return render(
+        request,
+        "search/datagen_detail.html",
+        {
+            "run": run,
+            "report": report,
+            "outcome": outcome,
+            "version": version,
+            "samples": samples,
+            "dropped": dropped,
+            "params": run.spec.get("params", {}),
+        },
+    )
+
 
 urlpatterns = [
-    path("", include("apps.search.index_pages")),
-    path("", include("apps.search.datagen_pages")),
+    path("indexes/", indexes, name="indexes"),
+    path("datagen/", datagen_list, name="datagen-list"),
+    path("datagen/new/", datagen_new, name="datagen-new"),
+    path("datagen/<int:run_id>/", datagen_detail, name="datagen-detail"),
 ]
+
+
+app_name = "search"

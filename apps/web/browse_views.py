@@ -9,11 +9,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
 from apps.accounts.models import Capability
+from apps.common.pages import needs
 from apps.review.models import Flag
 from apps.rewards.services import reward_spec_diff
 from apps.runs import selectors
 from apps.runs.models import Run, TrajectorySummary
-from apps.web.views import needs
 
 PAGE = 100
 ORDERS = {"reward": "-reward", "-reward": "reward", "step": "step", "-step": "-step", "recent": "-id"}

@@ -16,34 +16,12 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 
 from apps.accounts.models import Capability
+from apps.common.pages import needs
 from apps.runs.models import Run, TrajectorySummary
-from apps.runs.storage import read_storage_uri
-from apps.web.views import needs
+from apps.runs.selectors import find_record
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory
-
-MAX_RECORD_SCAN_BYTES = 256 * 1024 * 1024
-
-
-def find_record(uri: str, trajectory_id: str) -> dict[str, Any] | None:
-    """The JSONL record with `id` == trajectory_id in the file at `uri`; None when absent or unreadable."""
-    try:
-        data = read_storage_uri(uri)
-    except (FileNotFoundError, OSError):
-        return None
-    if len(data) > MAX_RECORD_SCAN_BYTES:
-        return None
-    needle = json.dumps(trajectory_id).encode()
-    for line in data.splitlines():
-        if needle in line:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and str(record.get("id")) == trajectory_id:
-                return record
-    return None
 
 
 def _turn_views(record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from apps.training import pages as training_pages
 from apps.web import browse_views, trajectory_views, views
 
 app_name = "web"
@@ -14,9 +15,9 @@ urlpatterns = [
     path("runs/<int:run_id>/cancel/", views.run_cancel_view, name="run-cancel"),
     path("runs/<int:run_id>/chart.json", views.run_chart, name="run-chart"),
     path("runs/<int:run_id>/checkpoints/", views.run_checkpoints, name="run-checkpoints"),
-    path("runs/new/rescore/", views.rescore_new, name="rescore-new"),
-    path("runs/new/train/", views.train_new, name="train-new"),
-    path("runs/<int:run_id>/resume/", views.run_resume_view, name="run-resume"),
+    path("runs/new/rescore/", training_pages.rescore_new, name="rescore-new"),
+    path("runs/new/train/", training_pages.train_new, name="train-new"),
+    path("runs/<int:run_id>/resume/", training_pages.run_resume_view, name="run-resume"),
     path("runs/compare/", browse_views.run_compare, name="runs-compare"),
     path("runs/<int:run_id>/trajectories/", browse_views.trajectory_browser, name="trajectories"),
     path(

@@ -155,16 +155,16 @@ def test_a_checkpoint_ingested_for_an_auto_eval_run_queues_the_auto_eval_after_c
     from apps.runs.services import ingest_batch
     from workers.events import EVENTS_LIST
 
-    queued: list[tuple[int, list[int]]] = []
+    queued: list[tuple[int, str, list[int]]] = []
     monkeypatch.setattr(
-        "apps.runs.tasks.auto_eval_checkpoints.delay", lambda run_id, steps: queued.append((run_id, steps))
+        "apps.runs.tasks.run_lifecycle.delay", lambda run_id, point, steps: queued.append((run_id, point, steps))
     )
     reply = _launch(client_for, gated, gated["clean"], auto_eval=[gated["version"].pk])
     run = Run.objects.get(pk=reply.json()["id"])
     events = EVENTS_LIST.validate_python([{"seq": 1, "kind": "checkpoint", "step": 3, "uri": f"file://{tmp_path}/c"}])
     with django_capture_on_commit_callbacks(execute=True):
         ingest_batch(run_id=run.pk, events=events, publish=False)
-    assert queued == [(run.pk, [3])]
+    assert queued == [(run.pk, "checkpoints", [3])]  # TRAIN's checkpoints hook: training's auto-eval
 
 
 def test_an_auto_eval_that_cannot_start_is_recorded_on_the_run(client_for, gated, users, tmp_path) -> None:

@@ -11,8 +11,9 @@ from django.core.files.storage import default_storage
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs.models import Run, RunKind, RunStatus
-from apps.runs.services import run_success_hook, worker_spec
-from apps.search.datagen_services import datagen_finalize, datagen_launch
+from apps.runs.services import run_owner_hook, worker_spec
+from apps.search.selectors import datagen_outputs
+from apps.search.services.datagen import datagen_finalize, datagen_launch
 from tests.factories import tasks_version
 from tests.workers.test_synth import FILLER, stdlib_chunks
 from workers.jobs.datagen import DatagenSpec, generate
@@ -88,7 +89,7 @@ def test_an_operator_launches_a_datagen_run_that_is_dispatched_on_commit(  # typ
     # The job's input is exactly what its typed spec accepts (extra keys are refused there).
     spec = DatagenSpec.model_validate(worker_spec(run))
     assert spec.corpus_label == str(corpus) and spec.corpus_hash == corpus.content_hash
-    assert spec.corpus_uri.startswith("file://") and spec.output_uri.endswith(f"{run.spec['outputs']['tasks']}")
+    assert spec.corpus_uri.startswith("file://") and spec.output_uri.endswith(datagen_outputs(run)["tasks"])
     assert spec.num_tasks == 5 and spec.generator == "template"
 
 
@@ -145,7 +146,7 @@ def test_finalize_registers_one_tasks_version_and_a_second_call_changes_nothing(
         user=users["operator"],
     )
     report = run_the_job(run)
-    run_success_hook(run_id=run.pk)  # the path Celery takes: SUCCESS_HOOKS[datagen]
+    run_owner_hook(run_id=run.pk, point="succeeded", steps=[])  # the path Celery takes: the kind's hook
     run.refresh_from_db()
     outcome = run.summary["datagen"]
     dataset = Dataset.objects.get(name="stdlib-tasks")
@@ -238,7 +239,7 @@ def test_the_report_page_shows_kept_and_dropped_by_reason(client, users, corpus,
     html = client.get(f"/search/datagen/{run.pk}/").content.decode()
     assert f"<strong>{report['kept']}</strong> kept of {report['candidates']} candidates" in html
     assert "no_quote_in_supporting_chunk" in html and "shown@v1" in html
-    assert default_storage.exists(run.spec["outputs"]["report"]) and run.spec["outputs"]["report"].startswith(
+    assert default_storage.exists(datagen_outputs(run)["report"]) and datagen_outputs(run)["report"].startswith(
         f"runs/{run.pk}/datagen-"
     )
     listing = client.get("/search/datagen/").content.decode()

@@ -7,6 +7,8 @@ from django.utils import timezone
 
 from apps.runs import services
 from apps.runs.models import Run, RunStatus
+from apps.runs.services import lifecycle
+from apps.training import services as training_services
 from tests.factories import context1_version, trajectories_version
 
 pytestmark = pytest.mark.django_db
@@ -21,7 +23,7 @@ def test_launch_dispatches_only_after_the_row_commits(
     dataset_version = trajectories_version(owner=owner, data=trajectories_jsonl)
     reward_version = context1_version(owner=owner)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
-        run = services.run_launch_rescore(
+        run = training_services.run_launch_rescore(
             created_by=owner, dataset_version=dataset_version, reward_version=reward_version
         )
         assert queued == []
@@ -47,7 +49,7 @@ def test_a_cluster_silent_past_the_limit_fails_a_running_row(run, settings):
         ray_checked_at=timezone.now(),
     )
     assert services.run_reconcile(run_id=run.pk).status == RunStatus.RUNNING
-    later = timezone.now() + services.RAY_SILENCE_LIMIT + timedelta(seconds=1)
+    later = timezone.now() + lifecycle.RAY_SILENCE_LIMIT + timedelta(seconds=1)
     run = services.run_reconcile(run_id=run.pk, now=later)
     assert run.status == RunStatus.FAILED
     assert "has not answered" in run.failure_reason

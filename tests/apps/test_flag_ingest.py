@@ -10,6 +10,7 @@ from rest_framework.test import APIClient
 from apps.review.models import Flag, Severity
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, TrajectorySummary
+from apps.training import services as training_services
 from workers.detectors.base import SEVERITIES
 from workers.detectors.base import Severity as WorkerSeverity
 from workers.events import FlagEvent
@@ -71,7 +72,7 @@ def test_a_flag_that_arrives_before_its_trajectory_is_linked_when_the_trajectory
 
 
 def test_flags_link_only_to_their_own_runs_trajectory(run: Run, users: Any) -> None:
-    other = services.run_launch_rescore(
+    other = training_services.run_launch_rescore(
         created_by=users["operator"], dataset_version=run.dataset_version, reward_version=run.reward_version
     )
     _post(other, [_trajectory(1, "shared-id")])

@@ -5,6 +5,7 @@ from rest_framework.test import APIClient
 
 from apps.runs import services
 from apps.runs.models import IngestedRange, MetricPoint, Run, RunEvent, TrajectorySummary
+from apps.training import services as training_services
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -60,7 +61,7 @@ def test_an_unknown_run_is_404(run):
 
 def test_a_missing_token_is_401_and_a_foreign_token_is_403(run, users, trajectories_jsonl):
     assert APIClient().post(f"/api/v1/runs/{run.pk}/ingest/", {"events": BATCH}, format="json").status_code == 401
-    other = services.run_launch_rescore(
+    other = training_services.run_launch_rescore(
         created_by=users["operator"], dataset_version=run.dataset_version, reward_version=run.reward_version
     )
     assert _post(run, BATCH, token=services.ingest_token_for(other)).status_code == 403

@@ -14,8 +14,9 @@ from apps.datasets.models import DatasetKind
 from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs.models import Run, RunKind, RunStatus
 from apps.runs.services import worker_spec
-from apps.search.index_services import index_finalize, index_for, index_launch, ready_index_uri
 from apps.search.models import CorpusIndex, IndexStatus
+from apps.search.selectors import index_for, ready_index_uri
+from apps.search.services.indexes import index_finalize, index_launch
 from tests.apps.test_storage_s3 import s3_endpoint, s3_settings  # noqa: F401 (fixtures)
 from tests.factories import trajectories_version
 from workers.jobs.build_index import BuildIndexSpec, build

@@ -141,7 +141,7 @@ def search_world(users, monkeypatch, settings, tmp_path):  # type: ignore[no-unt
 
     from apps.datasets.models import DatasetKind
     from apps.datasets.services import dataset_create, dataset_version_create
-    from apps.search.index_services import index_launch
+    from apps.search.services.indexes import index_launch
     from workers.search.types import Chunk, dump_chunks_jsonl
 
     settings.MEDIA_ROOT = tmp_path

@@ -17,18 +17,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for
-from workers.search.index import IndexConfig, SearchIndex, save_index
+from workers.jobs.common import configure_logging, load_spec, read_bytes, reporter_for
+from workers.jobs.specs import BuildIndexSpec
+from workers.search.index import SearchIndex, save_index
 from workers.search.types import iter_chunks_jsonl
 
 log = logging.getLogger("crucible.build_index")
-
-
-class BuildIndexSpec(JobSpec):
-    corpus_uri: str
-    output_uri: str
-    config: IndexConfig = IndexConfig()
-    corpus_hash: str  # the corpus DatasetVersion's content_hash: sha256 of the file's bytes
 
 
 class BuildIndexError(RuntimeError):

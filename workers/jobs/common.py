@@ -8,20 +8,12 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 import fsspec
-from pydantic import BaseModel, ConfigDict, Field
 
 from workers.detectors.base import Finding
+from workers.jobs.specs import JobSpec
 from workers.reporting import Reporter
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
-
-
-class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    run_id: int = Field(ge=1)
-    kind: str
-    ingest_url: str
-    storage_options: dict[str, Any] = {}
 
 
 def configure_logging() -> None:

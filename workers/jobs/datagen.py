@@ -17,7 +17,8 @@ import logging
 import time
 from typing import Any
 
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.common import configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.specs import DatagenSpec
 from workers.reporting import Reporter
 from workers.search.synth import (
     SynthCorpus,
@@ -31,17 +32,6 @@ from workers.search.synth import (
 from workers.search.types import iter_chunks_jsonl
 
 log = logging.getLogger("crucible.datagen")
-
-
-class DatagenSpec(JobSpec, SynthParams):
-    corpus_uri: str
-    corpus_label: str
-    corpus_hash: str
-    output_uri: str
-    report_uri: str
-
-    def params(self) -> SynthParams:
-        return SynthParams.model_validate({name: getattr(self, name) for name in SynthParams.model_fields})
 
 
 def make_generator(params: SynthParams, corpus: SynthCorpus) -> TaskGenerator:

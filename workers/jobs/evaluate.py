@@ -24,13 +24,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from workers.detectors.base import Finding
-from workers.detectors.registry import DetectorConfig, default_detector_config, flag_metrics
+from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
 from workers.jobs.common import (
-    JobSpec,
     configure_logging,
     load_spec,
     read_bytes,
@@ -38,39 +35,12 @@ from workers.jobs.common import (
     reporter_for,
     write_bytes,
 )
+from workers.jobs.specs import EvalConfig, EvalSpec
 
 log = logging.getLogger("crucible.evaluate")
 
 PASS_THRESHOLD = 1.0 - 1e-9
 """An attempt passes when its score reaches 1 (all tests, the exact answer); a partial score counts in `score`."""
-
-
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    base_model: str = Field(min_length=1, description="A built-in model name or a model directory")
-    checkpoint_uri: str | None = Field(default=None, description="A trainer checkpoint to load onto base_model")
-    environment: str = Field(min_length=1)
-    env_params: dict[str, Any] = Field(default_factory=dict)
-    score_field: str = Field(default="reward", min_length=1, description="Episode metric that scores an attempt")
-    k: int = Field(default=1, ge=1, le=100, description="Attempts per task")
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 is greedy (then k > 1 repeats itself)")
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    max_new_tokens: int = Field(default=384, ge=1, le=32_768)
-    tasks_per_batch: int = Field(default=8, ge=1, le=1024)
-    threads: int = Field(default=2, ge=1, le=512)
-    seed: int = Field(default=0, ge=0)
-
-
-class EvalSpec(JobSpec):
-    config: EvalConfig
-    tasks_uri: str
-    reward: dict[str, Any]
-    output_prefix: str
-    detectors: DetectorConfig = Field(
-        default_factory=default_detector_config,
-        description="Detectors run on every attempt, {name: {enabled, thresholds}}; left out: all, with defaults",
-    )
 
 
 def pass_at_ks(counts: Sequence[tuple[int, int]], k: int) -> dict[str, float]:

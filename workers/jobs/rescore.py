@@ -14,12 +14,10 @@ import time
 from typing import Any
 
 import ray
-from pydantic import Field
 
 from workers.detectors.base import Finding
-from workers.detectors.registry import DetectorConfig, default_detector_config, flag_metrics, run_detectors
+from workers.detectors.registry import DetectorConfig, flag_metrics, run_detectors
 from workers.jobs.common import (
-    JobSpec,
     configure_logging,
     load_spec,
     read_bytes,
@@ -27,23 +25,12 @@ from workers.jobs.common import (
     reporter_for,
     write_bytes,
 )
+from workers.jobs.specs import RescoreSpec
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 
 log = logging.getLogger("crucible.rescore")
-
-
-class RescoreSpec(JobSpec):
-    input_uri: str
-    output_uri: str
-    reward: dict[str, Any]
-    shard_size: int = 0  # 0: about 24 shards, so progress and the charts move in visible steps
-    histogram_bins: int = 20
-    detectors: DetectorConfig = Field(
-        default_factory=default_detector_config,
-        description="Detectors run on every trajectory, {name: {enabled, thresholds}}; left out: all, with defaults",
-    )
 
 
 def score_shard(

@@ -19,43 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from workers.jobs.common import JobSpec, configure_logging, load_spec, read_bytes, reporter_for, write_bytes
-from workers.rl.config import SamplingConfig
-from workers.search.rejection import FilterConfig
+from workers.jobs.common import configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.specs import SFTConfig, SFTSpec
 
 log = logging.getLogger("crucible.sft")
-
-
-class SFTConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    teacher_model: str = Field(
-        default="smollm2-135m-instruct",
-        min_length=1,
-        description="Generates the trajectories: a model, or 'scripted-search' (workers.search.teacher) for search",
-    )
-    base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
-    environment: str = Field(default="search", min_length=1)
-    env_params: dict[str, Any] = Field(default_factory=dict)
-    rollouts_per_task: int = Field(default=4, ge=1, le=64, description="Episodes per task before filtering")
-    max_tasks: int = Field(default=64, ge=1, le=100_000)
-    filter: FilterConfig = Field(default_factory=lambda: FilterConfig())
-    epochs: int = Field(default=2, ge=1, le=100)
-    learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
-    max_tokens_per_pack: int = Field(default=4096, ge=64, le=1_048_576)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    threads: int = Field(default=2, ge=1, le=512)
-    seed: int = Field(default=0, ge=0)
-
-
-class SFTSpec(JobSpec):
-    config: SFTConfig
-    input_uri: str
-    reward: dict[str, Any]
-    output_prefix: str
 
 
 def _upload_dir(local: Path, uri: str, storage_options: dict[str, Any]) -> None:
@@ -174,6 +141,11 @@ def run(spec: SFTSpec) -> dict[str, Any]:
     with reporter_for(spec) as reporter:
         env_cls = get_environment(config.environment)
         rows = [json.loads(line) for line in read_bytes(spec.input_uri, opts).split(b"\n") if line.strip()]
+        if spec.exclude_task_ids:  # before max_tasks: an excluded task never takes an allowed one's place
+            excluded = set(spec.exclude_task_ids)
+            kept_rows = [row for row in rows if str(row.get("id")) not in excluded]
+            reporter.log(f"{len(rows) - len(kept_rows)} excluded task(s) left out of the warm-up")
+            rows = kept_rows
         rows = rows[: config.max_tasks]
         for index, row in enumerate(rows, start=1):
             env_cls.validate_task_row(row, index=index)

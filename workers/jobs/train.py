@@ -20,7 +20,6 @@ import ray
 
 from workers.detectors.registry import flag_metrics
 from workers.jobs.common import (
-    JobSpec,
     configure_logging,
     load_spec,
     read_bytes,
@@ -28,6 +27,7 @@ from workers.jobs.common import (
     reporter_for,
     write_bytes,
 )
+from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig
 from workers.rl.rollout import RolloutResult, Sample
@@ -35,16 +35,6 @@ from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
 RESOURCE_WAIT_REPORT_SECONDS = 10.0
-
-
-class TrainSpec(JobSpec):
-    config: TrainConfig
-    input_uri: str
-    reward: dict[str, Any]
-    output_prefix: str  # checkpoints/ and trajectories/ go under it
-    resume_from: str | None = None  # URI of a checkpoint written by this job
-    max_rows: int = 100_000
-    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
 
 
 def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:

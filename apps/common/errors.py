@@ -1,11 +1,17 @@
+"""One way to turn errors into what a person reads: API responses, page messages and pydantic's field paths."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from pydantic import ValidationError as PydanticError
 from rest_framework import exceptions
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
+
+MAX_FIELD_ERRORS = 20
+"""A pydantic error list can be long (a bad list of 1,000 items): the first 20 name the problem well enough."""
 
 
 def _flatten(detail: Any, prefix: str = "") -> list[str]:
@@ -20,6 +26,21 @@ def _flatten(detail: Any, prefix: str = "") -> list[str]:
             out += _flatten(item, prefix)
         return out
     return [f"{prefix}: {detail}" if prefix and prefix != "non_field_errors" else str(detail)]
+
+
+def validation_messages(exc: exceptions.ValidationError) -> list[str]:
+    """Each message of a DRF ValidationError as one line `field.path: message` (pages show them as a list)."""
+    return _flatten(exc.detail)
+
+
+def pydantic_problems(exc: PydanticError, prefix: str = "") -> dict[str, list[str]]:
+    """A pydantic error as {"prefix.field.path": [messages]}: the shape a DRF ValidationError takes, so a bad
+    nested value is named as the API user wrote it (`config.sampling.temperature`)."""
+    fields: dict[str, list[str]] = {}
+    for err in exc.errors()[:MAX_FIELD_ERRORS]:
+        path = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        fields.setdefault(path or prefix or "body", []).append(err["msg"])
+    return fields
 
 
 def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

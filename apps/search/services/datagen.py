@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import secrets
 from pathlib import Path
 from typing import Any
 
@@ -21,23 +20,16 @@ from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.common.errors import pydantic_problems
+from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from apps.datasets.services import SLUG, dataset_create, dataset_version_create
+from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs.models import Run, RunKind, RunStatus
+from apps.runs.services import run_create
 from apps.runs.storage import storage_uri
+from apps.search.selectors import TASKS_FILE, datagen_outputs
 from workers.models import BUILTIN_MODELS
 from workers.search.synth import SynthParams
-
-TASKS_FILE = "tasks.jsonl"
-REPORT_FILE = "report.json"
-
-
-def datagen_params_check(params: Any) -> SynthParams:
-    """The typed parameters, or a 400 naming each bad field as `params.<field>`."""
-    parsed, problems = _params_problems(params)
-    if parsed is None:
-        raise ValidationError(problems)
-    return parsed
 
 
 def _params_problems(params: Any) -> tuple[SynthParams | None, dict[str, list[str]]]:
@@ -46,11 +38,7 @@ def _params_problems(params: Any) -> tuple[SynthParams | None, dict[str, list[st
     try:
         parsed = SynthParams.model_validate(params)
     except PydanticError as exc:
-        fields: dict[str, list[str]] = {}
-        for err in exc.errors()[:20]:
-            path = ".".join(str(p) for p in ("params", *err["loc"]))
-            fields.setdefault(path, []).append(err["msg"])
-        return None, fields
+        return None, pydantic_problems(exc, "params")
     if parsed.generator == "llm" and parsed.model not in BUILTIN_MODELS:
         if not (Path(parsed.model).expanduser() / "config.json").is_file():
             names = ", ".join(sorted(BUILTIN_MODELS))
@@ -85,52 +73,34 @@ def datagen_launch(*, corpus_version: DatasetVersion, target_dataset: str, param
     if problems or parsed is None:
         raise ValidationError(problems)
 
-    run = Run.objects.create(
-        kind=RunKind.DATAGEN,
-        name=f"datagen {parsed.generator} {parsed.num_tasks} tasks from {corpus_version} into {target_dataset}"[:200],
-        spec={},
-        dataset_version=corpus_version,
-        ingest_nonce=secrets.token_hex(16),
-        created_by=user,
-        progress_total=parsed.num_tasks,
-    )
-    # The nonce keeps a reset database's reused run ids from finding an older run's files.
-    folder = f"runs/{run.pk}/datagen-{run.ingest_nonce[:8]}"
-    outputs = {"tasks": f"{folder}/{TASKS_FILE}", "report": f"{folder}/{REPORT_FILE}"}
-    run.spec = {
-        "params": parsed.model_dump(mode="json"),
-        "target_dataset": target_dataset,
-        "corpus_version": corpus_version.pk,
-        "outputs": outputs,
-        "job": {
+    def job(run: Run) -> dict[str, Any]:
+        names = datagen_outputs(run)
+        return {
             "corpus_uri": storage_uri(str(corpus_version.file.name)),
             "corpus_label": str(corpus_version),
             "corpus_hash": corpus_version.content_hash,
-            "output_uri": storage_uri(outputs["tasks"]),
-            "report_uri": storage_uri(outputs["report"]),
+            "output_uri": storage_uri(names["tasks"]),
+            "report_uri": storage_uri(names["report"]),
             **parsed.model_dump(mode="json"),
+        }
+
+    return run_create(
+        kind=RunKind.DATAGEN,
+        name=f"datagen {parsed.generator} {parsed.num_tasks} tasks from {corpus_version} into {target_dataset}",
+        job=job,
+        spec={
+            "params": parsed.model_dump(mode="json"),
+            "target_dataset": target_dataset,
+            "corpus_version": corpus_version.pk,
         },
-    }
-    run.save(update_fields=["spec"])
-
-    from apps.runs.tasks import dispatch_run
-
-    transaction.on_commit(lambda: dispatch_run.delay(run.pk))
-    return run
-
-
-def datagen_report(run: Run) -> dict[str, Any] | None:
-    """The job's verification report from storage, or None while the job has not written it."""
-    name = (run.spec.get("outputs") or {}).get("report")
-    if not name or not default_storage.exists(name):
-        return None
-    with default_storage.open(name, "rb") as handle:
-        report: dict[str, Any] = json.loads(handle.read())
-    return report
+        dataset_version=corpus_version,
+        created_by=user,
+        progress_total=parsed.num_tasks,
+    )
 
 
 def _read_output(run: Run, key: str) -> bytes:
-    with default_storage.open(run.spec["outputs"][key], "rb") as handle:
+    with default_storage.open(datagen_outputs(run)[key], "rb") as handle:
         data: bytes = handle.read()
     return data
 

@@ -1,12 +1,16 @@
-"""Search index API (under /api/v1/): build an index of a corpus version, list and read indexes.
+"""Search API (under /api/v1/): corpus index builds and synthetic-task generation.
 
 POST /api/v1/search-indexes/      {"corpus_version": 12, "config": {"rrf_k": 60}}   (operator)
 GET  /api/v1/search-indexes/      ?corpus_version=12&status=ready                    (viewer)
 GET  /api/v1/search-indexes/<id>/
+POST /api/v1/datagen/             {"corpus_version": 12, "target_dataset": "t", "params": {}} (operator)
+GET  /api/v1/datagen/, /api/v1/datagen/<id>/ (with the verification report)
 """
 
 from __future__ import annotations
 
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.request import Request
@@ -15,8 +19,13 @@ from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.datasets.models import DatasetVersion
-from apps.search.index_services import index_launch_or_reuse
+from apps.runs import selectors
+from apps.runs.api import RunSerializer
+from apps.runs.models import Run, RunKind
 from apps.search.models import CorpusIndex
+from apps.search.selectors import datagen_report
+from apps.search.services.datagen import datagen_launch
+from apps.search.services.indexes import index_launch_or_reuse
 
 
 class CorpusIndexSerializer(serializers.ModelSerializer):
@@ -86,7 +95,55 @@ class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
         )
 
 
+class DatagenLaunchSerializer(serializers.Serializer):
+    corpus_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"), help_text="A version of a corpus dataset"
+    )
+    target_dataset = serializers.CharField(
+        max_length=100, help_text="Name of the tasks dataset that receives the new version (created if missing)"
+    )
+    params = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text=(
+            "workers.search.synth.SynthParams: generator (template|llm), model, num_tasks, max_hops, distractors, "
+            "min_distractors, seed, ...; omitted fields take defaults"
+        ),
+    )
+
+
+class DatagenViewSet(viewsets.GenericViewSet):
+    serializer_class = RunSerializer
+    capability_map = {"create": Capability.LAUNCH}
+
+    def get_queryset(self) -> QuerySet[Run]:
+        return selectors.run_list().filter(kind=RunKind.DATAGEN)
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(RunSerializer(page, many=True).data)
+
+    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+        """The run, the outcome of its registration (`datagen`) and the job's verification report (`report`,
+        null until the job has written it)."""
+        run = get_object_or_404(self.get_queryset(), pk=pk)
+        return Response(
+            {"run": RunSerializer(run).data, "datagen": run.summary.get("datagen"), "report": datagen_report(run)}
+        )
+
+    def create(self, request: Request) -> Response:
+        body = DatagenLaunchSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        run = datagen_launch(
+            corpus_version=data["corpus_version"],
+            target_dataset=data["target_dataset"],
+            params=data["params"],
+            user=request.user,  # type: ignore[arg-type]
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
 router = SimpleRouter()  # not DefaultRouter: its root view would shadow the API root of controlplane.urls
 router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
-
-urlpatterns = router.urls
+router.register("datagen", DatagenViewSet, basename="datagen")

@@ -1,0 +1,185 @@
+"""Evals: an eval is a run of kind `eval` whose per-task results stream in as `task_result` events;
+`eval_finalize`, the kind's success hook, stores its headline metrics once the run succeeds (gates and training
+subscribe to that point, apps.runs.kinds)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import fsspec
+from django.db import transaction
+from pydantic import ValidationError as PydanticError
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import User
+from apps.benchmarks.models import BenchmarkVersion, Eval
+from apps.benchmarks.selectors import eval_metrics_for
+from apps.benchmarks.services.benchmarks import canonical_json, eval_reward
+from apps.common.errors import pydantic_problems
+from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
+from apps.runs.services import run_create
+from apps.runs.storage import storage_uri, worker_storage_options
+from workers.jobs.specs import EvalConfig
+from workers.rewards.schema import validate_reward_spec
+from workers.rl.config import BUILTIN_SHAPES
+
+
+def _checkpoint_exists(uri: str) -> bool:
+    try:
+        fs, path = fsspec.core.url_to_fs(uri, **worker_storage_options())
+        return bool(fs.exists(path))
+    except (OSError, ValueError):
+        return False
+
+
+def eval_config_hash(config: Mapping[str, Any], benchmark_version: BenchmarkVersion) -> str:
+    return hashlib.sha256(
+        canonical_json({"config": dict(config), "version": benchmark_version.content_hash}).encode()
+    ).hexdigest()
+
+
+def _eval_model(
+    problems: dict[str, list[str]], *, checkpoint: Checkpoint | None, base_model: str
+) -> tuple[str, str | None]:
+    """(base model, trainer checkpoint URI or None) that an eval of `checkpoint` or `base_model` loads; what is
+    wrong with them goes to `problems`."""
+    checkpoint_uri: str | None = None
+    if checkpoint is not None:
+        model = (checkpoint.run.spec.get("config") or {}).get("base_model", "")
+        if base_model and base_model != model:
+            problems["base_model"] = [f"checkpoint {checkpoint} was trained from {model!r}; leave base_model empty"]
+        base_model, checkpoint_uri = model, checkpoint.uri
+        if not _checkpoint_exists(checkpoint.uri):
+            problems["checkpoint"] = [f"checkpoint file {checkpoint.uri} does not exist (deleted from storage?)"]
+        elif checkpoint.run.kind == RunKind.SFT:
+            # An SFT run saves a whole model directory, not a trainer checkpoint: evaluate it as the base model.
+            if not checkpoint.uri.startswith("file://"):
+                problems["checkpoint"] = [
+                    f"{checkpoint.uri} is an SFT model in object storage; evals load SFT models from local storage "
+                    "only (copy it to a model directory and pass base_model)"
+                ]
+            base_model, checkpoint_uri = checkpoint.uri.removeprefix("file://"), None
+    elif not base_model:
+        problems["base_model"] = ["name a base model or a checkpoint to evaluate"]
+    if (
+        base_model
+        and base_model not in BUILTIN_SHAPES
+        and not (Path(base_model).expanduser() / "config.json").is_file()
+    ):
+        problems.setdefault("base_model", []).append(
+            f"unknown model {base_model!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
+            "directory with config.json"
+        )
+    return base_model, checkpoint_uri
+
+
+def eval_launch(
+    *,
+    benchmark_version: BenchmarkVersion,
+    created_by: User,
+    checkpoint: Checkpoint | None = None,
+    base_model: str = "",
+    k: int = 1,
+    temperature: float | None = None,
+    max_new_tokens: int = 384,
+    reuse: bool = True,
+) -> tuple[Eval, bool]:
+    """Start an eval of `checkpoint` (on its run's base model) or of `base_model` on `benchmark_version`; returns
+    (eval, created). With `reuse`, an eval of the same model, version and settings that has not failed is returned
+    instead of starting another."""
+    problems: dict[str, list[str]] = {}
+    if benchmark_version.task_count == 0 or not benchmark_version.tasks_file:
+        problems["benchmark_version"] = [f"{benchmark_version} has no tasks; add a version with tasks"]
+    base_model, checkpoint_uri = _eval_model(problems, checkpoint=checkpoint, base_model=base_model)
+    if problems:
+        raise ValidationError(problems)
+    benchmark = benchmark_version.benchmark
+    if temperature is None:
+        temperature = 0.0 if k == 1 else 0.8  # pass@k with k > 1 needs distinct attempts
+    try:
+        config = EvalConfig(
+            base_model=base_model,
+            checkpoint_uri=checkpoint_uri,
+            environment=benchmark.environment,
+            env_params=benchmark_version.env_params,
+            score_field=benchmark.score_field,
+            k=k,
+            temperature=temperature,
+            max_new_tokens=max_new_tokens,
+        )
+    except PydanticError as exc:
+        raise ValidationError(pydantic_problems(exc))
+    payload = config.model_dump(mode="json")
+    config_hash = eval_config_hash(payload, benchmark_version)
+    with transaction.atomic():
+        # Two simultaneous launches of the same eval (CI retries) queue behind this lock: the second reuses.
+        BenchmarkVersion.objects.select_for_update().get(pk=benchmark_version.pk)
+        if reuse:
+            existing = (
+                Eval.objects.select_related("run")
+                .filter(benchmark_version=benchmark_version, config_hash=config_hash)
+                .exclude(run__status__in=[RunStatus.FAILED, RunStatus.STOPPED])
+                .order_by("-created_at")
+                .first()
+            )
+            if existing is not None:
+                return existing, False
+        label = f"run {checkpoint.run_id} step {checkpoint.step}" if checkpoint else base_model
+        reward = validate_reward_spec(eval_reward(benchmark.environment)).model_dump(mode="json")
+        run = run_create(
+            kind=RunKind.EVAL,
+            name=f"Eval of {label} on {benchmark_version}",
+            job=lambda run: {
+                "config": payload,
+                "tasks_uri": storage_uri(benchmark_version.tasks_file.name),
+                "reward": reward,
+                "output_prefix": storage_uri(f"runs/{run.pk}"),
+            },
+            spec={"benchmark_version": benchmark_version.pk},
+            created_by=created_by,
+        )
+        evaluation = Eval.objects.create(
+            run=run,
+            benchmark_version=benchmark_version,
+            checkpoint=checkpoint,
+            base_model=base_model,
+            k=k,
+            config_hash=config_hash,
+            created_by=created_by,
+        )
+    return evaluation, True
+
+
+def eval_finalize(*, run_id: int) -> None:
+    """Success hook of eval runs: store the headline metrics computed from the stored per-task results. Gates
+    and training react to it as subscribers of the EVAL kind's `succeeded` point."""
+    evaluation = Eval.objects.select_related("run", "benchmark_version").get(run_id=run_id)
+    evaluation.metrics = eval_metrics_for(evaluation)
+    evaluation.save(update_fields=["metrics"])
+
+
+def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
+    """Auto-eval: each new checkpoint of a run is evaluated on every benchmark version its spec's `auto_eval`
+    names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing)."""
+    run = Run.objects.select_related("created_by").get(pk=run_id)
+    versions = list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or []).select_related("benchmark"))
+    started = 0
+    errors: list[str] = []
+    for checkpoint in Checkpoint.objects.filter(run=run, step__in=list(steps)).select_related("run"):
+        for version in versions:
+            try:
+                _, created = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by)
+            except ValidationError as exc:  # one bad version must not skip the others: record it on the run
+                errors.append(f"step {checkpoint.step} on {version}: {exc.detail}")
+                continue
+            started += int(created)
+    if errors:
+        with transaction.atomic():
+            locked = Run.objects.select_for_update().get(pk=run.pk)
+            previous = locked.summary.get("auto_eval_errors", [])
+            locked.summary = {**locked.summary, "auto_eval_errors": [*previous, *errors]}
+            locked.save(update_fields=["summary"])
+    return started

@@ -1,0 +1,212 @@
+"""A run's one lifecycle, whatever its kind: dispatch to Ray, reconcile with Ray, cancel, finish, and the
+hooks the owning app and its subscribers registered for the points after it (apps.runs.kinds)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import User
+from apps.runs import kinds, ray_jobs, tasks
+from apps.runs.kinds import LifecyclePoint
+from apps.runs.live import publish_events
+from apps.runs.models import TERMINAL_STATUSES, Run, RunStatus
+from apps.runs.selectors import run_state
+from apps.runs.services.create import worker_spec
+from apps.runs.services.tokens import ingest_token_for
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 200
+RAY_SILENCE_LIMIT = timedelta(seconds=60)
+
+
+def publish_status_on_commit(run: Run) -> None:
+    state = run_state(run)
+    transaction.on_commit(lambda: publish_events(run.pk, [], state))
+
+
+def finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = None) -> None:
+    """Make a locked run terminal; the kind's success hooks follow the commit."""
+    run.status = status
+    run.finished_at = timezone.now()
+    fields = ["status", "finished_at"]
+    if reason:
+        run.failure_reason = reason
+        fields.append("failure_reason")
+    if log_tail:
+        run.log_tail = log_tail
+        fields.append("log_tail")
+    run.save(update_fields=fields)
+    publish_status_on_commit(run)
+    if status == RunStatus.SUCCEEDED and kinds.has_hooks(run.kind, "succeeded"):
+        transaction.on_commit(lambda: tasks.run_lifecycle.delay(run.pk, "succeeded", []))
+
+
+def run_owner_hook(*, run_id: int, point: LifecyclePoint, steps: list[int]) -> list[str]:
+    """Run the owning app's hook for `point` of the run; returns the names of the subscribers to run next (each in
+    its own task). Nothing for a succeeded hook of a run that is not succeeded (a stale task)."""
+    run = Run.objects.only("pk", "kind", "status").get(pk=run_id)
+    if point == "succeeded" and run.status != RunStatus.SUCCEEDED:
+        return []
+    handler = kinds.handler_for(run.kind)
+    if point == "succeeded" and handler.on_succeeded is not None:
+        handler.on_succeeded(run_id=run.pk)
+    elif point == "checkpoints" and handler.on_checkpoints is not None:
+        handler.on_checkpoints(run_id=run.pk, steps=steps)
+    return list(kinds.subscribers(run.kind, point))
+
+
+def run_subscriber_hook(*, run_id: int, point: LifecyclePoint, name: str, steps: list[int]) -> None:
+    run = Run.objects.only("pk", "kind").get(pk=run_id)
+    hook = kinds.subscribers(run.kind, point).get(name)
+    if hook is None:  # unsubscribed since the task was queued (a deploy in between)
+        log.warning("no %s subscriber %r for %s runs any more; skipped for run %s", point, name, run.kind, run_id)
+        return
+    if point == "succeeded":
+        hook(run_id=run.pk)
+    else:
+        hook(run_id=run.pk, steps=steps)
+
+
+def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
+    """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once.
+
+    The submission happens outside the row lock (it uploads the working directory and may take seconds); a cancel
+    that lands meanwhile is honoured by stopping the job just submitted."""
+    with transaction.atomic():
+        run = (
+            Run.objects.select_for_update(of=("self",))
+            .select_related("dataset_version__dataset", "reward_version")
+            .get(pk=run_id)
+        )
+        if run.is_terminal or run.ray_job_id:
+            return run
+        if run.cancel_requested_at is not None:
+            finish(run, RunStatus.STOPPED, reason="cancelled before it was submitted")
+            return run
+        env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
+        submission_id, module = run.submission_id, kinds.handler_for(run.kind).job_spec.entrypoint
+    try:
+        job_id = ray_jobs.submit(submission_id=submission_id, module=module, env_vars=env)
+    except ray_jobs.RayUnavailable as exc:
+        if not final_attempt:
+            raise
+        with transaction.atomic():
+            run = Run.objects.select_for_update().get(pk=run_id)
+            if not run.is_terminal and not run.ray_job_id:
+                finish(run, RunStatus.FAILED, reason=str(exc))
+            return run
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run_id)
+        now = timezone.now()
+        run.ray_job_id = job_id
+        run.ray_address = settings.RAY_ADDRESS
+        run.submitted_at = run.submitted_at or now
+        run.ray_checked_at = now
+        run.save(update_fields=["ray_job_id", "ray_address", "submitted_at", "ray_checked_at"])
+        if run.cancel_requested_at is not None:
+            _stop_on_commit(run)
+        elif not run.is_terminal:
+            publish_status_on_commit(run)
+        return run
+
+
+RAY_TO_STATUS = {
+    "PENDING": RunStatus.PENDING,
+    "RUNNING": RunStatus.RUNNING,
+    "SUCCEEDED": RunStatus.SUCCEEDED,
+    "FAILED": RunStatus.FAILED,
+    "STOPPED": RunStatus.STOPPED,
+}
+
+
+def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
+    """Bring one run's row in line with its Ray job. A job Ray no longer knows, or a cluster silent for
+    RAY_SILENCE_LIMIT, fails the run with that reason: no row stays running after its job is gone."""
+    now = now or timezone.now()
+    run = Run.objects.get(pk=run_id)
+    if run.is_terminal or not run.ray_job_id:
+        return run
+    if run.cancel_requested_at is not None:
+        # A cancel whose stop request was lost (Ray down at the time) is re-sent on every pass until Ray confirms.
+        try:
+            ray_jobs.stop(run.ray_job_id, run.ray_address or None)
+        except ray_jobs.RayUnavailable:
+            pass
+    try:
+        ray_state = ray_jobs.state(run.ray_job_id, run.ray_address or None)
+    except ray_jobs.RayJobNotFound:
+        return _reconcile_apply(run_id, RunStatus.FAILED, f"Ray job {run.ray_job_id} no longer exists on the cluster")
+    except ray_jobs.RayUnavailable as exc:
+        last = run.ray_checked_at or run.submitted_at or run.created_at
+        if now - last > RAY_SILENCE_LIMIT:
+            return _reconcile_apply(
+                run_id,
+                RunStatus.FAILED,
+                f"Ray cluster at {run.ray_address} has not answered since {last:%H:%M:%S}: {exc}",
+            )
+        return run
+    status = RAY_TO_STATUS.get(ray_state.status, RunStatus.RUNNING)
+    tail = None
+    if status == RunStatus.FAILED:
+        # The worker's own log lines stay; Ray's output (the traceback) follows them.
+        ray_tail = ray_jobs.logs_tail(run.ray_job_id, run.ray_address or None)
+        reported = run.log_tail.splitlines()[-(LOG_TAIL_LINES // 2) :]
+        tail = "\n".join([*reported, "--- Ray job output ---", *ray_tail.splitlines()]) if ray_tail else None
+    reason = ray_state.message if status == RunStatus.FAILED else ""
+    return _reconcile_apply(run_id, status, reason, log_tail=tail, checked_at=now)
+
+
+@transaction.atomic
+def _reconcile_apply(
+    run_id: int, status: str, reason: str, *, log_tail: str | None = None, checked_at: datetime | None = None
+) -> Run:
+    run = Run.objects.select_for_update().get(pk=run_id)
+    if run.is_terminal:
+        return run
+    if checked_at is not None:
+        run.ray_checked_at = checked_at
+        run.save(update_fields=["ray_checked_at"])
+    if status in TERMINAL_STATUSES:
+        finish(run, status, reason=reason, log_tail=log_tail)
+    elif status != run.status:
+        run.status = status
+        fields = ["status"]
+        if status == RunStatus.RUNNING and run.started_at is None:
+            run.started_at = timezone.now()
+            fields.append("started_at")
+        run.save(update_fields=fields)
+        publish_status_on_commit(run)
+    return run
+
+
+def run_cancel(*, run: Run, user: User) -> Run:
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_terminal:
+            raise ValidationError({"status": [f"run {run.pk} is already {run.status}; nothing to cancel"]})
+        run.cancel_requested_at = timezone.now()
+        run.save(update_fields=["cancel_requested_at"])
+        if not run.ray_job_id:
+            finish(run, RunStatus.STOPPED, reason=f"cancelled by {user.username} before it was submitted")
+            return run
+    _stop_on_commit(run)
+    return run
+
+
+def _stop_on_commit(run: Run) -> None:
+    transaction.on_commit(lambda: tasks.cancel_run.delay(run.pk))
+
+
+def run_stop_ray_job(*, run_id: int) -> None:
+    run = Run.objects.get(pk=run_id)
+    if run.ray_job_id:
+        ray_jobs.stop(run.ray_job_id, run.ray_address or None)
+    run_reconcile(run_id=run_id)

@@ -1,0 +1,54 @@
+"""What a launch must check and fill in for an environment that searches a corpus (`needs_corpus_index`):
+the corpus version's ready index in `env_params.index_uri`, and that every chunk a task names exists in it.
+Training, SFT and benchmarks call these; each refusal is a 400 naming the field and the fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rest_framework.exceptions import ValidationError
+
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.search.selectors import ready_index_uri
+from workers.envs.search import SearchEnv
+from workers.search.types import iter_chunks_jsonl
+
+
+def with_index_uri(env_params: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
+    """`env_params` with `index_uri` set to the ready index of `corpus_version` (400 naming `corpus_version` when it
+    is missing, not a corpus, or has no index yet)."""
+    if corpus_version is None:
+        raise ValidationError(
+            {
+                "corpus_version": [
+                    "environment 'search' needs corpus_version: the id of the corpus dataset version to search"
+                ]
+            }
+        )
+    if corpus_version.dataset.kind != DatasetKind.CORPUS:
+        raise ValidationError(
+            {"corpus_version": [f"{corpus_version} is a {corpus_version.dataset.kind} dataset, not a corpus"]}
+        )
+    return {**env_params, "index_uri": ready_index_uri(corpus_version)}
+
+
+def corpus_chunk_ids(corpus_version: DatasetVersion) -> set[str]:
+    with corpus_version.file.open("rb") as handle:
+        return {chunk.chunk_id for chunk in iter_chunks_jsonl(handle.read())}
+
+
+def corpus_missing_chunks(rows: Sequence[Any], corpus_version: DatasetVersion, limit: int = 10) -> list[str]:
+    """One message per task row (up to `limit`) that names chunks `corpus_version` does not hold."""
+    known = corpus_chunk_ids(corpus_version)
+    problems: list[str] = []
+    for index, row in enumerate(rows, start=1):
+        missing = sorted(SearchEnv.task_chunk_ids(row) - known) if isinstance(row, dict) else []
+        if missing:
+            problems.append(
+                f"task row {index} names chunk(s) not in {corpus_version}: {', '.join(missing[:5])}; "
+                "generate the tasks from this corpus version or pick the one they came from"
+            )
+            if len(problems) >= limit:
+                break
+    return problems

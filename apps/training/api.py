@@ -1,0 +1,96 @@
+"""How `POST /api/v1/runs/` launches training, SFT and re-scoring runs (registered as the kinds' launch input)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.shortcuts import get_object_or_404
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.exceptions import ValidationError
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
+
+from apps.accounts.models import Capability, User
+from apps.benchmarks.models import BenchmarkVersion
+from apps.datasets.models import DatasetVersion
+from apps.rewards.models import RewardConfigVersion
+from apps.runs.api import RunSerializer
+from apps.runs.models import Run, RunKind
+from apps.training import services
+
+
+class TrainingLaunchSerializer(serializers.Serializer):
+    kind = serializers.ChoiceField(choices=[RunKind.TRAIN, RunKind.SFT, RunKind.RESCORE])
+    dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
+    reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
+    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
+    tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
+    config = serializers.JSONField(
+        required=False,
+        default=dict,
+        help_text="kind=train: workers.rl.config.TrainConfig; kind=sft: workers.jobs.specs.SFTConfig; omitted "
+        "fields take defaults",
+    )
+    corpus_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="kind=train or sft with environment 'search': the corpus version whose index the agent searches",
+    )
+    auto_eval = serializers.PrimaryKeyRelatedField(
+        many=True,
+        queryset=BenchmarkVersion.objects.all(),
+        required=False,
+        default=list,
+        help_text="kind=train: benchmark versions every new checkpoint is evaluated on (results on the run page)",
+    )
+    allow_contamination = serializers.BooleanField(
+        default=False,
+        help_text="Launch even if the tasks overlap a benchmark that gates deployments; the run is flagged instead",
+    )
+    allow_excluded = serializers.BooleanField(
+        default=False,
+        help_text="kind=train or sft: launch although reviewers excluded some of the tasks; those tasks are left out",
+    )
+
+
+def launch_from_api(user: User, data: dict[str, Any]) -> Run:
+    common = {
+        "created_by": user,
+        "dataset_version": data["dataset_version"],
+        "reward_version": data["reward_version"],
+        "name": data["name"],
+        "tags": data["tags"],
+    }
+    if data["kind"] == RunKind.RESCORE:
+        return services.run_launch_rescore(**common)
+    if not isinstance(data["config"], dict):
+        raise ValidationError({"config": [f"must be a JSON object of {data['kind']} settings"]})
+    guards = {"allow_contamination": data["allow_contamination"], "allow_excluded": data["allow_excluded"]}
+    if data["kind"] == RunKind.SFT:
+        return services.run_launch_sft(**common, config=data["config"], corpus_version=data["corpus_version"], **guards)
+    return services.run_launch_train(
+        **common, config=data["config"], corpus_version=data["corpus_version"], auto_eval=data["auto_eval"], **guards
+    )
+
+
+class RunResumeViewSet(viewsets.GenericViewSet):
+    """`POST /api/v1/runs/<id>/resume/`: training owns resuming, so the route lives here beside the runs API."""
+
+    queryset = Run.objects.all()
+    serializer_class = RunSerializer
+    capability_map = {"resume": Capability.LAUNCH}
+    lookup_value_regex = r"\d+"
+
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str | None = None) -> Response:
+        """Continue a stopped or failed training run from its latest checkpoint, as a new run linked to it."""
+        run = services.run_resume(run=get_object_or_404(Run, pk=pk), user=request.user)  # type: ignore[arg-type]
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+router = SimpleRouter()
+router.register("runs", RunResumeViewSet, basename="run-resume")

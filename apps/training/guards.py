@@ -1,0 +1,158 @@
+"""What a training or SFT launch checks before any compute starts: a refused run costs a 400 now, not a failure in
+an hour. The typed config, the models, the environment and every task row, the reward's inputs, memory, and the
+training-data guards that training and SFT share (contamination of a gating benchmark, tasks reviewers excluded)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError as PydanticError
+from rest_framework.exceptions import ValidationError
+
+from apps.benchmarks.services import contamination_guard
+from apps.common.errors import pydantic_problems
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.review.services import task_exclusion_guard
+from apps.rewards.models import RewardConfigVersion
+from apps.search.services.envs import corpus_missing_chunks, with_index_uri
+from workers.envs.base import check_reward_compatible, check_task_rows
+from workers.envs.registry import get_environment, make_env
+from workers.rl.config import BUILTIN_SHAPES, TrainConfig, estimate_memory_gb, loss_config_for, shape_from_hf_config
+
+
+def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
+    """`config` with `env_params.index_uri` filled from `corpus_version` when its environment searches a corpus."""
+    environment = config.get("environment")
+    try:
+        needs_index = isinstance(environment, str) and get_environment(environment).needs_corpus_index
+    except ValueError:  # an unknown environment: the typed check names it
+        return config
+    if not needs_index:
+        return config
+    return {**config, "env_params": with_index_uri(dict(config.get("env_params") or {}), corpus_version)}
+
+
+def episode_problems(
+    problems: dict[str, list[str]],
+    *,
+    environment: str,
+    env_params: dict[str, Any],
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    corpus_version: DatasetVersion | None,
+) -> list[Any] | None:
+    """Add to `problems` what keeps the environment from running the dataset's tasks or the reward from scoring
+    its episodes: the environment and its parameters, the dataset's kind, every task row (and, for an environment
+    that searches a corpus, the chunks the rows name), the reward's inputs. Returns the task rows when read."""
+    try:
+        env_cls = get_environment(environment)
+        make_env(environment, **env_params)
+    except (ValueError, TypeError) as exc:
+        problems["config.environment"] = [str(exc)]
+        return None
+    rows: list[Any] | None = None
+    if dataset_version.dataset.kind != DatasetKind.TASKS:
+        problems["dataset_version"] = [
+            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; this needs a dataset of kind 'tasks'"
+        ]
+    else:
+        try:
+            with dataset_version.file.open("rb") as handle:
+                rows = [json.loads(line) for line in handle.read().split(b"\n") if line.strip()]
+        except (OSError, ValueError) as exc:
+            raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
+        row_problems = check_task_rows(env_cls, rows, max_errors=10)
+        if not row_problems and env_cls.needs_corpus_index and corpus_version is not None:
+            row_problems = corpus_missing_chunks(rows, corpus_version)
+        if row_problems:
+            problems["dataset_version"] = row_problems
+    reward_problems = check_reward_compatible(env_cls, reward_version.spec)
+    if reward_problems:
+        problems["reward_version"] = reward_problems
+    return rows
+
+
+def model_problems(name: str, field: str, problems: dict[str, list[str]]) -> None:
+    if name not in BUILTIN_SHAPES and not (Path(name).expanduser() / "config.json").is_file():
+        problems[field] = [
+            f"unknown model {name!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
+            "directory with config.json"
+        ]
+
+
+def train_config_check(
+    *,
+    config: dict[str, Any],
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    corpus_version: DatasetVersion | None = None,
+) -> TrainConfig:
+    """Everything that can be known before compute starts: the typed config, the base model, the environment,
+    every task row, the reward's inputs and memory; for an environment that searches a corpus also the corpus
+    version, its index and that every chunk a task names exists."""
+    if isinstance(config, dict):
+        config = with_corpus_index(config, corpus_version)
+    try:
+        parsed = TrainConfig.model_validate(config)
+    except PydanticError as exc:
+        raise ValidationError(pydantic_problems(exc, "config"))
+    problems: dict[str, list[str]] = {}
+    try:
+        loss_config_for(parsed)
+    except ValueError as exc:
+        problems["config.loss"] = [str(exc)]
+    shape = BUILTIN_SHAPES.get(parsed.base_model)
+    if shape is None:
+        model_dir = Path(parsed.base_model).expanduser()
+        if not (model_dir / "config.json").is_file():
+            names = ", ".join(sorted(BUILTIN_SHAPES))
+            problems["config.base_model"] = [
+                f"unknown base model {parsed.base_model!r}: use a built-in name ({names}) or the path of a model "
+                "directory with config.json on the control plane host"
+            ]
+        else:
+            try:
+                shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
+            except (ValueError, KeyError, TypeError) as exc:
+                problems["config.base_model"] = [f"{model_dir}/config.json is not a usable model config ({exc})"]
+    rows = episode_problems(
+        problems,
+        environment=parsed.environment,
+        env_params=parsed.env_params,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        corpus_version=corpus_version,
+    )
+    if rows is not None and len(rows) < parsed.prompts_per_step:
+        problems.setdefault("config.prompts_per_step", []).append(
+            f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
+        )
+    if shape is not None and "config.loss" not in problems:
+        memory = estimate_memory_gb(parsed, shape)
+        if memory["total"] > parsed.compute.memory_gb:
+            problems["config.compute.memory_gb"] = [
+                f"this run needs about {memory['total']:g} GB ({memory}) but asks for {parsed.compute.memory_gb:g}; "
+                "lower max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or "
+                "LoRA, or raise compute.memory_gb"
+            ]
+    if problems:
+        raise ValidationError(problems)
+    return parsed
+
+
+def training_data_guards(
+    *, dataset_version: DatasetVersion, allow_contamination: bool, allow_excluded: bool
+) -> dict[str, Any]:
+    """The guards every run that trains on `dataset_version` passes (training and SFT alike): it must not overlap a
+    benchmark that gates deployments, nor hold tasks reviewers excluded. Each refuses with a 400 unless allowed;
+    what an allowed launch carries goes into the run's spec (`contamination`, `excluded_tasks`)."""
+    carried: dict[str, Any] = {}
+    contamination = contamination_guard(dataset_version=dataset_version, allow=allow_contamination)
+    if contamination:
+        carried["contamination"] = contamination
+    excluded = task_exclusion_guard(dataset_version=dataset_version, allow=allow_excluded)
+    if excluded:
+        carried["excluded_tasks"] = excluded
+    return carried

@@ -1,0 +1,187 @@
+"""Launch pages for training, SFT and re-scoring runs, and resuming a training run (URL names in `web:`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, get_args
+
+from django.contrib import messages
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.rewards.models import RewardConfigVersion
+from apps.runs.models import Run
+from apps.training import services
+from workers.envs.registry import environment_choices
+from workers.models.registry import BUILTIN_MODELS
+from workers.rl.config import ComputeRequest, LoraConfig, SamplingConfig, TrainConfig
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def rescore_new(request: HttpRequest) -> HttpResponse:
+    versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TRAJECTORIES).select_related("dataset")
+    rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
+    errors: list[str] = []
+    if request.method == "POST":
+        try:
+            dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
+            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
+            errors.append("pick a trajectories dataset version and a reward config version")
+        else:
+            try:
+                run = services.run_launch_rescore(
+                    created_by=request.user,
+                    dataset_version=dataset_version,  # type: ignore[arg-type]
+                    reward_version=reward_version,
+                    name=request.POST.get("name", ""),
+                )
+            except ValidationError as exc:
+                errors = validation_messages(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    return render(request, "runs/rescore_new.html", {"versions": versions, "rewards": rewards, "errors": errors})
+
+
+# The form's fields, in the order shown; help text and defaults come from TrainConfig's own Field descriptions.
+TRAIN_FORM_FIELDS = [
+    "base_model",
+    "environment",
+    "algorithm",
+    "learning_rate",
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "scale_rewards",
+    "drop_equal_groups",
+    "sampling.max_new_tokens",
+    "sampling.temperature",
+    "mode",
+    "max_staleness",
+    "weight_sync",
+    "checkpoint_every",
+    "gradient_checkpointing",
+    "lora.rank",
+    "max_tokens_per_pack",
+    "compute.cpus",
+    "compute.gpus",
+    "compute.memory_gb",
+    "compute.rollout_workers",
+    "seed",
+]
+
+
+def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
+    nested = {"sampling": SamplingConfig, "compute": ComputeRequest, "lora": LoraConfig}
+    fields = []
+    for path in TRAIN_FORM_FIELDS:
+        owner, _, leaf = path.rpartition(".")
+        info = (nested[owner] if owner else TrainConfig).model_fields[leaf]
+        default = info.get_default(call_default_factory=True)
+        choices = [str(c) for c in get_args(info.annotation)] if leaf not in ("base_model", "environment") else []
+        if leaf == "base_model":
+            choices = list(BUILTIN_MODELS)
+        if leaf == "environment":
+            choices = [name for name, _ in environment_choices()]
+        kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")
+        label = path.replace("_", " ").replace(".", ": ")
+        if path == "lora.rank":
+            label, default = "LoRA rank (empty: full parameters)", ""
+        fields.append(
+            {
+                "name": path,
+                "label": label,
+                "help": info.description or "",
+                "kind": kind,
+                "choices": choices,
+                "value": values.get(path, "" if default is None else str(default)),
+                "checked": values.get(path, "on" if default is True else "") == "on",
+            }
+        )
+    return fields
+
+
+def _train_config_from_post(post: Any) -> dict[str, Any]:
+    """Nested config dict from the flat form; blank fields keep TrainConfig's defaults."""
+    config: dict[str, Any] = {}
+    for path in TRAIN_FORM_FIELDS:
+        raw = post.get(path, "")
+        owner, _, leaf = path.rpartition(".")
+        if path in ("drop_equal_groups", "gradient_checkpointing"):
+            value: Any = raw == "on"
+        elif raw == "":
+            continue
+        else:
+            value = raw
+        (config.setdefault(owner, {}) if owner else config)[leaf] = value
+    for name in ("loss", "env_params"):
+        text = post.get(name, "").strip()
+        if text:
+            try:
+                config[name] = json.loads(text)
+            except ValueError as exc:
+                raise ValidationError({f"config.{name}": [f"not valid JSON ({exc}); write an object like {{}}"]})
+    return config
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def train_new(request: HttpRequest) -> HttpResponse:
+    versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TASKS).select_related("dataset")
+    corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
+    rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
+    errors: list[str] = []
+    values = {k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+    if request.method == "POST":
+        try:
+            dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
+            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
+            errors.append("pick a tasks dataset version and a reward config version")
+        else:
+            corpus_id = request.POST.get("corpus_version", "")
+            try:
+                run = services.run_launch_train(
+                    created_by=request.user,  # type: ignore[arg-type]
+                    dataset_version=dataset_version,
+                    reward_version=reward_version,
+                    config=_train_config_from_post(request.POST),
+                    name=request.POST.get("name", "")[:200],
+                    corpus_version=corpora.filter(pk=int(corpus_id)).first() if corpus_id.isdigit() else None,
+                )
+            except ValidationError as exc:
+                errors = validation_messages(exc)
+            else:
+                return redirect("web:run", run_id=run.pk)
+    return render(
+        request,
+        "runs/train_new.html",
+        {
+            "versions": versions,
+            "rewards": rewards,
+            "corpora": corpora,
+            "errors": errors,
+            "fields": _train_form_fields(values),
+            "values": values,
+        },
+    )
+
+
+@needs(Capability.LAUNCH)
+@require_POST
+def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        child = services.run_resume(run=run, user=request.user)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        messages.error(request, "; ".join(validation_messages(exc)))
+        return redirect("web:run", run_id=run.pk)
+    messages.info(request, f"Run {child.pk} resumes run {run.pk} from its latest checkpoint.")
+    return redirect("web:run", run_id=child.pk)

@@ -1,0 +1,292 @@
+"""Writes for training, SFT warm-up and offline re-scoring runs: launch, resume, and what follows their checkpoints
+(auto-eval) and the evals of those checkpoints (the eval curve and the run-level detectors)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError as PydanticError
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import User
+from apps.benchmarks.models import BenchmarkVersion, Eval
+from apps.benchmarks.services import eval_auto
+from apps.common.errors import pydantic_problems
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.review.services import flags_record
+from apps.rewards.models import RewardConfigVersion
+from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
+from apps.runs.selectors import metric_series
+from apps.runs.services import metric_series_replace, run_create
+from apps.runs.storage import storage_uri
+from apps.training.guards import (
+    episode_problems,
+    model_problems,
+    train_config_check,
+    training_data_guards,
+    with_corpus_index,
+)
+from workers.detectors.registry import DetectorConfig, run_run_detectors
+from workers.envs.registry import get_environment
+from workers.jobs.specs import SFTConfig
+
+SCRIPTED_TEACHERS = ("scripted-search",)
+"""Teachers that are programs, not models (workers.search.teacher): no model check for them."""
+
+
+# --- the job input each kind's worker receives (workers.jobs.specs), built from the run row -------------------
+def rescore_job(run: Run) -> dict[str, Any]:
+    assert run.dataset_version is not None and run.reward_version is not None
+    return {
+        "input_uri": storage_uri(run.dataset_version.file.name),
+        "output_uri": storage_uri(f"runs/{run.pk}/scores.jsonl"),
+        "reward": run.reward_version.spec,
+    }
+
+
+def train_job(run: Run) -> dict[str, Any]:
+    assert run.dataset_version is not None and run.reward_version is not None
+    resume = run.spec.get("resume_from")
+    return {
+        "config": run.spec["config"],
+        "input_uri": storage_uri(run.dataset_version.file.name),
+        "reward": run.reward_version.spec,
+        "output_prefix": storage_uri(f"runs/{run.pk}"),
+        "resume_from": resume["uri"] if resume else None,
+        "exclude_task_ids": list(run.spec.get("excluded_tasks") or []),
+    }
+
+
+def sft_job(run: Run) -> dict[str, Any]:
+    return {key: value for key, value in train_job(run).items() if key != "resume_from"}
+
+
+# --- launches ----------------------------------------------------------------------------------------------
+def run_launch_rescore(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    name: str = "",
+    tags: Sequence[str] = (),
+) -> Run:
+    if dataset_version.dataset.kind != DatasetKind.TRAJECTORIES:
+        raise ValidationError(
+            {
+                "dataset_version": [
+                    f"{dataset_version} is a {dataset_version.dataset.kind} dataset; "
+                    "re-scoring needs a dataset of kind 'trajectories'"
+                ]
+            }
+        )
+    return run_create(
+        kind=RunKind.RESCORE,
+        name=name or f"rescore {dataset_version} with {reward_version}",
+        job=rescore_job,
+        spec={"dataset_version": dataset_version.pk, "reward_version": reward_version.pk},
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        tags=tags,
+        created_by=created_by,
+        progress_total=dataset_version.row_count,
+    )
+
+
+def _with_contamination_tag(tags: Sequence[str], carried: dict[str, Any]) -> list[str]:
+    if carried.get("contamination") and "contaminated" not in tags:
+        return [*tags, "contaminated"]
+    return list(tags)
+
+
+def run_launch_train(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    config: dict[str, Any],
+    name: str = "",
+    tags: Sequence[str] = (),
+    parent: Run | None = None,
+    resume_from: Checkpoint | None = None,
+    corpus_version: DatasetVersion | None = None,
+    allow_contamination: bool = False,
+    auto_eval: Sequence[BenchmarkVersion] = (),
+    allow_excluded: bool = False,
+) -> Run:
+    parsed = train_config_check(
+        config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
+    )
+    carried = training_data_guards(
+        dataset_version=dataset_version, allow_contamination=allow_contamination, allow_excluded=allow_excluded
+    )
+    spec: dict[str, Any] = {
+        "config": parsed.model_dump(mode="json"),
+        "dataset_version": dataset_version.pk,
+        "reward_version": reward_version.pk,
+        **carried,
+    }
+    if auto_eval:
+        spec["auto_eval"] = [version.pk for version in auto_eval]
+    if corpus_version is not None and get_environment(parsed.environment).needs_corpus_index:
+        spec["corpus_version"] = corpus_version.pk
+    if resume_from is not None:
+        spec["resume_from"] = {"checkpoint": resume_from.pk, "uri": resume_from.uri, "step": resume_from.step}
+    return run_create(
+        kind=RunKind.TRAIN,
+        name=name or f"{parsed.algorithm} {parsed.base_model} on {dataset_version.dataset.name}",
+        job=train_job,
+        spec=spec,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        parent=parent,
+        tags=_with_contamination_tag(tags, carried),
+        created_by=created_by,
+        progress_done=resume_from.step if resume_from is not None else 0,
+        progress_total=parsed.steps,
+    )
+
+
+def run_launch_sft(
+    *,
+    created_by: User,
+    dataset_version: DatasetVersion,
+    reward_version: RewardConfigVersion,
+    config: dict[str, Any],
+    name: str = "",
+    tags: Sequence[str] = (),
+    corpus_version: DatasetVersion | None = None,
+    allow_contamination: bool = False,
+    allow_excluded: bool = False,
+) -> Run:
+    """An SFT warm-up run: rejection-sample the teacher's trajectories on the tasks, fine-tune the base model on
+    the kept ones. Checked like a training run: the config, the models, the environment, every task row, the
+    reward's inputs, the training-data guards and, for search, the corpus index and the tasks' chunk ids."""
+    config = {"environment": SFTConfig.model_fields["environment"].default, **config}
+    config = with_corpus_index(config, corpus_version)
+    try:
+        parsed = SFTConfig.model_validate(config)
+    except PydanticError as exc:
+        raise ValidationError(pydantic_problems(exc, "config"))
+    problems: dict[str, list[str]] = {}
+    if parsed.teacher_model not in SCRIPTED_TEACHERS:
+        model_problems(parsed.teacher_model, "config.teacher_model", problems)
+    model_problems(parsed.base_model, "config.base_model", problems)
+    episode_problems(
+        problems,
+        environment=parsed.environment,
+        env_params=parsed.env_params,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        corpus_version=corpus_version,
+    )
+    if problems:
+        raise ValidationError(problems)
+    carried = training_data_guards(
+        dataset_version=dataset_version, allow_contamination=allow_contamination, allow_excluded=allow_excluded
+    )
+    spec: dict[str, Any] = {"config": parsed.model_dump(mode="json"), **carried}
+    if corpus_version is not None:
+        spec["corpus_version"] = corpus_version.pk
+    return run_create(
+        kind=RunKind.SFT,
+        name=name or f"SFT warm-up of {parsed.base_model} on {dataset_version.dataset.name}",
+        job=sft_job,
+        spec=spec,
+        dataset_version=dataset_version,
+        reward_version=reward_version,
+        tags=_with_contamination_tag(tags, carried),
+        created_by=created_by,
+    )
+
+
+def run_resume(*, run: Run, user: User) -> Run:
+    """A new run that continues `run` from its latest checkpoint (step counter, optimizer, RNG, data order)."""
+    if run.kind != RunKind.TRAIN:
+        raise ValidationError({"run": [f"run {run.pk} is a {run.kind} run; only training runs resume"]})
+    if not run.is_terminal:
+        raise ValidationError({"run": [f"run {run.pk} is {run.status}; stop it first, then resume"]})
+    checkpoint = run.checkpoints.order_by("-step").first()
+    if checkpoint is None:
+        raise ValidationError({"run": [f"run {run.pk} wrote no checkpoint yet; launch it again instead"]})
+    steps = int(run.spec["config"]["steps"])
+    if checkpoint.step >= steps:
+        raise ValidationError(
+            {"run": [f"run {run.pk} finished all {steps} steps; launch a new run with more steps to train further"]}
+        )
+    assert run.dataset_version is not None and run.reward_version is not None
+    corpus_id = run.spec.get("corpus_version")
+    return run_launch_train(
+        created_by=user,
+        dataset_version=run.dataset_version,
+        reward_version=run.reward_version,
+        config=run.spec["config"],
+        name=f"{run.name} (resumed at step {checkpoint.step})"[:200],
+        tags=list(run.tags),
+        parent=run,
+        resume_from=checkpoint,
+        allow_contamination=bool(run.spec.get("contamination")),
+        allow_excluded=True,  # a resume trains on what is still allowed: excluded tasks are left out, not refused
+        auto_eval=list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or [])),
+        corpus_version=DatasetVersion.objects.filter(pk=corpus_id).first() if corpus_id else None,
+    )
+
+
+# --- lifecycle hooks (registered in apps.training.kinds) ------------------------------------------------------
+def auto_eval_checkpoints(*, run_id: int, steps: list[int]) -> None:
+    """TRAIN's checkpoints hook: evaluate the new checkpoints on the benchmark versions the run's spec names."""
+    if Run.objects.filter(pk=run_id, spec__has_key="auto_eval").exists():
+        eval_auto(run_id=run_id, steps=steps)
+
+
+def eval_curve_after_eval(*, run_id: int) -> None:
+    """EVAL's succeeded subscriber: an eval of a training run's checkpoint updates that run's eval curve."""
+    evaluation = Eval.objects.select_related("benchmark_version__benchmark").filter(run_id=run_id).first()
+    if evaluation is not None and evaluation.checkpoint_id is not None:
+        training_run_eval_curve(evaluation=evaluation)
+
+
+def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
+    """After an eval of a training run's checkpoint: chart the run's eval results per checkpoint step
+    (`eval/<benchmark>/<metric>` metric points on the training run) and run the run-level detectors
+    (reward-eval divergence: training reward rising while this held-out eval falls) on the run's reward and
+    these points. A divergence is stored as a `Flag` of the run (trajectory_ref "run:<id>"), once per detector.
+    Returns the findings."""
+    checkpoint = Checkpoint.objects.select_related("run").get(pk=evaluation.checkpoint_id)
+    run = checkpoint.run
+    if run.kind != RunKind.TRAIN:
+        return []
+    version = evaluation.benchmark_version
+    evals = (
+        Eval.objects.filter(checkpoint__run=run, benchmark_version=version, run__status=RunStatus.SUCCEEDED)
+        .exclude(metrics={})
+        .select_related("checkpoint")
+        .order_by("checkpoint__step", "-created_at")
+    )
+    points: dict[int, dict[str, float]] = {}
+    for other in evals:
+        points.setdefault(other.checkpoint.step, other.metrics)  # the newest eval of each checkpoint
+    names = [m for m in ("pass@1", "mean_score") if any(m in metrics for metrics in points.values())]
+    for metric in names:
+        # Rewritten whole: a retried hook or a re-run eval never leaves a duplicate point.
+        metric_series_replace(
+            run_id=run.pk,
+            name=f"eval/{version.benchmark.name}/{metric}"[:100],
+            points=[(step, float(metrics[metric])) for step, metrics in sorted(points.items()) if metric in metrics],
+        )
+    if not names:
+        return []
+    reward = metric_series(run_id=run.pk, name="reward_mean", max_points=2000)
+    series = {
+        "reward_mean": list(zip(reward["steps"], reward["mean"], strict=True)),
+        "eval/pass@1": [(step, float(m[names[0]])) for step, m in sorted(points.items()) if names[0] in m],
+    }
+    config = DetectorConfig.model_validate((run.spec.get("config") or {}).get("detectors") or {})
+    findings = run_run_detectors(series, config)
+    flags_record(
+        run=run,
+        findings=findings,
+        step=max(points),
+        evidence={"benchmark_version": version.pk, "eval_metric": names[0]},
+    )
+    return findings

@@ -1,0 +1,152 @@
+"""Every Ray job's input schema, in one light module (pydantic only: no ray, no torch).
+
+The control plane validates a run's worker input against its kind's spec at launch (`apps.runs.services.run_create`),
+so a mis-built job is refused with a 400 naming the field instead of failing on the cluster; each job module
+(`python -m workers.jobs.<name>`, the spec's `entrypoint`) parses the same class from CRUCIBLE_JOB_SPEC.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from workers.detectors.registry import DetectorConfig, default_detector_config
+from workers.rl.config import SamplingConfig, TrainConfig
+from workers.search.index import IndexConfig
+from workers.search.rejection import FilterConfig
+from workers.search.synth import SynthParams
+
+
+class JobSpec(BaseModel):
+    """What every job gets from the control plane (the envelope), beside its kind's own input.
+
+    `entrypoint` is the module Ray runs; a subclass without one is a part, not a job."""
+
+    entrypoint: ClassVar[str] = ""
+    model_config = ConfigDict(extra="forbid")
+    run_id: int = Field(ge=1)
+    kind: str
+    ingest_url: str
+    storage_options: dict[str, Any] = {}
+
+
+class RescoreSpec(JobSpec):
+    """Offline re-scoring of a trajectories dataset with a reward config version."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.rescore"
+    input_uri: str
+    output_uri: str
+    reward: dict[str, Any]
+    shard_size: int = 0  # 0: about 24 shards, so progress and the charts move in visible steps
+    histogram_bins: int = 20
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Detectors run on every trajectory, {name: {enabled, thresholds}}; left out: all, with defaults",
+    )
+
+
+class TrainSpec(JobSpec):
+    """Policy-gradient RL of a language model (workers.rl)."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.train"
+    config: TrainConfig
+    input_uri: str
+    reward: dict[str, Any]
+    output_prefix: str  # checkpoints/ and trajectories/ go under it
+    resume_from: str | None = None  # URI of a checkpoint written by this job
+    max_rows: int = 100_000
+    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    teacher_model: str = Field(
+        default="smollm2-135m-instruct",
+        min_length=1,
+        description="Generates the trajectories: a model, or 'scripted-search' (workers.search.teacher) for search",
+    )
+    base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
+    environment: str = Field(default="search", min_length=1)
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    rollouts_per_task: int = Field(default=4, ge=1, le=64, description="Episodes per task before filtering")
+    max_tasks: int = Field(default=64, ge=1, le=100_000)
+    filter: FilterConfig = Field(default_factory=lambda: FilterConfig())
+    epochs: int = Field(default=2, ge=1, le=100)
+    learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
+    max_tokens_per_pack: int = Field(default=4096, ge=64, le=1_048_576)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    threads: int = Field(default=2, ge=1, le=512)
+    seed: int = Field(default=0, ge=0)
+
+
+class SFTSpec(JobSpec):
+    """SFT warm-up: rejection sampling with a teacher, then fine-tuning."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.sft"
+    config: SFTConfig
+    input_uri: str
+    reward: dict[str, Any]
+    output_prefix: str
+    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
+
+
+class EvalConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_model: str = Field(min_length=1, description="A built-in model name or a model directory")
+    checkpoint_uri: str | None = Field(default=None, description="A trainer checkpoint to load onto base_model")
+    environment: str = Field(min_length=1)
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    score_field: str = Field(default="reward", min_length=1, description="Episode metric that scores an attempt")
+    k: int = Field(default=1, ge=1, le=100, description="Attempts per task")
+    temperature: float = Field(default=0.0, ge=0.0, le=2.0, description="0 is greedy (then k > 1 repeats itself)")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    max_new_tokens: int = Field(default=384, ge=1, le=32_768)
+    tasks_per_batch: int = Field(default=8, ge=1, le=1024)
+    threads: int = Field(default=2, ge=1, le=512)
+    seed: int = Field(default=0, ge=0)
+
+
+class EvalSpec(JobSpec):
+    """A model or checkpoint on one benchmark version."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.evaluate"
+    config: EvalConfig
+    tasks_uri: str
+    reward: dict[str, Any]
+    output_prefix: str
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Detectors run on every attempt, {name: {enabled, thresholds}}; left out: all, with defaults",
+    )
+
+
+class BuildIndexSpec(JobSpec):
+    """A corpus version's search index (BM25 + dense)."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.build_index"
+    corpus_uri: str
+    output_uri: str
+    config: IndexConfig = IndexConfig()
+    corpus_hash: str  # the corpus DatasetVersion's content_hash: sha256 of the file's bytes
+
+
+class DatagenSpec(JobSpec, SynthParams):
+    """Synthetic search tasks generated from a corpus version."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.datagen"
+    corpus_uri: str
+    corpus_label: str
+    corpus_hash: str
+    output_uri: str
+    report_uri: str
+
+    def params(self) -> SynthParams:
+        return SynthParams.model_validate({name: getattr(self, name) for name in SynthParams.model_fields})
+
+
+JOB_SPECS: tuple[type[JobSpec], ...] = (RescoreSpec, TrainSpec, SFTSpec, EvalSpec, BuildIndexSpec, DatagenSpec)
+"""Every job a run can execute (a test checks each names an importable entrypoint that parses it)."""
