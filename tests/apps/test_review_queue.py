@@ -480,3 +480,28 @@ def test_the_flow_back_buttons_on_the_page_record_their_actions(world, client):
     twice = client.post(f"/review/flags/{flag.pk}/exclude/", HTTP_HX_REQUEST="true")
     assert twice.status_code == 400 and "already excluded" in twice.content.decode()
     assert client.post(f"/review/flags/{flag.pk}/bogus/").status_code == 404
+
+
+def test_an_excluded_task_stops_an_sft_launch_as_it_stops_training(world, client_for, monkeypatch):
+    """SFT trains on the same tasks, so it passes the same training-data guards (issue 13: it skipped this one)."""
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    flag = _confirmed(world, _flag(world["run"], "traj-3"))
+    assert client_for("reviewer").post(f"/api/v1/flags/{flag.pk}/exclude/", {}, format="json").status_code == 201
+    model = "tiny-llama-smollm2-tokenizer"
+    body = {
+        "kind": "sft",
+        "dataset_version": world["dataset_version"].pk,
+        "reward_version": world["run"].reward_version_id,
+        "config": {"environment": "exact_answer", "teacher_model": model, "base_model": model, "max_tasks": 4},
+    }
+    refused = client_for("operator").post("/api/v1/runs/", body, format="json")
+    assert refused.status_code == 400, refused.json()
+    assert TASKS[3]["id"] in refused.json()["detail"] and "allow_excluded" in refused.json()["detail"]
+    assert not Run.objects.filter(kind="sft").exists()
+    allowed = client_for("operator").post("/api/v1/runs/", {**body, "allow_excluded": True}, format="json")
+    assert allowed.status_code == 201, allowed.json()
+    from apps.runs.services import worker_spec
+
+    run = Run.objects.get(pk=allowed.json()["id"])
+    assert run.spec["excluded_tasks"] == [TASKS[3]["id"]]
+    assert worker_spec(run)["exclude_task_ids"] == [TASKS[3]["id"]]  # the SFT job leaves them out
