@@ -11,6 +11,7 @@ handler. NetBox's `registry` and healthchecks' one-table-per-kind are the models
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 
     from apps.accounts.models import User
     from apps.runs.models import Run
+
+KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,15}")
+"""A kind's name: it fits Run.kind (16 characters) and reads well in URLs and filters."""
 
 LifecyclePoint = Literal["succeeded", "checkpoints"]
 LIFECYCLE_POINTS: tuple[LifecyclePoint, ...] = ("succeeded", "checkpoints")
@@ -56,13 +60,15 @@ _subscribers: dict[tuple[str, str], dict[str, Callable[..., None]]] = {}
 
 
 def register(handler: RunKindHandler) -> None:
-    if handler.kind not in RunKind.values:
-        raise ImproperlyConfigured(f"{handler.app} registers run kind {handler.kind!r}, which RunKind does not list")
+    if not KIND_NAME.fullmatch(str(handler.kind)):
+        raise ImproperlyConfigured(
+            f"{handler.app} registers run kind {handler.kind!r}: use 1-16 lowercase letters, digits, '_' or '-'"
+        )
     if not handler.job_spec.entrypoint:
         raise ImproperlyConfigured(f"run kind {handler.kind!r}: {handler.job_spec.__name__} names no entrypoint")
     if (handler.launch is None) != (handler.launch_input is None):
         raise ImproperlyConfigured(f"run kind {handler.kind!r}: give both launch and launch_input, or neither")
-    handler = replace(handler, kind=RunKind(handler.kind).value)  # a plain str: it goes into JSON and task args
+    handler = replace(handler, kind=str(handler.kind))  # a plain str (not the enum): it goes into JSON and task args
     current = _handlers.get(handler.kind)
     if current is not None and current != handler:
         raise ImproperlyConfigured(f"run kind {handler.kind!r} is registered twice ({current.app}, {handler.app})")
@@ -91,7 +97,9 @@ def handler_for(kind: str) -> RunKindHandler:
 
 
 def handlers() -> list[RunKindHandler]:
-    return [_handlers[kind] for kind in RunKind.values if kind in _handlers]
+    """Every registered handler: the built-in kinds in RunKind's order, then the others by name."""
+    order = {kind: i for i, kind in enumerate(RunKind.values)}
+    return sorted(_handlers.values(), key=lambda h: (order.get(h.kind, len(order)), h.kind))
 
 
 def launchable() -> dict[str, RunKindHandler]:

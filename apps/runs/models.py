@@ -6,6 +6,9 @@ from django.db import models
 
 
 class RunKind(models.TextChoices):
+    """The kinds that ship with Crucible, as constants for their owning apps. The field takes any kind an app
+    registers (apps.runs.kinds): a new kind needs no change here and no migration."""
+
     RESCORE = "rescore", "Offline re-scoring"
     TRAIN = "train", "Training"
     EVAL = "eval", "Evaluation"
@@ -28,7 +31,7 @@ TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.
 class Run(models.Model):
     """One Ray job of any kind, with one lifecycle: pending -> running -> succeeded | failed | stopped."""
 
-    kind = models.CharField(max_length=16, choices=RunKind.choices)
+    kind = models.CharField(max_length=16, help_text="A registered run kind (apps.runs.kinds)")
     name = models.CharField(max_length=200, blank=True)
     spec = models.JSONField(help_text="Validated by the worker's typed schema for this kind")
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.PENDING, db_index=True)

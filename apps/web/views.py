@@ -27,8 +27,8 @@ from apps.datasets.services import (
 )
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
-from apps.runs import selectors, services
-from apps.runs.models import Run, RunKind, RunStatus
+from apps.runs import kinds, selectors, services
+from apps.runs.models import Run, RunStatus
 from workers.rewards.schema import TERM_TYPES, context1_spec
 
 
@@ -70,7 +70,7 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         "filters": filters,
         "query": query,
         "statuses": RunStatus.values,
-        "kinds": RunKind.values,
+        "kinds": [handler.kind for handler in kinds.handlers()],
         "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
     }
     return render(request, template, context)

@@ -47,8 +47,8 @@ def test_registering_a_kind_twice_or_an_unknown_kind_is_refused() -> None:
     kinds.register(handler)  # the same handler again (a re-run ready()) is harmless
     with pytest.raises(ImproperlyConfigured, match="registered twice"):
         kinds.register(kinds.RunKindHandler(kind=RunKind.RESCORE, app="elsewhere", job_spec=RescoreSpec))
-    with pytest.raises(ImproperlyConfigured, match="RunKind does not list"):
-        kinds.register(kinds.RunKindHandler(kind="teleport", app="elsewhere", job_spec=RescoreSpec))
+    with pytest.raises(ImproperlyConfigured, match="lowercase letters"):
+        kinds.register(kinds.RunKindHandler(kind="Teleport Now", app="elsewhere", job_spec=RescoreSpec))
 
 
 def test_each_launch_builds_what_its_worker_parses(run) -> None:
@@ -57,6 +57,21 @@ def test_each_launch_builds_what_its_worker_parses(run) -> None:
     spec = worker_spec(run)
     parsed = kinds.handler_for(run.kind).job_spec.model_validate(spec)
     assert parsed.run_id == run.pk and json.loads(parsed.model_dump_json())["kind"] == "rescore"
+
+
+def test_a_kind_an_app_adds_needs_no_change_in_runs(users, monkeypatch) -> None:
+    """A new kind is a registration: Run.kind takes it, run_create validates against its spec, no migration."""
+    monkeypatch.setattr(kinds, "_handlers", dict(kinds._handlers))
+    kinds.register(kinds.RunKindHandler(kind="distill", app="tests", job_spec=RescoreSpec))
+    run = run_create(
+        kind="distill",
+        created_by=users["operator"],
+        name="a new kind",
+        job={"input_uri": "file:///in.jsonl", "output_uri": "file:///out.jsonl", "reward": {}},
+    )
+    run.refresh_from_db()
+    assert run.kind == "distill" and RescoreSpec.model_validate(worker_spec(run)).kind == "distill"
+    assert [h.kind for h in kinds.handlers()][-1] == "distill"
 
 
 def test_a_job_the_worker_would_refuse_is_a_400_naming_the_field_and_leaves_no_row(users) -> None:
