@@ -33,10 +33,9 @@ from apps.review.models import (
     Severity,
     TaskExclusion,
 )
-from apps.review.suggestions import suggest_penalty
 from apps.rewards.services import reward_version_create
 from apps.runs.models import Run
-from workers.detectors.registry import detectors
+from workers.detectors.registry import detectors, suggest_penalty
 
 MIN_LOCK_TIMEOUT_S = 10
 

@@ -19,7 +19,8 @@ from apps.rewards.models import RewardConfigVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.base import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
-from workers.rl.config import BUILTIN_SHAPES, TrainConfig, estimate_memory_gb, loss_config_for, shape_from_hf_config
+from workers.models.registry import BUILTIN_SHAPES, model_name_problems
+from workers.rl.config import TrainConfig, estimate_memory_gb, loss_config_for, shape_from_hf_config
 
 
 def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
@@ -65,7 +66,7 @@ def episode_problems(
             raise ValidationError({"dataset_version": [f"{dataset_version}'s file cannot be read as JSONL: {exc}"]})
         row_problems = check_task_rows(env_cls, rows, max_errors=10)
         if not row_problems and env_cls.needs_corpus_index and corpus_version is not None:
-            row_problems = corpus_missing_chunks(rows, corpus_version)
+            row_problems = corpus_missing_chunks(rows, corpus_version, environment=environment)
         if row_problems:
             problems["dataset_version"] = row_problems
     reward_problems = check_reward_compatible(env_cls, reward_version.spec)
@@ -75,11 +76,9 @@ def episode_problems(
 
 
 def model_problems(name: str, field: str, problems: dict[str, list[str]]) -> None:
-    if name not in BUILTIN_SHAPES and not (Path(name).expanduser() / "config.json").is_file():
-        problems[field] = [
-            f"unknown model {name!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
-            "directory with config.json"
-        ]
+    found = model_name_problems(name)
+    if found:
+        problems[field] = found
 
 
 def train_config_check(

@@ -27,10 +27,10 @@ from apps.review.models import (
     RewardDraft,
     TaskExclusion,
 )
-from apps.review.suggestions import suggest_penalty
 from apps.runs.models import Run, TrajectorySummary
 from apps.runs.storage import storage_uri
 from tests.factories import exact_answer_version, tasks_version
+from workers.detectors.registry import suggest_penalty
 from workers.envs.registry import arithmetic_tasks
 
 pytestmark = pytest.mark.django_db

@@ -23,22 +23,8 @@ from apps.datasets.models import DatasetVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.base import TaskFieldError
 from workers.envs.registry import ENVIRONMENTS, get_environment, make_env
-from workers.rewards.schema import context1_spec
 
 MAX_TASKS_PER_VERSION = 100_000
-SCORE_FIELDS = {"coding": "tests_passed", "search": "output_recall"}
-"""The default `score_field` of a new benchmark, by environment ('reward' for the rest)."""
-DEFAULT_METRICS = {"coding": "pass@1", "search": "mean_score"}
-
-
-def eval_reward(environment: str) -> dict[str, Any]:
-    """The reward spec an eval's episodes are scored with (trajectory summaries show it; the benchmark's
-    `score_field` decides pass or fail)."""
-    if environment == "coding":
-        return {"terms": [{"type": "tests_passed"}]}
-    if environment == "search":
-        return context1_spec().model_dump(mode="json")
-    return {"terms": [{"type": "exact_match"}]}
 
 
 def benchmark_create(
@@ -59,8 +45,8 @@ def benchmark_create(
     return Benchmark.objects.create(
         name=name,
         environment=environment,
-        metric=metric or DEFAULT_METRICS.get(environment, "mean_score"),
-        score_field=score_field or SCORE_FIELDS.get(environment, "reward"),
+        metric=metric or ENVIRONMENTS[environment].default_metric,
+        score_field=score_field or ENVIRONMENTS[environment].score_field,
         description=description,
         owner=owner,
     )
@@ -140,10 +126,10 @@ def benchmark_version_create(
     if provenance not in TaskProvenance.values:
         raise ValidationError({"provenance": [f"choose one of: {', '.join(TaskProvenance.values)}"]})
     params = dict(env_params or {})
-    if benchmark.environment == "search" and "index_uri" not in params:
+    if get_environment(benchmark.environment).needs_corpus_index and "index_uri" not in params:
         params = with_index_uri(params, corpus_version)
         assert corpus_version is not None  # with_index_uri refuses None
-        missing = corpus_missing_chunks(list(tasks), corpus_version)
+        missing = corpus_missing_chunks(list(tasks), corpus_version, environment=benchmark.environment)
         if missing:
             raise ValidationError({"tasks": missing})
     try:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import fsspec
@@ -17,14 +16,15 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.benchmarks.selectors import eval_metrics_for
-from apps.benchmarks.services.benchmarks import canonical_json, eval_reward
+from apps.benchmarks.services.benchmarks import canonical_json
 from apps.common.errors import pydantic_problems
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import storage_uri, worker_storage_options
+from workers.envs.registry import get_environment
 from workers.jobs.specs import EvalConfig
+from workers.models.registry import model_name_problems
 from workers.rewards.schema import validate_reward_spec
-from workers.rl.config import BUILTIN_SHAPES
 
 
 def _checkpoint_exists(uri: str) -> bool:
@@ -64,15 +64,10 @@ def _eval_model(
             base_model, checkpoint_uri = checkpoint.uri.removeprefix("file://"), None
     elif not base_model:
         problems["base_model"] = ["name a base model or a checkpoint to evaluate"]
-    if (
-        base_model
-        and base_model not in BUILTIN_SHAPES
-        and not (Path(base_model).expanduser() / "config.json").is_file()
-    ):
-        problems.setdefault("base_model", []).append(
-            f"unknown model {base_model!r}: use a built-in name ({', '.join(sorted(BUILTIN_SHAPES))}) or a model "
-            "directory with config.json"
-        )
+    if base_model:
+        problems.setdefault("base_model", []).extend(model_name_problems(base_model))
+        if not problems["base_model"]:
+            del problems["base_model"]
     return base_model, checkpoint_uri
 
 
@@ -128,7 +123,7 @@ def eval_launch(
             if existing is not None:
                 return existing, False
         label = f"run {checkpoint.run_id} step {checkpoint.step}" if checkpoint else base_model
-        reward = validate_reward_spec(eval_reward(benchmark.environment)).model_dump(mode="json")
+        reward = validate_reward_spec(get_environment(benchmark.environment).eval_reward()).model_dump(mode="json")
         run = run_create(
             kind=RunKind.EVAL,
             name=f"Eval of {label} on {benchmark_version}",

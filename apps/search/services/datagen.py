@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
 from typing import Any
 
 from django.core.files.storage import default_storage
@@ -28,7 +27,7 @@ from apps.runs.models import Run, RunKind, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import storage_uri
 from apps.search.selectors import TASKS_FILE, datagen_outputs
-from workers.models import BUILTIN_MODELS
+from workers.models.registry import model_name_problems
 from workers.search.synth import SynthParams
 
 
@@ -39,14 +38,8 @@ def _params_problems(params: Any) -> tuple[SynthParams | None, dict[str, list[st
         parsed = SynthParams.model_validate(params)
     except PydanticError as exc:
         return None, pydantic_problems(exc, "params")
-    if parsed.generator == "llm" and parsed.model not in BUILTIN_MODELS:
-        if not (Path(parsed.model).expanduser() / "config.json").is_file():
-            names = ", ".join(sorted(BUILTIN_MODELS))
-            message = (
-                f"unknown model {parsed.model!r}: use a built-in name ({names}) or the path of a model directory "
-                "with config.json"
-            )
-            return None, {"params.model": [message]}
+    if parsed.generator == "llm" and (found := model_name_problems(parsed.model)):
+        return None, {"params.model": found}
     return parsed, {}
 
 

@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.search.selectors import ready_index_uri
-from workers.envs.search import SearchEnv
+from workers.envs.registry import get_environment
 from workers.search.types import iter_chunks_jsonl
 
 
@@ -38,12 +38,16 @@ def corpus_chunk_ids(corpus_version: DatasetVersion) -> set[str]:
         return {chunk.chunk_id for chunk in iter_chunks_jsonl(handle.read())}
 
 
-def corpus_missing_chunks(rows: Sequence[Any], corpus_version: DatasetVersion, limit: int = 10) -> list[str]:
-    """One message per task row (up to `limit`) that names chunks `corpus_version` does not hold."""
+def corpus_missing_chunks(
+    rows: Sequence[Any], corpus_version: DatasetVersion, *, environment: str, limit: int = 10
+) -> list[str]:
+    """One message per task row (up to `limit`) that names chunks `corpus_version` does not hold (the chunks the
+    environment says a row references)."""
+    env_cls = get_environment(environment)
     known = corpus_chunk_ids(corpus_version)
     problems: list[str] = []
     for index, row in enumerate(rows, start=1):
-        missing = sorted(SearchEnv.task_chunk_ids(row) - known) if isinstance(row, dict) else []
+        missing = sorted(env_cls.referenced_chunk_ids(row) - known) if isinstance(row, dict) else []
         if missing:
             problems.append(
                 f"task row {index} names chunk(s) not in {corpus_version}: {', '.join(missing[:5])}; "
