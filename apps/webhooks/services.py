@@ -25,7 +25,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
-from apps.webhooks import signing
+from apps.webhooks import signing, tasks  # tasks import this module too: names are read at call time
 from apps.webhooks.models import (
     ALL_EVENTS,
     DeliveryStatus,
@@ -178,12 +178,10 @@ def _deliveries_create(
 
 
 def _deliver_on_commit(delivery_id: int) -> None:
-    from apps.webhooks.tasks import deliver_webhook
-
     # robust: by the time this runs the caller's transaction (a gate decision, a deployment) has committed; a
     # broker hiccup must not turn that into an error. The row is pending and due, so the beat sweep
     # (tasks.webhook_retry_due) queues it instead.
-    transaction.on_commit(lambda: deliver_webhook.delay(delivery_id), robust=True)
+    transaction.on_commit(lambda: tasks.deliver_webhook.delay(delivery_id), robust=True)
 
 
 # --- delivering ----------------------------------------------------------------------------------------------

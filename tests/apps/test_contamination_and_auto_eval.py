@@ -108,7 +108,7 @@ def test_new_checkpoints_of_a_run_are_evaluated_on_its_auto_eval_benchmarks_once
     path = tmp_path / "step-1.pt"
     path.write_bytes(b"x")  # the eval launch checks the checkpoint file exists
     events = EVENTS_LIST.validate_python([{"seq": 1, "kind": "checkpoint", "step": 1, "uri": f"file://{path}"}])
-    ingest_batch(run_id=run.pk, events=events, publish=False)  # queues auto_eval_checkpoints on commit
+    ingest_batch(run_id=run.pk, events=events, publish=False)  # queues the TRAIN checkpoints hook (auto-eval) on commit
     assert eval_auto(run_id=run.pk, steps=[1]) == 1
     assert eval_auto(run_id=run.pk, steps=[1]) == 0  # a retried task starts nothing new
     evaluation = Eval.objects.get()

@@ -3,7 +3,7 @@
 Reads the canonical chunk JSONL at `corpus_uri` (checking it is still the version the control plane registered),
 builds BM25 and the MiniLM embeddings with progress reported per embedding batch, saves the index directory to
 `output_uri` and reports a summary (chunks, documents, seconds per phase) and the index as an artifact. The
-control plane's success hook (apps.search.index_services.index_finalize) then marks the index ready.
+control plane's success hook (apps.search.services.indexes.index_finalize) then marks the index ready.
 
 The build runs in the job's own process rather than in a Ray task: it is one pass that torch and numpy already
 spread over every core, and a task would only add a copy of the corpus.

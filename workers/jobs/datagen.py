@@ -3,7 +3,7 @@
 Reads the corpus's canonical chunk JSONL, runs the pipeline of `workers.search.synth` with the chosen generator
 (template: deterministic, no model; llm: a policy backend), reports progress as tasks kept out of the target, and
 writes the task rows (JSONL) and the verification report (JSON). The control plane's success hook
-(`apps.search.datagen_services.datagen_finalize`) turns them into a tasks dataset version.
+(`apps.search.services.datagen.datagen_finalize`) turns them into a tasks dataset version.
 
 Everything runs in the job's driver: the template generator costs milliseconds per candidate, and a model generator
 batches its candidates into one `generate` call, so Ray tasks would add transfers without adding speed; one process
