@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.utils.module_loading import autodiscover_modules
 
 
 class CommonConfig(AppConfig):
@@ -6,3 +7,10 @@ class CommonConfig(AppConfig):
 
     name = "apps.common"
     label = "common"
+
+    def ready(self) -> None:
+        # Every app's registrations, imported once the app registry is ready (as django.contrib.admin finds each
+        # app's `admin` module): `checks` (system checks), `schema` (OpenAPI extensions), `hooks` (run kinds,
+        # lifecycle subscribers and ingest event stores, apps.runs.kinds). An app plugs in by having the module;
+        # no app's AppConfig imports another app, and no import sits inside a function.
+        autodiscover_modules("checks", "schema", "hooks")

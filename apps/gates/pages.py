@@ -17,7 +17,7 @@ from apps.accounts.models import Capability
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
-from apps.gates import services
+from apps.gates import selectors, services
 from apps.gates.models import Deployment, Gate, GateCheck, GateDecision
 from apps.runs.models import Checkpoint
 
@@ -87,7 +87,7 @@ def gate_detail(request: HttpRequest, gate_id: int) -> HttpResponse:
             "gate": gate,
             "rules_json": json.dumps(gate.rules, indent=2),
             "versions": gate.benchmark_versions.select_related("benchmark"),
-            "current": services.current_deployment(gate),
+            "current": selectors.current_deployment(gate),
             "checks": [(check, decided.get(check.pk)) for check in checks],
             "deployments": Deployment.objects.filter(gate=gate).select_related("checkpoint", "created_by")[:50],
             "checkpoints": Checkpoint.objects.select_related("run").order_by("-created_at")[:50],

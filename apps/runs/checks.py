@@ -21,7 +21,7 @@ def run_kinds_check(app_configs: Any, **kwargs: Any) -> list[Error]:
             errors.append(
                 Error(
                     f"run kind {kind!r} has no handler",
-                    hint="the app that owns it registers one with apps.runs.kinds.register() in AppConfig.ready()",
+                    hint="the app that owns it registers one with apps.runs.kinds.register() in its hooks module",
                     id="runs.E001",
                 )
             )

@@ -1,6 +1,7 @@
 """The run-kind registry: how apps plug their kinds of run into the one Run lifecycle that `apps.runs` owns.
 
-`apps.runs` knows no kind. The app that owns a kind registers a `RunKindHandler` from its `AppConfig.ready()`
+`apps.runs` knows no kind. The app that owns a kind registers a `RunKindHandler` from its `hooks` module
+(imported by apps.common once the app registry is ready)
 (the job spec its worker parses, what to do when a run succeeds or writes checkpoints, and optionally how
 `POST /api/v1/runs/` launches it); other apps subscribe to a kind's lifecycle points by name. Registration is
 explicit and ordered (the owner's hook first, then subscribers in INSTALLED_APPS order), never a Django signal,
@@ -14,18 +15,14 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from django.core.exceptions import ImproperlyConfigured
+from rest_framework.serializers import Serializer
 
-from apps.runs.models import RunKind
+from apps.accounts.models import User
+from apps.runs.models import Run, RunKind
 from workers.jobs.specs import JobSpec
-
-if TYPE_CHECKING:
-    from rest_framework.serializers import Serializer
-
-    from apps.accounts.models import User
-    from apps.runs.models import Run
 
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,15}")
 """A kind's name: it fits Run.kind (16 characters) and reads well in URLs and filters."""
@@ -92,7 +89,7 @@ def handler_for(kind: str) -> RunKindHandler:
     except KeyError:
         raise ImproperlyConfigured(
             f"run kind {kind!r} has no handler: the app that owns it must call apps.runs.kinds.register() in its "
-            "AppConfig.ready()"
+            "`hooks` module"
         ) from None
 
 

@@ -6,9 +6,3 @@ class TrainingConfig(AppConfig):
 
     name = "apps.training"
     label = "training"
-
-    def ready(self) -> None:
-        # Imported here, not at the top: models can be imported only once the app registry is ready.
-        from apps.training.kinds import register_kinds
-
-        register_kinds()

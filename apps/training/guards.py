@@ -19,7 +19,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.base import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
-from workers.models.registry import BUILTIN_SHAPES, model_name_problems
+from workers.models.registry import BUILTIN_SHAPES
 from workers.rl.config import TrainConfig, estimate_memory_gb, loss_config_for, shape_from_hf_config
 
 
@@ -73,12 +73,6 @@ def episode_problems(
     if reward_problems:
         problems["reward_version"] = reward_problems
     return rows
-
-
-def model_problems(name: str, field: str, problems: dict[str, list[str]]) -> None:
-    found = model_name_problems(name)
-    if found:
-        problems[field] = found
 
 
 def train_config_check(

@@ -22,7 +22,6 @@ from apps.runs.services import metric_series_replace, run_create
 from apps.runs.storage import storage_uri
 from apps.training.guards import (
     episode_problems,
-    model_problems,
     train_config_check,
     training_data_guards,
     with_corpus_index,
@@ -30,6 +29,7 @@ from apps.training.guards import (
 from workers.detectors.registry import DetectorConfig, run_run_detectors
 from workers.envs.registry import get_environment
 from workers.jobs.specs import SFTConfig
+from workers.models.registry import model_name_problems
 
 SCRIPTED_TEACHERS = ("scripted-search",)
 """Teachers that are programs, not models (workers.search.teacher): no model check for them."""
@@ -169,9 +169,9 @@ def run_launch_sft(
     except PydanticError as exc:
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
-    if parsed.teacher_model not in SCRIPTED_TEACHERS:
-        model_problems(parsed.teacher_model, "config.teacher_model", problems)
-    model_problems(parsed.base_model, "config.base_model", problems)
+    for field, name in (("teacher_model", parsed.teacher_model), ("base_model", parsed.base_model)):
+        if found := model_name_problems(name, allow=SCRIPTED_TEACHERS if field == "teacher_model" else ()):
+            problems[f"config.{field}"] = found
     episode_problems(
         problems,
         environment=parsed.environment,
@@ -234,9 +234,9 @@ def run_resume(*, run: Run, user: User) -> Run:
 
 # --- lifecycle hooks (registered in apps.training.kinds) ------------------------------------------------------
 def auto_eval_checkpoints(*, run_id: int, steps: list[int]) -> None:
-    """TRAIN's checkpoints hook: evaluate the new checkpoints on the benchmark versions the run's spec names."""
-    if Run.objects.filter(pk=run_id, spec__has_key="auto_eval").exists():
-        eval_auto(run_id=run_id, steps=steps)
+    """TRAIN's checkpoints hook: evaluate the new checkpoints on the benchmark versions the run's spec names (none:
+    nothing starts)."""
+    eval_auto(run_id=run_id, steps=steps)
 
 
 def eval_curve_after_eval(*, run_id: int) -> None:

@@ -31,7 +31,25 @@ class JobSpec(BaseModel):
     storage_options: dict[str, Any] = {}
 
 
-class RescoreSpec(JobSpec):
+class _RunsDetectors(BaseModel):
+    """Part of a job that runs the trajectory detectors on every episode it scores (workers.detectors)."""
+
+    detectors: DetectorConfig = Field(
+        default_factory=default_detector_config,
+        description="Detectors run on every trajectory, {name: {enabled, thresholds}}; left out: all, with defaults",
+    )
+
+
+class _TrainsOnTasks(JobSpec):
+    """Part of a job that trains a model on a tasks dataset, scoring episodes with a reward spec."""
+
+    input_uri: str
+    reward: dict[str, Any]
+    output_prefix: str  # checkpoints/ and trajectories/ go under it
+    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
+
+
+class RescoreSpec(JobSpec, _RunsDetectors):
     """Offline re-scoring of a trajectories dataset with a reward config version."""
 
     entrypoint: ClassVar[str] = "workers.jobs.rescore"
@@ -40,23 +58,15 @@ class RescoreSpec(JobSpec):
     reward: dict[str, Any]
     shard_size: int = 0  # 0: about 24 shards, so progress and the charts move in visible steps
     histogram_bins: int = 20
-    detectors: DetectorConfig = Field(
-        default_factory=default_detector_config,
-        description="Detectors run on every trajectory, {name: {enabled, thresholds}}; left out: all, with defaults",
-    )
 
 
-class TrainSpec(JobSpec):
+class TrainSpec(_TrainsOnTasks):
     """Policy-gradient RL of a language model (workers.rl)."""
 
     entrypoint: ClassVar[str] = "workers.jobs.train"
     config: TrainConfig
-    input_uri: str
-    reward: dict[str, Any]
-    output_prefix: str  # checkpoints/ and trajectories/ go under it
     resume_from: str | None = None  # URI of a checkpoint written by this job
     max_rows: int = 100_000
-    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
 
 
 class SFTConfig(BaseModel):
@@ -82,15 +92,11 @@ class SFTConfig(BaseModel):
     seed: int = Field(default=0, ge=0)
 
 
-class SFTSpec(JobSpec):
+class SFTSpec(_TrainsOnTasks):
     """SFT warm-up: rejection sampling with a teacher, then fine-tuning."""
 
     entrypoint: ClassVar[str] = "workers.jobs.sft"
     config: SFTConfig
-    input_uri: str
-    reward: dict[str, Any]
-    output_prefix: str
-    exclude_task_ids: list[str] = []  # tasks reviewers excluded from training (apps/review): never trained on
 
 
 class EvalConfig(BaseModel):
@@ -110,7 +116,7 @@ class EvalConfig(BaseModel):
     seed: int = Field(default=0, ge=0)
 
 
-class EvalSpec(JobSpec):
+class EvalSpec(JobSpec, _RunsDetectors):
     """A model or checkpoint on one benchmark version."""
 
     entrypoint: ClassVar[str] = "workers.jobs.evaluate"
@@ -118,10 +124,6 @@ class EvalSpec(JobSpec):
     tasks_uri: str
     reward: dict[str, Any]
     output_prefix: str
-    detectors: DetectorConfig = Field(
-        default_factory=default_detector_config,
-        description="Detectors run on every attempt, {name: {enabled, thresholds}}; left out: all, with defaults",
-    )
 
 
 class BuildIndexSpec(JobSpec):

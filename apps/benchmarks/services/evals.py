@@ -64,10 +64,8 @@ def _eval_model(
             base_model, checkpoint_uri = checkpoint.uri.removeprefix("file://"), None
     elif not base_model:
         problems["base_model"] = ["name a base model or a checkpoint to evaluate"]
-    if base_model:
-        problems.setdefault("base_model", []).extend(model_name_problems(base_model))
-        if not problems["base_model"]:
-            del problems["base_model"]
+    if base_model and (found := model_name_problems(base_model)):
+        problems.setdefault("base_model", []).extend(found)
     return base_model, checkpoint_uri
 
 
@@ -161,6 +159,8 @@ def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
     names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing)."""
     run = Run.objects.select_related("created_by").get(pk=run_id)
     versions = list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or []).select_related("benchmark"))
+    if not versions:
+        return 0
     started = 0
     errors: list[str] = []
     for checkpoint in Checkpoint.objects.filter(run=run, step__in=list(steps)).select_related("run"):

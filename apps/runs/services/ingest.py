@@ -2,7 +2,7 @@
 
 Runs stores the kinds every run reports (metrics, logs, progress, trajectories, artifacts, checkpoints, task
 results, summaries; histograms live in the ledger only). An event kind another app owns is handed to the store
-that app registered (`register_event_store`, from its `AppConfig.ready()`): review stores flags. The stores run
+that app registered (`register_event_store`, from its `hooks` module): review stores flags. The stores run
 inside the batch's transaction, after the run's own rows, so a flag finds the trajectory that came with it.
 """
 

@@ -4,19 +4,26 @@ parses, and a job input the worker would refuse is a 400 at launch that names th
 from __future__ import annotations
 
 import importlib
-import json
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management import call_command
 from rest_framework.exceptions import ValidationError
 
+from apps.benchmarks.services import eval_launch
+from apps.datasets.models import DatasetKind
+from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs import kinds
 from apps.runs.checks import run_kinds_check
 from apps.runs.models import Run, RunKind
 from apps.runs.services import run_create, worker_spec
-from tests.factories import context1_version, trajectories_version
+from apps.search.services.datagen import datagen_launch
+from apps.search.services.indexes import index_launch
+from apps.training.services import run_launch_sft, run_launch_train
+from tests.factories import coding_version, context1_version, exact_answer_version, tasks_version, trajectories_version
+from workers.envs.registry import arithmetic_tasks
 from workers.jobs.specs import JOB_SPECS, RescoreSpec
+from workers.search.types import Chunk, dump_chunks_jsonl
 
 pytestmark = pytest.mark.django_db
 
@@ -38,25 +45,44 @@ def test_a_kind_without_a_handler_fails_the_system_check(monkeypatch) -> None:
     monkeypatch.setattr(kinds, "_handlers", {k: v for k, v in kinds._handlers.items() if k != RunKind.EVAL})
     errors = run_kinds_check(None)
     assert [e.id for e in errors] == ["runs.E001"] and "'eval'" in errors[0].msg
-    with pytest.raises(ImproperlyConfigured, match="AppConfig.ready"):
+    with pytest.raises(ImproperlyConfigured, match="hooks. module"):
         kinds.handler_for(RunKind.EVAL)
 
 
 def test_registering_a_kind_twice_or_an_unknown_kind_is_refused() -> None:
     handler = kinds.handler_for(RunKind.RESCORE)
-    kinds.register(handler)  # the same handler again (a re-run ready()) is harmless
+    kinds.register(handler)  # the same handler again (a module imported twice) is harmless
     with pytest.raises(ImproperlyConfigured, match="registered twice"):
         kinds.register(kinds.RunKindHandler(kind=RunKind.RESCORE, app="elsewhere", job_spec=RescoreSpec))
     with pytest.raises(ImproperlyConfigured, match="lowercase letters"):
         kinds.register(kinds.RunKindHandler(kind="Teleport Now", app="elsewhere", job_spec=RescoreSpec))
 
 
-def test_each_launch_builds_what_its_worker_parses(run) -> None:
-    """The launch services' job inputs, through run_create, validate against the worker's own spec (the fixture's
-    rescore run; the other kinds' launches are exercised the same way in their apps' tests)."""
-    spec = worker_spec(run)
-    parsed = kinds.handler_for(run.kind).job_spec.model_validate(spec)
-    assert parsed.run_id == run.pk and json.loads(parsed.model_dump_json())["kind"] == "rescore"
+def test_each_kinds_launch_builds_what_its_worker_parses(run, users, settings, tmp_path, monkeypatch) -> None:
+    """One launch of every built-in kind through its owner's own service: the job input each stores is what the
+    kind's worker spec parses, and no kind is left out."""
+    settings.MEDIA_ROOT = tmp_path
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    owner, model = users["operator"], "tiny-llama-smollm2-tokenizer"
+    tasks, exact = tasks_version(owner=owner, rows=arithmetic_tasks(8, seed=0)), exact_answer_version(owner=owner)
+    corpus_dataset = dataset_create(name="notes", kind=DatasetKind.CORPUS, owner=owner)
+    chunks = [Chunk(chunk_id=f"d{i}#0", doc_id=f"d{i}", position=0, text=f"note {i} on tides") for i in range(3)]
+    corpus = dataset_version_create(
+        dataset=corpus_dataset, data=dump_chunks_jsonl(chunks), filename="notes.jsonl", created_by=owner
+    )
+    common = {"created_by": owner, "dataset_version": tasks, "reward_version": exact}
+    launched = [
+        run,
+        run_launch_train(**common, config={"base_model": model, "steps": 2, "prompts_per_step": 2, "group_size": 2}),
+        run_launch_sft(**common, config={"environment": "exact_answer", "teacher_model": model, "base_model": model}),
+        eval_launch(benchmark_version=coding_version(owner=owner), base_model=model, created_by=owner)[0].run,
+        index_launch(corpus_version=corpus, config={"dense": False}, user=owner).run,
+        datagen_launch(corpus_version=corpus, target_dataset="notes-tasks", params={}, user=owner),
+    ]
+    assert sorted(r.kind for r in launched) == sorted(RunKind.values)
+    for launched_run in launched:
+        spec = kinds.handler_for(launched_run.kind).job_spec.model_validate(worker_spec(launched_run))
+        assert spec.run_id == launched_run.pk and spec.kind == launched_run.kind
 
 
 def test_a_kind_an_app_adds_needs_no_change_in_runs(users, monkeypatch) -> None:

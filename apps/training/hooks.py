@@ -1,0 +1,29 @@
+"""Registered when the app registry is ready (apps.common autodiscovers every app's `hooks` module): the run kinds
+training owns (apps.runs.kinds), and its reaction to evals of its checkpoints."""
+
+from __future__ import annotations
+
+from apps.runs import kinds
+from apps.runs.models import RunKind
+from apps.training import services
+from apps.training.api import TrainingLaunchSerializer, launch_from_api
+from workers.jobs.specs import RescoreSpec, SFTSpec, TrainSpec
+
+# All three launch through `POST /api/v1/runs/` with one input; training's checkpoints start its auto-evals.
+for kind, spec, job, on_checkpoints in (
+    (RunKind.TRAIN, TrainSpec, services.train_job, services.auto_eval_checkpoints),
+    (RunKind.SFT, SFTSpec, services.sft_job, None),
+    (RunKind.RESCORE, RescoreSpec, services.rescore_job, None),
+):
+    kinds.register(
+        kinds.RunKindHandler(
+            kind=kind,
+            app="training",
+            job_spec=spec,
+            on_checkpoints=on_checkpoints,
+            job_from_row=job,
+            launch_input=TrainingLaunchSerializer,
+            launch=launch_from_api,
+        )
+    )
+kinds.subscribe(RunKind.EVAL, "succeeded", "training.eval_curve", services.eval_curve_after_eval)
