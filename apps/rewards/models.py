@@ -37,7 +37,3 @@ class RewardConfigVersion(models.Model):
 
     def __str__(self) -> str:
         return f"{self.config.name}@v{self.number}"
-
-    @property
-    def in_use(self) -> bool:
-        return self.runs.exists()

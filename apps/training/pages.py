@@ -19,7 +19,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Run
 from apps.training import services
 from workers.envs.registry import environment_choices
-from workers.models.registry import BUILTIN_MODELS
+from workers.models.registry import BUILTINS
 from workers.rl.config import ComputeRequest, LoraConfig, SamplingConfig, TrainConfig
 
 
@@ -87,7 +87,7 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
         default = info.get_default(call_default_factory=True)
         choices = [str(c) for c in get_args(info.annotation)] if leaf not in ("base_model", "environment") else []
         if leaf == "base_model":
-            choices = list(BUILTIN_MODELS)
+            choices = list(BUILTINS)
         if leaf == "environment":
             choices = [name for name, _ in environment_choices()]
         kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")

@@ -80,9 +80,6 @@ class WebhookEndpoint(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    def subscribes_to(self, event: str) -> bool:
-        return ALL_EVENTS in self.events or event in self.events
-
 
 class DeliveryStatus(models.TextChoices):
     PENDING = "pending", "Pending"

@@ -13,7 +13,6 @@ import pytest
 
 from workers.envs import (
     ENVIRONMENTS,
-    TERM_INPUTS,
     CalculatorEnv,
     EpisodeStateError,
     ExactAnswerEnv,
@@ -37,7 +36,7 @@ from workers.envs.calculator import (
     word_problem_tasks,
 )
 from workers.envs.toolcalls import FORMAT_HINT, ToolParameter, ToolSpec, format_tool_call
-from workers.rewards.schema import TERM_TYPES, context1_spec, validate_reward_spec
+from workers.rewards.schema import TERM_INPUTS, TERM_TYPES, TermInputs, context1_spec, validate_reward_spec
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 
@@ -591,10 +590,7 @@ def test_every_reward_term_type_has_its_inputs_declared() -> None:
     assert set(TERM_INPUTS) == set(TERM_TYPES)
 
 
-def test_term_inputs_keeps_its_old_home_and_its_old_values() -> None:
-    from workers.envs.base import TermInputs
-    from workers.rewards import schema
-
+def test_term_inputs_keeps_its_old_values() -> None:
     answer = frozenset({"answer", "gold_answers"})
     # The table workers/envs/base.py held before the terms declared their own inputs.
     assert TERM_INPUTS == {
@@ -607,7 +603,6 @@ def test_term_inputs_keeps_its_old_home_and_its_old_values() -> None:
         "turn_penalty": TermInputs((frozenset({"turns"}),)),
         "tests_passed": TermInputs((frozenset({"tests_passed"}),)),
     }
-    assert TERM_INPUTS is schema.TERM_INPUTS and TermInputs is schema.TermInputs
 
 
 def test_the_context1_retrieval_reward_is_incompatible_with_the_calculator() -> None:
@@ -732,11 +727,11 @@ def test_an_environments_eval_reward_can_score_its_own_episodes() -> None:
         validate_reward_spec(cls.eval_reward())  # raises when the spec is not one
 
 
-def test_only_search_names_corpus_chunks_and_the_old_name_still_answers() -> None:
+def test_only_search_names_corpus_chunks() -> None:
     from workers.envs.search import SearchEnv
 
     row = {"gold_chunk_ids": ["a", "b"], "answer_chunk_ids": ["b"], "distractor_chunk_ids": ["c"], "other": ["d"]}
-    assert SearchEnv.referenced_chunk_ids(row) == SearchEnv.task_chunk_ids(row) == {"a", "b", "c"}
+    assert SearchEnv.referenced_chunk_ids(row) == {"a", "b", "c"}
     assert SearchEnv.referenced_chunk_ids({"gold_chunk_ids": "not a list"}) == set()
     for name, cls in ENVIRONMENTS.items():
         if cls is not SearchEnv:

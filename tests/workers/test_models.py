@@ -24,7 +24,7 @@ import torch
 from transformers import PreTrainedModel
 
 from workers.models import (
-    BUILTIN_MODELS,
+    BUILTINS,
     SMOLLM2,
     TINY_LLAMA,
     Generation,
@@ -368,7 +368,7 @@ def test_an_unknown_base_model_is_refused_with_the_builtin_names_and_the_config_
         resolve_base_model("gpt-17-ultra", cache_dir=tmp_path)
     message = str(raised.value)
     assert "gpt-17-ultra" in message and "config.json" in message
-    assert all(name in message for name in BUILTIN_MODELS)
+    assert all(name in message for name in BUILTINS)
     assert isinstance(raised.value, ValueError)
     with pytest.raises(UnknownBaseModel, match="without config.json"):
         resolve_base_model(str(tmp_path), cache_dir=tmp_path)
@@ -506,15 +506,10 @@ def test_smollm2_converts_once_and_answers_a_chat_prompt_ending_at_its_end_token
 # --- the built-in model registry ---------------------------------------------------------------------------------
 
 
-def test_one_registry_carries_every_builtin_and_the_old_tables_derive_from_it() -> None:
-    from workers.rl.config import BUILTIN_SHAPES as RL_SHAPES
-    from workers.rl.config import ModelShape as RlModelShape
-
-    assert list(registry.BUILTINS) == [SMOLLM2, TINY_LLAMA]
-    assert BUILTIN_MODELS == {name: model.description for name, model in registry.BUILTINS.items()}
-    assert RL_SHAPES is registry.BUILTIN_SHAPES and RlModelShape is registry.ModelShape
+def test_one_registry_carries_every_builtin_and_the_shape_table_derives_from_it() -> None:
+    assert list(BUILTINS) == [SMOLLM2, TINY_LLAMA]
     # The shapes workers/rl/config.py held before the registry carried them.
-    assert RL_SHAPES == {
+    assert registry.BUILTIN_SHAPES == {
         SMOLLM2: registry.ModelShape(parameters=134_515_008, layers=30, hidden=576, vocab=49_152),
         TINY_LLAMA: registry.ModelShape(parameters=3_300_000, layers=2, hidden=64, vocab=49_152),
     }

@@ -9,7 +9,6 @@
 """
 
 from workers.envs.base import (
-    TERM_INPUTS,
     Environment,
     EpisodeStateError,
     Message,
@@ -30,7 +29,6 @@ from workers.envs.toolcalls import ParseResult, ToolCall, ToolSpec, parse_tool_c
 
 __all__ = [
     "ENVIRONMENTS",
-    "TERM_INPUTS",
     "CalculatorEnv",
     "Environment",
     "EpisodeStateError",

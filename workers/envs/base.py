@@ -31,9 +31,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar, Literal, TypedDict
 
 from workers.envs.toolcalls import ToolCall, ToolSpec, json_kind, parse_tool_calls, render_tool_prompt
-from workers.rewards.schema import TERM_INPUTS as TERM_INPUTS  # alias: apps/ imports it from here
 from workers.rewards.schema import RewardSpec, validate_reward_spec
-from workers.rewards.schema import TermInputs as TermInputs  # alias: apps/ imports it from here
 
 AnswerFormat = Literal["text", "last_number"]
 """How the final reply becomes the trajectory's `answer`: the whole stripped text, or the last number in it."""

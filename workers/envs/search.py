@@ -273,11 +273,6 @@ class SearchEnv(ToolUseEnvironment):
                 out.update(str(item) for item in value)
         return out
 
-    @staticmethod
-    def task_chunk_ids(row: Mapping[str, Any]) -> set[str]:
-        """Old name of `referenced_chunk_ids`, kept while callers move over."""
-        return SearchEnv.referenced_chunk_ids(row)
-
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:
         """Evals score search episodes with the reward they are trained on (Context-1's), so trajectory pages

@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from workers.models.base import FinishReason, Generation, PolicyBackend, SamplingParams, encode_chat
 from workers.models.registry import (
-    BUILTIN_MODELS,
     BUILTIN_SHAPES,
     BUILTINS,
     SMOLLM2,
@@ -31,7 +30,6 @@ BACKEND_KINDS: tuple[BackendKind, ...] = ("transformers", "vllm")
 __all__ = [
     "BACKEND_KINDS",
     "BUILTINS",
-    "BUILTIN_MODELS",
     "BUILTIN_SHAPES",
     "SMOLLM2",
     "TINY_LLAMA",

@@ -71,9 +71,6 @@ BUILTINS: dict[str, BuiltinModel] = {
 }
 """Every built-in base model by name; adding one is an entry here and its builder in `_BUILDERS`."""
 
-BUILTIN_MODELS: dict[str, str] = {name: model.description for name, model in BUILTINS.items()}
-"""Built-in names and their help text (derived from `BUILTINS`)."""
-
 BUILTIN_SHAPES: dict[str, ModelShape] = {name: model.shape for name, model in BUILTINS.items()}
 """Built-in names and their shapes (derived from `BUILTINS`)."""
 
@@ -103,16 +100,16 @@ def model_cache_dir() -> Path:
 def resolve_base_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
     """The local directory of a base model, building a built-in one into the cache on first use.
 
-    `name_or_path` is a key of `BUILTIN_MODELS` or a directory holding a Hugging Face `config.json`. Raises
+    `name_or_path` is a key of `BUILTINS` or a directory holding a Hugging Face `config.json`. Raises
     `UnknownBaseModel` otherwise.
     """
     name = os.fspath(name_or_path)
-    if name in BUILTIN_MODELS:
+    if name in BUILTINS:
         return _ensure_builtin(name, cache_dir if cache_dir is not None else model_cache_dir())
     path = Path(name).expanduser()
     if path.is_dir() and (path / "config.json").is_file():
         return path.resolve()
-    builtins = ", ".join(sorted(BUILTIN_MODELS))
+    builtins = ", ".join(sorted(BUILTINS))
     found = "a directory without config.json" if path.is_dir() else "neither a built-in name nor a directory"
     raise UnknownBaseModel(
         f"unknown base model {name!r} ({found}): use a built-in name ({builtins}) or the path of a local "

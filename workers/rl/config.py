@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.detectors.registry import DetectorConfig, default_detector_config
-from workers.models.registry import BUILTIN_SHAPES as BUILTIN_SHAPES  # alias: apps/ imports it from here
 from workers.models.registry import ModelShape
 
 if TYPE_CHECKING:
@@ -164,10 +163,6 @@ def loss_config_for(config: TrainConfig) -> LossConfig:
         max_completion_length=base.max_completion_length,
         source=base.source,
     )
-
-
-def samples_per_step(config: TrainConfig) -> int:
-    return config.prompts_per_step * config.group_size
 
 
 def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
