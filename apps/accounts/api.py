@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.urls import path
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema
@@ -9,6 +10,7 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import ApiToken, Capability, Role, User
 from apps.accounts.permissions import request_capabilities
@@ -96,3 +98,9 @@ def me(request: Request) -> Response:
             "roles": Role.values,
         }
     )
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("users", UserViewSet, basename="user")
+router.register("tokens", ApiTokenViewSet, basename="token")
+urlpatterns = [path("me/", me, name="me")]

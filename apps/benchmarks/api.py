@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.benchmarks import selectors, services
@@ -258,3 +259,9 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
             raise ValidationError({"alpha": ["must be a number between 0 and 0.5"]})
         comparison = selectors.eval_compare(before=ids["before"], after=ids["after"], slice_by=slice_by, alpha=alpha)
         return Response(comparison)
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
+router.register("benchmark-versions", BenchmarkVersionViewSet, basename="benchmark-version")
+router.register("evals", EvalViewSet, basename="eval")

@@ -101,9 +101,9 @@ def eval_compare(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [
-    path("", benchmark_list, name="list"),
-    path("versions/<int:version_id>/", version_detail, name="version"),
-    path("evals/<int:eval_id>/", eval_detail, name="eval"),
-    path("evals/<int:eval_id>/results/", eval_results_partial, name="eval-results"),
-    path("evals/compare/", eval_compare, name="compare"),
+    path("benchmarks/", benchmark_list, name="list"),
+    path("benchmarks/versions/<int:version_id>/", version_detail, name="version"),
+    path("benchmarks/evals/<int:eval_id>/", eval_detail, name="eval"),
+    path("benchmarks/evals/<int:eval_id>/results/", eval_results_partial, name="eval-results"),
+    path("benchmarks/evals/compare/", eval_compare, name="compare"),
 ]

@@ -8,6 +8,7 @@ from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
@@ -103,3 +104,8 @@ class DatasetViewSet(viewsets.ModelViewSet):
 class DatasetVersionViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = DatasetVersionSerializer
     queryset = DatasetVersion.objects.select_related("dataset", "created_by").order_by("-created_at")
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("datasets", DatasetViewSet, basename="dataset")
+router.register("dataset-versions", DatasetVersionViewSet, basename="dataset-version")

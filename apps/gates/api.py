@@ -7,6 +7,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.benchmarks.api import EvalSerializer
@@ -267,3 +268,10 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         if self.request.query_params.get("current") in ("1", "true"):
             qs = qs.filter(is_current=True)
         return qs
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("gates", GateViewSet, basename="gate")
+router.register("gate-checks", GateCheckViewSet, basename="gate-check")
+router.register("gate-decisions", GateDecisionViewSet, basename="gate-decision")
+router.register("deployments", DeploymentViewSet, basename="deployment")

@@ -185,11 +185,11 @@ def deployment_list(request: HttpRequest) -> HttpResponse:
 
 
 urlpatterns = [
-    path("", gate_list, name="list"),
-    path("deployments/", deployment_list, name="deployments"),
-    path("<int:gate_id>/", gate_detail, name="gate"),
-    path("<int:gate_id>/evaluate/", gate_evaluate_view, name="evaluate"),
-    path("<int:gate_id>/rollback/", gate_rollback_view, name="rollback"),
-    path("decisions/<int:decision_id>/", decision_detail, name="decision"),
-    path("decisions/<int:decision_id>/judge/", decision_judge, name="judge"),
+    path("gates/", gate_list, name="list"),
+    path("gates/deployments/", deployment_list, name="deployments"),
+    path("gates/<int:gate_id>/", gate_detail, name="gate"),
+    path("gates/<int:gate_id>/evaluate/", gate_evaluate_view, name="evaluate"),
+    path("gates/<int:gate_id>/rollback/", gate_rollback_view, name="rollback"),
+    path("gates/decisions/<int:decision_id>/", decision_detail, name="decision"),
+    path("gates/decisions/<int:decision_id>/judge/", decision_judge, name="judge"),
 ]

@@ -6,6 +6,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.datasets.models import Dataset
@@ -299,3 +300,12 @@ class TaskExclusionViewSet(viewsets.ReadOnlyModelViewSet):
 
     serializer_class = TaskExclusionSerializer
     queryset = TaskExclusion.objects.select_related("created_by").order_by("-created_at")
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("flags", FlagViewSet, basename="flag")
+router.register("review-queues", ReviewQueueViewSet, basename="review-queue")
+router.register("review-items", QueueItemViewSet, basename="review-item")
+router.register("reward-drafts", RewardDraftViewSet, basename="reward-draft")
+router.register("review-actions", ReviewActionViewSet, basename="review-action")
+router.register("task-exclusions", TaskExclusionViewSet, basename="task-exclusion")

@@ -4,8 +4,11 @@ keyboard shortcuts, then the next item), and what a confirmed hack leads to."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
+from django.db.models import Exists, OuterRef, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import NoReverseMatch, path, reverse
@@ -26,6 +29,7 @@ from apps.review.models import (
     RewardDraft,
     Severity,
 )
+from apps.runs.models import Run, TrajectorySummary
 from workers.detectors.registry import detectors
 
 app_name = "review"
@@ -116,7 +120,7 @@ def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
         raise Http404(f"there is no review item {item_id}")
     flag = item.flag
     try:
-        trajectory_url = reverse("web:trajectory", args=[flag.run_id, flag.trajectory_ref])
+        trajectory_url = reverse("runs:trajectory", args=[flag.run_id, flag.trajectory_ref])
     except NoReverseMatch:  # an id the trajectory page's URL cannot carry (a "/" in it)
         trajectory_url = ""
     return render(
@@ -224,13 +228,93 @@ def draft_decide(request: HttpRequest, draft_id: int, decision: str) -> HttpResp
     return redirect("review:list")
 
 
+PAGE = 100
+
+
+ORDERS = {"reward": "-reward", "-reward": "reward", "step": "step", "-step": "-step", "recent": "-id"}
+
+
+def _number(raw: str | None, name: str, errors: list[str], cast: type = float) -> Any:
+    if raw in (None, ""):
+        return None
+    try:
+        return cast(raw)
+    except ValueError:
+        errors.append(f"{name}: {raw!r} is not a number")
+        return None
+
+
+def trajectory_filter(run: Run, params: Any, errors: list[str]) -> QuerySet[TrajectorySummary]:
+    """The run's trajectory summaries matching task (substring), reward range, step and flag filters."""
+    qs = TrajectorySummary.objects.filter(run=run)
+    if task := (params.get("task") or "").strip():
+        qs = qs.filter(task_id__icontains=task)
+    low = _number(params.get("min_reward"), "min_reward", errors)
+    high = _number(params.get("max_reward"), "max_reward", errors)
+    step = _number(params.get("step"), "step", errors, int)
+    if low is not None:
+        qs = qs.filter(reward__gte=low)
+    if high is not None:
+        qs = qs.filter(reward__lte=high)
+    if step is not None:
+        qs = qs.filter(step=step)
+    flag = (params.get("flag") or "").strip()
+    if flag:
+        flags = Flag.objects.filter(run=run, trajectory_ref=OuterRef("trajectory_id"))
+        if flag == "none":
+            qs = qs.filter(~Exists(flags))
+        else:
+            qs = qs.filter(Exists(flags if flag == "any" else flags.filter(detector=flag)))
+    return qs
+
+
+@needs(Capability.READ)
+def trajectory_browser(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    errors: list[str] = []
+    qs = trajectory_filter(run, request.GET, errors)
+    order = request.GET.get("order", "recent")
+    qs = qs.order_by(ORDERS.get(order, "-id"), "-id")
+    page = _number(request.GET.get("page"), "page", errors, int) or 1
+    page = max(1, page)
+    # No COUNT over a million rows: fetch one row more than a page to know whether there is a next one.
+    rows = list(qs[(page - 1) * PAGE : page * PAGE + 1])
+    more = len(rows) > PAGE
+    rows = rows[:PAGE]
+    flags_by_ref: dict[str, list[Flag]] = {}
+    for flag in Flag.objects.filter(run=run, trajectory_ref__in=[r.trajectory_id for r in rows]).only(
+        "trajectory_ref", "detector", "severity"
+    ):
+        flags_by_ref.setdefault(flag.trajectory_ref, []).append(flag)
+    detectors = sorted(Flag.objects.filter(run=run).values_list("detector", flat=True).distinct())
+    query = request.GET.copy()
+    query.pop("page", None)
+    return render(
+        request,
+        "runs/trajectories.html",
+        {
+            "run": run,
+            "rows": [(row, flags_by_ref.get(row.trajectory_id, [])) for row in rows],
+            "errors": errors,
+            "page": page,
+            "more": more,
+            "detectors": detectors,
+            "params": request.GET,
+            "query": query.urlencode(),
+            "order": order,
+        },
+    )
+
+
 urlpatterns = [
-    path("", queue_list, name="list"),
-    path("queues/<int:queue_id>/", queue_detail, name="queue"),
-    path("queues/<int:queue_id>/sync/", queue_sync, name="queue-sync"),
-    path("queues/<int:queue_id>/next/", queue_next, name="queue-next"),
-    path("items/<int:item_id>/", item_detail, name="item"),
-    path("items/<int:item_id>/label/", item_label, name="item-label"),
-    path("flags/<int:flag_id>/<str:what>/", flag_act, name="flag-act"),
-    path("drafts/<int:draft_id>/<str:decision>/", draft_decide, name="draft-decide"),
+    path("review/", queue_list, name="list"),
+    path("review/queues/<int:queue_id>/", queue_detail, name="queue"),
+    path("review/queues/<int:queue_id>/sync/", queue_sync, name="queue-sync"),
+    path("review/queues/<int:queue_id>/next/", queue_next, name="queue-next"),
+    path("review/items/<int:item_id>/", item_detail, name="item"),
+    path("review/items/<int:item_id>/label/", item_label, name="item-label"),
+    path("review/flags/<int:flag_id>/<str:what>/", flag_act, name="flag-act"),
+    path("review/drafts/<int:draft_id>/<str:decision>/", draft_decide, name="draft-decide"),
+    # The trajectory browser filters a run's trajectories by their flags, so review serves it, under the run's URL.
+    path("runs/<int:run_id>/trajectories/", trajectory_browser, name="trajectories"),
 ]

@@ -7,6 +7,7 @@ from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.rewards.models import RewardConfig, RewardConfigVersion
@@ -86,3 +87,8 @@ class RewardVersionViewSet(viewsets.ReadOnlyModelViewSet):
         old = get_object_or_404(RewardConfigVersion, pk=pk)
         new = get_object_or_404(RewardConfigVersion, pk=other)
         return Response({"old": str(old), "new": str(new), "changes": reward_spec_diff(old.spec, new.spec)})
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("reward-configs", RewardConfigViewSet, basename="reward-config")
+router.register("reward-versions", RewardVersionViewSet, basename="reward-version")

@@ -1,14 +1,17 @@
 from __future__ import annotations
 
+from django.urls import path
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.runs import kinds, selectors, services
+from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, TrajectorySummary
 
 
@@ -138,3 +141,8 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         run = self.get_object()
         page = self.paginate_queryset(run.trajectories.order_by("id"))
         return self.get_paginated_response(TrajectorySerializer(page, many=True).data)
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("runs", RunViewSet, basename="run")
+urlpatterns = [path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest")]

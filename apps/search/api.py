@@ -144,6 +144,6 @@ class DatagenViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
-router = SimpleRouter()  # not DefaultRouter: its root view would shadow the API root of controlplane.urls
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
 router.register("datagen", DatagenViewSet, basename="datagen")

@@ -56,7 +56,7 @@ def indexes(request: HttpRequest) -> HttpResponse:
                 except ValidationError as exc:
                     errors = validation_messages(exc)
                 else:
-                    return redirect("web:run", run_id=index.run_id)
+                    return redirect("runs:detail", run_id=index.run_id)
     rows = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")[:200]
     return render(
         request,
@@ -116,7 +116,7 @@ def datagen_new(request: HttpRequest) -> HttpResponse:
             except ValidationError as exc:
                 errors = validation_messages(exc)
             else:
-                return redirect("web:run", run_id=run.pk)
+                return redirect("runs:detail", run_id=run.pk)
     defaults = SynthParams()
     fields = [
         {
@@ -174,10 +174,10 @@ def datagen_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 
 
 urlpatterns = [
-    path("indexes/", indexes, name="indexes"),
-    path("datagen/", datagen_list, name="datagen-list"),
-    path("datagen/new/", datagen_new, name="datagen-new"),
-    path("datagen/<int:run_id>/", datagen_detail, name="datagen-detail"),
+    path("search/indexes/", indexes, name="indexes"),
+    path("search/datagen/", datagen_list, name="datagen-list"),
+    path("search/datagen/new/", datagen_new, name="datagen-new"),
+    path("search/datagen/<int:run_id>/", datagen_detail, name="datagen-detail"),
 ]
 
 

@@ -92,5 +92,5 @@ class RunResumeViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
-router = SimpleRouter()
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunResumeViewSet, basename="run-resume")

@@ -8,6 +8,7 @@ from typing import Any, get_args
 from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path as route
 from django.views.decorators.http import require_http_methods, require_POST
 from rest_framework.exceptions import ValidationError
 
@@ -46,7 +47,7 @@ def rescore_new(request: HttpRequest) -> HttpResponse:
             except ValidationError as exc:
                 errors = validation_messages(exc)
             else:
-                return redirect("web:run", run_id=run.pk)
+                return redirect("runs:detail", run_id=run.pk)
     return render(request, "runs/rescore_new.html", {"versions": versions, "rewards": rewards, "errors": errors})
 
 
@@ -159,7 +160,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
             except ValidationError as exc:
                 errors = validation_messages(exc)
             else:
-                return redirect("web:run", run_id=run.pk)
+                return redirect("runs:detail", run_id=run.pk)
     return render(
         request,
         "runs/train_new.html",
@@ -182,6 +183,14 @@ def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
         child = services.run_resume(run=run, user=request.user)  # type: ignore[arg-type]
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))
-        return redirect("web:run", run_id=run.pk)
+        return redirect("runs:detail", run_id=run.pk)
     messages.info(request, f"Run {child.pk} resumes run {run.pk} from its latest checkpoint.")
-    return redirect("web:run", run_id=child.pk)
+    return redirect("runs:detail", run_id=child.pk)
+
+
+app_name = "training"
+urlpatterns = [
+    route("runs/new/rescore/", rescore_new, name="rescore-new"),
+    route("runs/new/train/", train_new, name="train-new"),
+    route("runs/<int:run_id>/resume/", run_resume_view, name="resume"),
+]

@@ -10,6 +10,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability
 from apps.webhooks import selectors, services
@@ -172,3 +173,8 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
             WebhookDeliveryDetailSerializer(selectors.webhook_delivery_with_log().get(pk=delivery.pk)).data,
             status=status.HTTP_202_ACCEPTED,
         )
+
+
+router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
+router.register("webhook-deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")

@@ -1,0 +1,287 @@
+"""Run pages (namespace "runs"): the runs list (the home page), a run with its live charts, checkpoints and
+cancel, the comparison of runs, and one stored trajectory turn by turn.
+
+The trajectory page shows, for a search trajectory (workers.envs.search), each tool call and its arguments, the
+passages returned (chunk id, score, which retrievers found them), pruned chunks struck through, the token usage
+across turns, the final output items against the gold chunks, the reward broken down by term, and the detector
+flags. Live runs keep the full record of the first `trajectory_samples_per_step` trajectories of each step;
+re-scoring runs point at the uploaded dataset file, so every re-scored trajectory opens.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.views.decorators.http import require_POST
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.models import Capability
+from apps.common.errors import validation_messages
+from apps.common.pages import needs
+from apps.rewards.services import reward_spec_diff
+from apps.runs import kinds, selectors, services
+from apps.runs.models import Run, RunStatus, TrajectorySummary
+from apps.runs.selectors import find_record
+from workers.rewards.schema import validate_reward_spec
+from workers.rewards.score import score_trajectory
+from workers.trajectories import Trajectory
+
+SPARKLINE_WIDTH, SPARKLINE_HEIGHT = 120, 24
+
+
+def _sparkline_points(series: list[tuple[int, float]]) -> str:
+    """SVG polyline points for a sparkline: steps scaled to the width, values to the height (top = highest).
+
+    A sparkline is a 50-point glyph in a table cell, not a chart (no axes, zoom or updates), so it is drawn on
+    the server as one <polyline>: nothing to re-initialise when htmx swaps the table every 5 s."""
+    if len(series) < 2:
+        return ""
+    steps = [s for s, _ in series]
+    values = [v for _, v in series]
+    x0, dx = steps[0], (steps[-1] - steps[0]) or 1
+    lo, dv = min(values), (max(values) - min(values)) or 1.0
+    w, h = SPARKLINE_WIDTH - 2, SPARKLINE_HEIGHT - 2  # 1px margin so the stroke is not clipped
+    return " ".join(f"{1 + (s - x0) * w / dx:.1f},{1 + h - (v - lo) * h / dv:.1f}" for s, v in series)
+
+
+@needs(Capability.READ)
+def runs_index(request: HttpRequest) -> HttpResponse:
+    filters = selectors.RunListFilters.from_query(request.GET)
+    page = selectors.run_list_page(filters=filters, page=request.GET.get("page"))
+    for run in page:
+        run.sparkline_points = _sparkline_points(run.sparkline)  # type: ignore[attr-defined]
+        run.reward_last = run.sparkline[-1][1] if run.sparkline else None  # type: ignore[attr-defined]
+    query = urlencode({k: v for k, v in asdict(filters).items() if v})
+    template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
+    context = {
+        "page": page,
+        "filters": filters,
+        "query": query,
+        "statuses": RunStatus.values,
+        "kinds": [handler.kind for handler in kinds.handlers()],
+        "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
+    }
+    return render(request, template, context)
+
+
+@needs(Capability.READ)
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list(), pk=run_id)
+    histogram = run.events.filter(kind="histogram").order_by("-seq").values_list("data", flat=True).first()
+    return render(
+        request,
+        "runs/detail.html",
+        {
+            "run": run,
+            "state": selectors.run_state(run),
+            "logs": run.log_tail.splitlines()[-200:],
+            "artifacts": run.artifacts.order_by("name"),
+            **_checkpoints_context(run),
+            "spec_json": json.dumps(run.spec, indent=2, sort_keys=True),
+            "parent_diff": _parent_diff(run),
+            "histogram": histogram,
+            "top_trajectories": run.trajectories.order_by("-reward")[:10],
+        },
+    )
+
+
+def _parent_diff(run: Run) -> list[dict[str, Any]] | None:
+    """Config and reward-config changes against the parent run (None without a parent): what a resumed or
+    forked run changed."""
+    if run.parent is None:
+        return None
+    rows = reward_spec_diff(run.parent.spec.get("config") or {}, run.spec.get("config") or {})
+    if run.parent.reward_version_id != run.reward_version_id:
+        old = run.parent.reward_version.spec if run.parent.reward_version else {}
+        new = run.reward_version.spec if run.reward_version else {}
+        rows += [{**row, "path": f"reward.{row['path']}"} for row in reward_spec_diff(old, new)]
+    return rows
+
+
+def _checkpoints_context(run: Run) -> dict[str, Any]:
+    checkpoints = list(
+        run.checkpoints.prefetch_related("evals__run", "evals__benchmark_version__benchmark").order_by("-step")[:20]
+    )
+    evals_running = any(not e.run.is_terminal for c in checkpoints for e in c.evals.all())
+    # Auto-eval results arrive after the training run's own events: poll while any can still come.
+    polling = evals_running or (bool(run.spec.get("auto_eval")) and not run.is_terminal)
+    return {"checkpoints": checkpoints, "polling": polling}
+
+
+@needs(Capability.READ)
+def run_checkpoints(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The checkpoints section with their evals (polled by the run page while auto-evals run)."""
+    run = get_object_or_404(Run, pk=run_id)
+    return render(request, "runs/_checkpoints.html", {"run": run, **_checkpoints_context(run)})
+
+
+@needs(Capability.READ)
+def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    names = selectors.metric_names(run_id=run.pk)
+    series = [selectors.metric_series(run_id=run.pk, name=n, max_points=1000) for n in names]
+    return JsonResponse({"last_seq": run.last_seq, "series": series})
+
+
+@needs(Capability.LAUNCH)
+@require_POST
+def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        services.run_cancel(run=run, user=request.user)  # type: ignore[arg-type]
+        messages.info(request, f"Cancel requested for run {run.pk}.")
+    except ValidationError as exc:
+        messages.error(request, "; ".join(validation_messages(exc)))
+    return redirect("runs:detail", run_id=run.pk)
+
+
+def _spec_of(run: Run) -> dict[str, Any]:
+    return dict(run.spec.get("config") or run.spec)
+
+
+@needs(Capability.READ)
+def run_compare(request: HttpRequest) -> HttpResponse:
+    """Two or more runs: their metric curves overlaid (server-downsampled), their config diff and reward diff."""
+    ids = [int(v) for v in request.GET.getlist("run") if v.isdigit()][:6]
+    runs = list(Run.objects.filter(pk__in=ids).select_related("reward_version__config", "created_by"))
+    runs.sort(key=lambda r: ids.index(r.pk))
+    errors = [] if len(runs) >= 2 else ["pick at least two runs (?run=1&run=2)"]
+    base = runs[0] if runs else None
+    diffs = []
+    for other in runs[1:]:
+        assert base is not None
+        reward_changes = (
+            reward_spec_diff(base.reward_version.spec, other.reward_version.spec)
+            if base.reward_version and other.reward_version
+            else []
+        )
+        diffs.append(
+            {
+                "run": other,
+                "config": reward_spec_diff(_spec_of(base), _spec_of(other)),
+                "reward": reward_changes,
+                "same_reward": base.reward_version_id == other.reward_version_id,
+            }
+        )
+    names_of = {r.pk: set(selectors.metric_names(run_id=r.pk)) for r in runs}
+    names = sorted(set().union(*names_of.values())) if names_of else []
+    series = {
+        name: [
+            {"run": r.pk, **selectors.metric_series(run_id=r.pk, name=name, max_points=500)}
+            for r in runs
+            if name in names_of[r.pk]
+        ]
+        for name in names[:24]
+    }
+    return render(
+        request,
+        "runs/compare.html",
+        {
+            "runs": runs,
+            "base": base,
+            "diffs": diffs,
+            "errors": errors,
+            "series": series,
+            "recent": Run.objects.order_by("-created_at").only("pk", "name", "kind")[:50],
+            "selected": ids,
+        },
+    )
+
+
+def _turn_views(record: dict[str, Any]) -> list[dict[str, Any]]:
+    pruned = set(record.get("pruned_chunk_ids") or [])
+    gold = set(record.get("gold_doc_ids") or [])
+    views: list[dict[str, Any]] = []
+    for turn in record.get("turns") or []:
+        if not isinstance(turn, dict):
+            continue
+        results = [
+            {
+                **r,
+                "pruned": r.get("chunk_id") in pruned,
+                "gold": r.get("chunk_id") in gold,
+                "retrievers": ", ".join(f"{k} #{v}" for k, v in sorted((r.get("ranks") or {}).items())),
+            }
+            for r in turn.get("results") or []
+            if isinstance(r, dict)
+        ]
+        views.append(
+            {
+                "role": turn.get("role", ""),
+                "tool": turn.get("tool"),
+                "args": json.dumps(turn.get("args"), ensure_ascii=False) if turn.get("args") else "",
+                "content": turn.get("content", ""),
+                "results": results,
+                "pruned": turn.get("pruned") or [],
+                "error": turn.get("error"),
+            }
+        )
+    return views
+
+
+@needs(Capability.READ)
+def trajectory_detail(request: HttpRequest, run_id: int, trajectory_id: str) -> HttpResponse:
+    run = get_object_or_404(Run.objects.select_related("reward_version"), pk=run_id)
+    summary = TrajectorySummary.objects.filter(run=run, trajectory_id=trajectory_id).first()
+    if summary is None:
+        raise Http404(f"run {run.pk} has no trajectory {trajectory_id!r}")
+    record = find_record(summary.storage_uri, trajectory_id) if summary.storage_uri else None
+    context: dict[str, Any] = {"run": run, "summary": summary, "record": record, "flags": summary.flags.all()}
+    if record is not None:
+        breakdown: list[dict[str, Any]] = []
+        reward = None
+        if run.reward_version is not None:
+            spec = validate_reward_spec(run.reward_version.spec)
+            result = score_trajectory(spec, Trajectory.model_validate(record))
+            reward = result
+            for term in spec.terms:
+                value = result.terms[term.name]
+                breakdown.append(
+                    {
+                        "name": term.name,
+                        "kind": term.kind,
+                        "value": value,
+                        "weight": term.weight,
+                        "contribution": term.weight * value * (1 if term.kind == "gain" else -1),
+                    }
+                )
+        gold = set(record.get("gold_doc_ids") or [])
+        answer_chunks = set(record.get("answer_doc_ids") or [])
+        items = record.get("output_items") or [
+            {"id": i, "justification": ""} for i in record.get("output_doc_ids") or []
+        ]
+        context.update(
+            {
+                "turns": _turn_views(record),
+                "breakdown": breakdown,
+                "rescored": reward,
+                "outputs": [
+                    {**item, "gold": item.get("id") in gold, "answer": item.get("id") in answer_chunks}
+                    for item in items
+                    if isinstance(item, dict)
+                ],
+                "missed": sorted(gold - {str(i.get("id")) for i in items if isinstance(i, dict)}),
+                "usage": record.get("token_usage") or [],
+                "budget": record.get("token_budget"),
+            }
+        )
+    return render(request, "runs/trajectory.html", context)
+
+
+app_name = "runs"
+urlpatterns = [
+    path("", runs_index, name="list"),
+    path("runs/compare/", run_compare, name="compare"),
+    path("runs/<int:run_id>/", run_detail, name="detail"),
+    path("runs/<int:run_id>/cancel/", run_cancel_view, name="cancel"),
+    path("runs/<int:run_id>/chart.json", run_chart, name="chart"),
+    path("runs/<int:run_id>/checkpoints/", run_checkpoints, name="checkpoints"),
+    path("runs/<int:run_id>/trajectories/<str:trajectory_id>/", trajectory_detail, name="trajectory"),
+]
