@@ -304,7 +304,7 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     from apps.datasets.models import DatasetVersion
     from apps.runs.models import MetricPoint, Run
     from apps.search.models import CorpusIndex
-    from tests.apps.test_datagen import stdlib_slice
+    from tests.apps.search.test_datagen import stdlib_slice
     from tests.factories import context1_version
     from workers.search.types import dump_chunks_jsonl
 

@@ -11,7 +11,7 @@ Conventions used throughout:
   deployment gate needs in order to be auditable.
 
 The binomial tails behind the exact tests are computed with exact integer arithmetic (no scipy), so the tests in
-``tests/workers/test_eval_stats.py`` can use scipy as an independent oracle.
+``tests/workers/evals/test_eval_stats.py`` can use scipy as an independent oracle.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ to *minimise* (the negative of the paper's objective J) together with a few deta
   must hold finite log-probabilities (0 is fine): they are multiplied by 0, not selected away;
 - ``advantages``: ``[B]``, one per sequence (see `workers.rl.advantages`).
 
-Conventions (all checked against TRL 1.16 in ``tests/workers/test_losses_vs_trl.py``; see ``CONVENTIONS.md``):
+Conventions (all checked against TRL 1.16 in ``tests/workers/rl/test_losses_vs_trl.py``; see ``CONVENTIONS.md``):
 
 - ρ = π_θ / π_old per token; the KL estimators use r = π_ref / π_θ (methods.md P1), so
   k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r, all estimating KL(π_θ ‖ π_ref) with tokens

@@ -38,7 +38,7 @@ from workers.models import (
 )
 from workers.models.hf import HFBackend
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 # Fixed prompts of different lengths (ids inside SmolLM2's vocabulary), so batches need left padding.

@@ -1,7 +1,7 @@
 """Search indexes in the control plane: launching a build (an INDEX run), reuse and rebuild, the API and its
 permissions, the success hook that marks an index ready, the harness's lookup, the page, and the S3 path.
 
-The Ray job itself is not run here: its build function (tests/workers/test_search_index.py) is called on the
+The Ray job itself is not run here: its build function (tests/workers/search/test_search_index.py) is called on the
 spec the control plane hands Ray, which writes the index where the control plane expects it."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from apps.runs.services import worker_spec
 from apps.search.models import CorpusIndex, IndexStatus
 from apps.search.selectors import index_for, ready_index_uri
 from apps.search.services.indexes import index_finalize, index_launch
-from tests.apps.test_storage_s3 import s3_endpoint, s3_settings  # noqa: F401 (fixtures)
+from tests.apps.runs.test_storage_s3 import s3_endpoint, s3_settings  # noqa: F401 (fixtures)
 from tests.factories import trajectories_version
 from workers.jobs.build_index import BuildIndexSpec, build
 from workers.search import index as index_module

@@ -7,7 +7,7 @@ from django.utils.html import escape
 
 from apps.accounts.models import Role
 from apps.gates.models import Deployment, GateDecision
-from tests.apps.test_gates import ALL_PASS, _gate, _gate_checkpoint
+from tests.apps.gates.test_gates import ALL_PASS, _gate, _gate_checkpoint
 from tests.factories import CODING_ROWS, checkpoint_for, coding_version
 
 pytestmark = pytest.mark.django_db

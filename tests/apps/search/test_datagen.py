@@ -15,7 +15,7 @@ from apps.runs.services import run_owner_hook, worker_spec
 from apps.search.selectors import datagen_outputs
 from apps.search.services.datagen import datagen_finalize, datagen_launch
 from tests.factories import tasks_version
-from tests.workers.test_synth import FILLER, stdlib_chunks
+from tests.workers.search.test_synth import FILLER, stdlib_chunks
 from workers.jobs.datagen import DatagenSpec, generate
 from workers.search.types import Chunk, dump_chunks_jsonl
 
