@@ -102,23 +102,15 @@ def _task_problems(environment: str, tasks: Sequence[Any]) -> list[str]:
     return problems
 
 
-def benchmark_version_create(
-    *,
+def _version_params(
     benchmark: Benchmark,
     tasks: Sequence[Any],
-    created_by: User,
-    env_params: Mapping[str, Any] | None = None,
-    provenance: str = TaskProvenance.HAND_WRITTEN,
-    source_ref: str = "",
-    excluded_training_data: Sequence[DatasetVersion] = (),
-    notes: str = "",
-    corpus_version: DatasetVersion | None = None,
-) -> tuple[BenchmarkVersion, bool]:
-    """Validate every task with the benchmark's environment, then store the next version; returns
-    (version, created). The same content as an existing version returns that version with created=False.
-
-    A search benchmark names the corpus version it searches (`corpus_version`): its ready index is pinned in the
-    version's `env_params`, and every chunk id a task names must exist in that corpus."""
+    env_params: Mapping[str, Any] | None,
+    provenance: str,
+    corpus_version: DatasetVersion | None,
+) -> dict[str, Any]:
+    """Refuse what makes the version unusable (a 400 naming the field); returns the environment parameters to pin,
+    with the corpus index filled in for an environment that searches a corpus."""
     if not isinstance(tasks, list | tuple) or not tasks:
         raise ValidationError({"tasks": ["a benchmark version needs at least one task"]})
     if len(tasks) > MAX_TASKS_PER_VERSION:
@@ -139,6 +131,27 @@ def benchmark_version_create(
     problems = _task_problems(benchmark.environment, tasks)
     if problems:
         raise ValidationError({"tasks": problems})
+    return params
+
+
+def benchmark_version_create(
+    *,
+    benchmark: Benchmark,
+    tasks: Sequence[Any],
+    created_by: User,
+    env_params: Mapping[str, Any] | None = None,
+    provenance: str = TaskProvenance.HAND_WRITTEN,
+    source_ref: str = "",
+    excluded_training_data: Sequence[DatasetVersion] = (),
+    notes: str = "",
+    corpus_version: DatasetVersion | None = None,
+) -> tuple[BenchmarkVersion, bool]:
+    """Validate every task with the benchmark's environment, then store the next version; returns
+    (version, created). The same content as an existing version returns that version with created=False.
+
+    A search benchmark names the corpus version it searches (`corpus_version`): its ready index is pinned in the
+    version's `env_params`, and every chunk id a task names must exist in that corpus."""
+    params = _version_params(benchmark, tasks, env_params, provenance, corpus_version)
     rows = [dict(row) for row in tasks]
     for row in rows:
         row["id"] = str(row["id"])

@@ -69,20 +69,16 @@ def _eval_model(
     return base_model, checkpoint_uri
 
 
-def eval_launch(
-    *,
+def _eval_config(
     benchmark_version: BenchmarkVersion,
-    created_by: User,
-    checkpoint: Checkpoint | None = None,
-    base_model: str = "",
-    k: int = 1,
-    temperature: float | None = None,
-    max_new_tokens: int = 384,
-    reuse: bool = True,
-) -> tuple[Eval, bool]:
-    """Start an eval of `checkpoint` (on its run's base model) or of `base_model` on `benchmark_version`; returns
-    (eval, created). With `reuse`, an eval of the same model, version and settings that has not failed is returned
-    instead of starting another."""
+    *,
+    checkpoint: Checkpoint | None,
+    base_model: str,
+    k: int,
+    temperature: float | None,
+    max_new_tokens: int,
+) -> EvalConfig:
+    """The eval job's config, or a 400 naming what is wrong (no tasks, the model, the checkpoint, a setting)."""
     problems: dict[str, list[str]] = {}
     if benchmark_version.task_count == 0 or not benchmark_version.tasks_file:
         problems["benchmark_version"] = [f"{benchmark_version} has no tasks; add a version with tasks"]
@@ -105,6 +101,31 @@ def eval_launch(
         )
     except PydanticError as exc:
         raise ValidationError(pydantic_problems(exc))
+    return config
+
+
+def eval_launch(
+    *,
+    benchmark_version: BenchmarkVersion,
+    created_by: User,
+    checkpoint: Checkpoint | None = None,
+    base_model: str = "",
+    k: int = 1,
+    temperature: float | None = None,
+    max_new_tokens: int = 384,
+    reuse: bool = True,
+) -> tuple[Eval, bool]:
+    """Start an eval of `checkpoint` (on its run's base model) or of `base_model` on `benchmark_version`; returns
+    (eval, created). With `reuse`, an eval of the same model, version and settings that has not failed is returned
+    instead of starting another."""
+    config = _eval_config(
+        benchmark_version,
+        checkpoint=checkpoint,
+        base_model=base_model,
+        k=k,
+        temperature=temperature,
+        max_new_tokens=max_new_tokens,
+    )
     payload = config.model_dump(mode="json")
     config_hash = eval_config_hash(payload, benchmark_version)
     with transaction.atomic():
@@ -120,8 +141,8 @@ def eval_launch(
             )
             if existing is not None:
                 return existing, False
-        label = f"run {checkpoint.run_id} step {checkpoint.step}" if checkpoint else base_model
-        reward = validate_reward_spec(get_environment(benchmark.environment).eval_reward()).model_dump(mode="json")
+        label = f"run {checkpoint.run_id} step {checkpoint.step}" if checkpoint else config.base_model
+        reward = validate_reward_spec(get_environment(config.environment).eval_reward()).model_dump(mode="json")
         run = run_create(
             kind=RunKind.EVAL,
             name=f"Eval of {label} on {benchmark_version}",
@@ -138,7 +159,7 @@ def eval_launch(
             run=run,
             benchmark_version=benchmark_version,
             checkpoint=checkpoint,
-            base_model=base_model,
+            base_model=config.base_model,  # resolved: the checkpoint's base model, or an SFT run's model directory
             k=k,
             config_hash=config_hash,
             created_by=created_by,

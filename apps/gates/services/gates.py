@@ -96,6 +96,26 @@ def _check_versions_cover_rules(rules: Sequence[dict[str, Any]], versions: Seque
         )
 
 
+def _pinned_versions(gate: Gate, overrides: Sequence[BenchmarkVersion] | None) -> list[BenchmarkVersion]:
+    """The gate's pinned benchmark versions, with `overrides` replacing the version of their benchmark."""
+    pinned = list(gate.benchmark_versions.select_related("benchmark"))
+    if overrides:
+        by_name = {v.benchmark.name: v for v in pinned}
+        for version in overrides:
+            if version.benchmark.name not in by_name:
+                raise ValidationError(
+                    {
+                        "benchmark_versions": [
+                            f"{version} is not a benchmark of gate {gate.name!r} "
+                            f"(its benchmarks: {', '.join(sorted(by_name))})"
+                        ]
+                    }
+                )
+            by_name[version.benchmark.name] = version
+        pinned = list(by_name.values())
+    return pinned
+
+
 def gate_evaluate(
     *,
     gate: Gate,
@@ -108,21 +128,7 @@ def gate_evaluate(
     rules = gate.rules
     if not rules:
         raise ValidationError({"rules": [f"gate {gate.name!r} has no rules; add at least one before evaluating"]})
-    pinned = list(gate.benchmark_versions.select_related("benchmark"))
-    if benchmark_versions:
-        by_name = {v.benchmark.name: v for v in pinned}
-        for version in benchmark_versions:
-            if version.benchmark.name not in by_name:
-                raise ValidationError(
-                    {
-                        "benchmark_versions": [
-                            f"{version} is not a benchmark of gate {gate.name!r} "
-                            f"(its benchmarks: {', '.join(sorted(by_name))})"
-                        ]
-                    }
-                )
-            by_name[version.benchmark.name] = version
-        pinned = list(by_name.values())
+    pinned = _pinned_versions(gate, benchmark_versions)
     _check_versions_cover_rules(rules, pinned)
     baseline = current_deployment(gate)
     with transaction.atomic():
