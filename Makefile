@@ -47,7 +47,7 @@ test-slow: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy workers
+	$(VENV)/bin/mypy workers apps controlplane
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 

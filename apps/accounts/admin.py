@@ -8,6 +8,7 @@ from apps.accounts.models import ApiToken, User
 class CrucibleUserAdmin(UserAdmin):
     list_display = ("username", "email", "role", "is_active", "is_superuser")
     list_filter = ("role", "is_active", "is_superuser")
+    # django-stubs types ModelAdmin.fieldsets as optional; UserAdmin sets it.
     fieldsets = (*UserAdmin.fieldsets, ("Crucible", {"fields": ("role",)}))  # type: ignore[misc]
 
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django.urls import path
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
@@ -13,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import ApiToken, Capability, Role, User
-from apps.accounts.permissions import request_capabilities
+from apps.accounts.permissions import request_capabilities, request_user
 from apps.accounts.services import api_token_create
 
 
@@ -69,14 +70,14 @@ class ApiTokenViewSet(
     queryset = ApiToken.objects.none()
     capability_map = {"list": Capability.READ, "create": Capability.READ, "destroy": Capability.READ}
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
-        return ApiToken.objects.filter(user=self.request.user).order_by("-created_at")
+    def get_queryset(self) -> QuerySet[ApiToken]:
+        return ApiToken.objects.filter(user=request_user(self.request)).order_by("-created_at")
 
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         serializer = self.get_serializer(data=request.data)
         serializer.is_valid(raise_exception=True)
         token, secret = api_token_create(
-            user=request.user, granted=request_capabilities(request), **serializer.validated_data
+            user=request_user(request), granted=request_capabilities(request), **serializer.validated_data
         )
         return Response({**ApiTokenSerializer(token).data, "token": secret}, status=201)
 
@@ -88,7 +89,7 @@ class ApiTokenViewSet(
 @extend_schema(responses={200: OpenApiTypes.OBJECT})
 @api_view(["GET"])
 def me(request: Request) -> Response:
-    user = request.user
+    user = request_user(request)
     return Response(
         {
             "id": user.pk,

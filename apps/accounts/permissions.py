@@ -2,16 +2,27 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
 from rest_framework.permissions import SAFE_METHODS, BasePermission
+from rest_framework.request import Request
 
-from apps.accounts.models import ApiToken, Capability
+from apps.accounts.models import ApiToken, Capability, User
+
+
+def request_user(request: HttpRequest | Request) -> User:
+    """`request.user` as a User, for views only a signed-in user reaches: pages behind `needs` or `login_required`,
+    and API views behind HasCapability (the default permission: every action needs a capability, and an anonymous
+    user has none)."""
+    user = request.user
+    assert isinstance(user, User), "this view needs a signed-in user"
+    return user
 
 
 def request_capabilities(request: Any) -> frozenset[str]:
     user = request.user
     if not user or not user.is_authenticated:
         return frozenset()
-    caps = user.capabilities
+    caps: frozenset[str] = user.capabilities
     if isinstance(request.auth, ApiToken):
         caps = caps & frozenset(request.auth.scopes)
     return caps

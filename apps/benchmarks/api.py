@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.db.models import QuerySet
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -10,7 +11,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.benchmarks import selectors, services
 from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, Eval, TaskProvenance
 from apps.datasets.models import DatasetVersion
@@ -20,7 +22,7 @@ MAX_TASKS_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
 class BenchmarkSerializer(serializers.ModelSerializer):
-    owner = serializers.StringRelatedField()
+    owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = Benchmark
@@ -34,7 +36,9 @@ class BenchmarkSerializer(serializers.ModelSerializer):
 
 class BenchmarkVersionSerializer(serializers.ModelSerializer):
     benchmark_name = serializers.CharField(source="benchmark.name", read_only=True)
-    excluded_training_data = serializers.PrimaryKeyRelatedField(many=True, read_only=True)
+    excluded_training_data: serializers.PrimaryKeyRelatedField[DatasetVersion] = serializers.PrimaryKeyRelatedField(
+        many=True, read_only=True
+    )
 
     class Meta:
         model = BenchmarkVersion
@@ -99,7 +103,7 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
             metric=data.get("metric", ""),
             score_field=data.get("score_field", ""),
             description=data.get("description", ""),
-            owner=self.request.user,
+            owner=request_user(self.request),
         )
 
     @action(detail=True, methods=["post"])
@@ -128,7 +132,7 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
         version, created = services.benchmark_version_create(
             benchmark=benchmark,
             tasks=tasks,
-            created_by=request.user,
+            created_by=request_user(request),
             env_params=data["env_params"],
             provenance=data["provenance"],
             source_ref=data["source_ref"],
@@ -216,7 +220,7 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = EvalSerializer
     capability_map = {"create": Capability.LAUNCH}
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Eval]:
         qs = Eval.objects.select_related("run", "benchmark_version__benchmark", "checkpoint").order_by("-created_at")
         for param in ("benchmark_version", "checkpoint", "run"):
             if value := self.request.query_params.get(param):
@@ -228,7 +232,7 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
     def create(self, request: Request) -> Response:
         body = EvalCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        evaluation, created = services.eval_launch(created_by=request.user, **body.validated_data)
+        evaluation, created = services.eval_launch(created_by=request_user(request), **body.validated_data)
         return Response(
             EvalSerializer(evaluation).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )

@@ -97,5 +97,6 @@ class Eval(models.Model):
     @property
     def model_label(self) -> str:
         if self.checkpoint_id:
+            assert self.checkpoint is not None
             return f"run {self.checkpoint.run_id} step {self.checkpoint.step}"
         return self.base_model

@@ -10,13 +10,15 @@ from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse
 
+from apps.accounts.permissions import request_user
+
 
 def needs(capability: str) -> Callable[[Callable[..., HttpResponse]], Callable[..., HttpResponse]]:
     def decorator(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
         @login_required
         @wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            if not request.user.can(capability):  # type: ignore[union-attr]
+            if not request_user(request).can(capability):
                 raise PermissionDenied(f"your role cannot do this (needs '{capability}')")
             return view(request, *args, **kwargs)
 

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
@@ -10,13 +11,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
+from apps.accounts.models import User
+from apps.accounts.permissions import request_user
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
 
 
 class DatasetVersionSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
-    dataset = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
+    dataset: serializers.StringRelatedField[Dataset] = serializers.StringRelatedField()
 
     class Meta:
         model = DatasetVersion
@@ -35,14 +38,14 @@ class DatasetVersionSerializer(serializers.ModelSerializer):
 
 
 class DatasetSerializer(serializers.ModelSerializer):
-    owner = serializers.StringRelatedField()
+    owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     latest_version = serializers.SerializerMethodField()
 
     class Meta:
         model = Dataset
         fields = ["id", "name", "kind", "description", "owner", "created_at", "latest_version"]
         read_only_fields = ["owner", "created_at"]
-        extra_kwargs = {"name": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
 
     def get_latest_version(self, obj: Dataset) -> int | None:
         versions = getattr(obj, "prefetched_versions", None)
@@ -65,7 +68,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
     parser_classes = [JSONParser, MultiPartParser, FormParser]
     http_method_names = ["get", "post", "head", "options"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Dataset]:
         from django.db.models import Prefetch
 
         return Dataset.objects.select_related("owner").prefetch_related(
@@ -73,7 +76,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
         )
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = dataset_create(owner=self.request.user, **serializer.validated_data)
+        serializer.instance = dataset_create(owner=request_user(self.request), **serializer.validated_data)
 
     @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser, FormParser])
     def versions(self, request: Request, pk: str | None = None) -> Response:
@@ -94,7 +97,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
             dataset=dataset,
             data=handle.read(),
             filename=handle.name,
-            created_by=request.user,
+            created_by=request_user(request),
             notes=upload.validated_data["notes"],
             chunker=upload.validated_data["chunker"] or None,
         )

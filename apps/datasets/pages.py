@@ -12,6 +12,7 @@ from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.datasets.models import Dataset, DatasetKind
@@ -28,15 +29,15 @@ from apps.datasets.services import (
 def datasets_index(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     if request.method == "POST":
-        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.LAUNCH):
             raise PermissionDenied("your role cannot create datasets")
         try:
             dataset = dataset_create(
                 name=request.POST.get("name", "").strip(),
                 kind=request.POST.get("kind", ""),
                 description=request.POST.get("description", ""),
-                owner=request.user,
-            )  # type: ignore[arg-type]
+                owner=request_user(request),
+            )
         except ValidationError as exc:
             errors = validation_messages(exc)
         else:
@@ -57,7 +58,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
     is_corpus = dataset.kind == DatasetKind.CORPUS
     errors: list[str] = []
     if request.method == "POST":
-        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.LAUNCH):
             raise PermissionDenied("your role cannot upload dataset versions")
         upload = request.FILES.get("file")
         if upload is None:
@@ -69,7 +70,7 @@ def dataset_detail(request: HttpRequest, dataset_id: int) -> HttpResponse:
                     dataset=dataset,
                     data=upload.read(),
                     filename=upload.name or "data.jsonl",
-                    created_by=request.user,  # type: ignore[arg-type]
+                    created_by=request_user(request),
                     notes=request.POST.get("notes", ""),
                     chunker=request.POST.get("chunker", "") if is_corpus else None,
                 )

@@ -95,6 +95,8 @@ def dataset_file_check_size(size: int) -> None:
 
 
 def _chunker(option: ChunkerOption) -> ChunkerConfig:
+    if isinstance(option, ChunkerConfig):  # as chunker_config_from does; its signature leaves it out
+        return option
     try:
         return chunker_config_from(option)
     except ChunkerOptionError as exc:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -9,7 +10,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.benchmarks.api import EvalSerializer
 from apps.benchmarks.models import BenchmarkVersion
 from apps.gates import services
@@ -18,7 +20,7 @@ from apps.runs.models import Checkpoint
 
 
 class GateSerializer(serializers.ModelSerializer):
-    owner = serializers.StringRelatedField()
+    owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     rules = serializers.JSONField(help_text="A list of rules: threshold, no_regression, flag_rate, approval")
     benchmark_versions = serializers.PrimaryKeyRelatedField(
         many=True, queryset=BenchmarkVersion.objects.select_related("benchmark")
@@ -63,7 +65,7 @@ class NoteSerializer(serializers.Serializer):
 
 class GateDecisionSerializer(serializers.ModelSerializer):
     gate_name = serializers.CharField(source="gate.name", read_only=True)
-    approved_by = serializers.StringRelatedField()
+    approved_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = GateDecision
@@ -148,7 +150,7 @@ class GateViewSet(viewsets.ModelViewSet):
     capability_map = {"evaluate": Capability.LAUNCH, "rollback": Capability.APPROVE}
     http_method_names = ["get", "post", "head", "options"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Gate]:
         qs = super().get_queryset()
         if name := self.request.query_params.get("name"):
             qs = qs.filter(name=name)
@@ -164,7 +166,7 @@ class GateViewSet(viewsets.ModelViewSet):
             requires_approval=data.get("requires_approval", True),
             eval_k=data.get("eval_k", 1),
             max_new_tokens=data.get("max_new_tokens", 384),
-            owner=self.request.user,
+            owner=request_user(self.request),
         )
 
     @action(detail=True, methods=["post"])
@@ -186,7 +188,7 @@ class GateViewSet(viewsets.ModelViewSet):
         if checkpoint is None:
             raise ValidationError({"checkpoint": ["give a checkpoint id or checkpoint_uri"]})
         check = services.gate_evaluate(
-            gate=gate, checkpoint=checkpoint, user=request.user, benchmark_versions=data["benchmark_versions"]
+            gate=gate, checkpoint=checkpoint, user=request_user(request), benchmark_versions=data["benchmark_versions"]
         )
         return _check_response(_checks().get(pk=check.pk))
 
@@ -194,7 +196,9 @@ class GateViewSet(viewsets.ModelViewSet):
     def rollback(self, request: Request, pk: str | None = None) -> Response:
         body = NoteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        deployment = services.deployment_rollback(gate=self.get_object(), user=request.user, **body.validated_data)
+        deployment = services.deployment_rollback(
+            gate=self.get_object(), user=request_user(request), **body.validated_data
+        )
         return Response(DeploymentSerializer(deployment).data, status=status.HTTP_201_CREATED)
 
 
@@ -212,7 +216,7 @@ class GateDecisionViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = GateDecisionSerializer
     capability_map = {"approve": Capability.APPROVE, "reject": Capability.APPROVE}
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[GateDecision]:
         qs = GateDecision.objects.select_related("gate", "approved_by").order_by("-created_at")
         if gate := self.request.query_params.get("gate"):
             qs = qs.filter(gate__name=gate) if not gate.isdigit() else qs.filter(gate_id=int(gate))
@@ -222,7 +226,7 @@ class GateDecisionViewSet(viewsets.ReadOnlyModelViewSet):
         body = NoteSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         decision = services.gate_decision_approve(
-            decision=self.get_object(), user=request.user, approve=approve, note=body.validated_data["note"]
+            decision=self.get_object(), user=request_user(request), approve=approve, note=body.validated_data["note"]
         )
         return Response(GateDecisionSerializer(decision).data)
 
@@ -238,7 +242,7 @@ class GateDecisionViewSet(viewsets.ReadOnlyModelViewSet):
 class DeploymentSerializer(serializers.ModelSerializer):
     gate_name = serializers.CharField(source="gate.name", read_only=True)
     checkpoint_uri = serializers.CharField(source="checkpoint.uri", read_only=True)
-    created_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = Deployment
@@ -261,7 +265,7 @@ class DeploymentSerializer(serializers.ModelSerializer):
 class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = DeploymentSerializer
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Deployment]:
         qs = Deployment.objects.select_related("gate", "checkpoint", "created_by").order_by("-created_at")
         if gate := self.request.query_params.get("gate"):
             qs = qs.filter(gate__name=gate) if not gate.isdigit() else qs.filter(gate_id=int(gate))

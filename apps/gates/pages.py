@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
@@ -36,7 +37,7 @@ def gate_list(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     rules_text = request.POST.get("rules") or json.dumps(EXAMPLE_RULES, indent=2)
     if request.method == "POST":
-        if not request.user.can(Capability.ADMIN):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.ADMIN):
             raise PermissionDenied("creating a gate needs the admin role")
         try:
             rules = json.loads(rules_text)
@@ -51,7 +52,7 @@ def gate_list(request: HttpRequest) -> HttpResponse:
                     rules=rules,
                     benchmark_versions=list(BenchmarkVersion.objects.select_related("benchmark").filter(pk__in=ids)),
                     requires_approval=request.POST.get("requires_approval") == "on",
-                    owner=request.user,  # type: ignore[arg-type]
+                    owner=request_user(request),
                 )
             except ValidationError as exc:
                 errors = validation_messages(exc)
@@ -105,7 +106,7 @@ def gate_evaluate_view(request: HttpRequest, gate_id: int) -> HttpResponse:
         messages.error(request, "checkpoint: pick a registered checkpoint")
         return redirect("gates:gate", gate_id=gate.pk)
     try:
-        check = services.gate_evaluate(gate=gate, checkpoint=checkpoint, user=request.user)  # type: ignore[arg-type]
+        check = services.gate_evaluate(gate=gate, checkpoint=checkpoint, user=request_user(request))
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))
     else:
@@ -118,7 +119,9 @@ def gate_evaluate_view(request: HttpRequest, gate_id: int) -> HttpResponse:
 def gate_rollback_view(request: HttpRequest, gate_id: int) -> HttpResponse:
     gate = get_object_or_404(Gate, pk=gate_id)
     try:
-        restored = services.deployment_rollback(gate=gate, user=request.user, note=request.POST.get("note", ""))  # type: ignore[arg-type]
+        restored = services.deployment_rollback(
+            gate=gate, user=request_user(request), note=request.POST.get("note", "")
+        )
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))
     else:
@@ -145,7 +148,7 @@ def decision_detail(request: HttpRequest, decision_id: int) -> HttpResponse:
             "candidate_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("candidate_evals") or {}).items()],
             "baseline_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("baseline_evals") or {}).items()],
             "evidence_json": json.dumps(evidence, indent=2),
-            "can_approve": request.user.can(Capability.APPROVE)  # type: ignore[union-attr]
+            "can_approve": request_user(request).can(Capability.APPROVE)
             and not decision.approval
             and decision.verdict != "fail",
         },
@@ -164,7 +167,7 @@ def decision_judge(request: HttpRequest, decision_id: int) -> HttpResponse:
     try:
         services.gate_decision_approve(
             decision=decision,
-            user=request.user,  # type: ignore[arg-type]
+            user=request_user(request),
             approve=approve,
             note=request.POST.get("note", ""),
         )

@@ -8,7 +8,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.datasets.models import Dataset
 from apps.review import services
 from apps.review.models import (
@@ -24,7 +25,7 @@ from apps.review.models import (
 
 
 class ReviewSerializer(serializers.ModelSerializer):
-    reviewer = serializers.StringRelatedField()
+    reviewer: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = Review
@@ -52,8 +53,8 @@ class FlagSerializer(serializers.ModelSerializer):
 
 
 class RewardDraftSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
-    decided_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
+    decided_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = RewardDraft
@@ -73,7 +74,7 @@ class RewardDraftSerializer(serializers.ModelSerializer):
 
 
 class TaskExclusionSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = TaskExclusion
@@ -81,7 +82,7 @@ class TaskExclusionSerializer(serializers.ModelSerializer):
 
 
 class ReviewActionSerializer(serializers.ModelSerializer):
-    actor = serializers.StringRelatedField()
+    actor: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = ReviewAction
@@ -130,7 +131,7 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
         body.is_valid(raise_exception=True)
         review = services.review_submit(
             flag=self.get_object(),
-            reviewer=request.user,
+            reviewer=request_user(request),
             label=body.validated_data["label"],
             note=body.validated_data.get("note", ""),
         )
@@ -139,7 +140,7 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"], url_path="reward-draft", serializer_class=serializers.Serializer)
     def reward_draft(self, request: Request, pk: str | None = None) -> Response:
         """Draft the run's reward config with a penalty for this detector, left for an operator to accept."""
-        draft = services.reward_draft_create(flag=self.get_object(), created_by=request.user)
+        draft = services.reward_draft_create(flag=self.get_object(), created_by=request_user(request))
         return Response(RewardDraftSerializer(draft).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"], serializer_class=PromoteSerializer)
@@ -151,7 +152,7 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
             flag=self.get_object(),
             benchmark_name=body.validated_data["benchmark"],
             task_id=body.validated_data["task_id"],
-            user=request.user,
+            user=request_user(request),
         )
         return Response(
             {"benchmark_version": version.pk, "benchmark": version.benchmark.name, "number": version.number},
@@ -163,12 +164,12 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
         """Exclude the trajectory's task from future training on its dataset."""
         body = ExcludeSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        exclusion = services.task_exclude(flag=self.get_object(), user=request.user, **body.validated_data)
+        exclusion = services.task_exclude(flag=self.get_object(), user=request_user(request), **body.validated_data)
         return Response(TaskExclusionSerializer(exclusion).data, status=status.HTTP_201_CREATED)
 
 
 class ReviewQueueSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     min_severity = serializers.ChoiceField(choices=Severity.choices, required=False, default="", allow_blank=True)
 
     class Meta:
@@ -187,11 +188,11 @@ class ReviewQueueSerializer(serializers.ModelSerializer):
             "synced_at",
         ]
         read_only_fields = ["created_by", "created_at", "synced_at"]
-        extra_kwargs = {"name": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
 
 
 class QueueItemSerializer(serializers.ModelSerializer):
-    locked_by = serializers.StringRelatedField()
+    locked_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     flag = FlagSerializer(read_only=True)
 
     class Meta:
@@ -200,7 +201,9 @@ class QueueItemSerializer(serializers.ModelSerializer):
 
 
 class LabelSerializer(serializers.Serializer):
-    label = serializers.CharField(max_length=16)
+    # The API field is named `label`; the stubs see it replace Field.label, but the serializer's metaclass takes
+    # declared fields off the class, so at run time it does not.
+    label = serializers.CharField(max_length=16)  # type: ignore[assignment]
     note = serializers.CharField(required=False, default="", allow_blank=True)
 
 
@@ -223,7 +226,7 @@ class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet)
             min_severity=data.get("min_severity", ""),
             required_reviews=data.get("required_reviews", 1),
             lock_timeout_s=data.get("lock_timeout_s", 900),
-            created_by=request.user,
+            created_by=request_user(request),
         )
         return Response(ReviewQueueSerializer(queue).data, status=status.HTTP_201_CREATED)
 
@@ -235,7 +238,7 @@ class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet)
     @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
     def next(self, request: Request, pk: str | None = None) -> Response:
         """Claim and lock the next item you have not reviewed; 204 when none is left for you."""
-        item = services.queue_next(queue=self.get_object(), reviewer=request.user)
+        item = services.queue_next(queue=self.get_object(), reviewer=request_user(request))
         if item is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(QueueItemSerializer(item).data)
@@ -260,7 +263,7 @@ class QueueItemViewSet(viewsets.ReadOnlyModelViewSet):
     def label(self, request: Request, pk: str | None = None) -> Response:
         body = LabelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        review = services.item_label(item=self.get_object(), reviewer=request.user, **body.validated_data)
+        review = services.item_label(item=self.get_object(), reviewer=request_user(request), **body.validated_data)
         return Response(ReviewSerializer(review).data, status=status.HTTP_201_CREATED)
 
 
@@ -275,12 +278,12 @@ class RewardDraftViewSet(viewsets.ReadOnlyModelViewSet):
     def accept(self, request: Request, pk: str | None = None) -> Response:
         """Create the next reward config version from the draft, or from `spec` (your edit of it) when given."""
         spec = request.data.get("spec") if isinstance(request.data, dict) else None
-        draft = services.reward_draft_accept(draft=self.get_object(), user=request.user, spec=spec)
+        draft = services.reward_draft_accept(draft=self.get_object(), user=request_user(request), spec=spec)
         return Response(RewardDraftSerializer(draft).data)
 
     @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
     def discard(self, request: Request, pk: str | None = None) -> Response:
-        draft = services.reward_draft_discard(draft=self.get_object(), user=request.user)
+        draft = services.reward_draft_discard(draft=self.get_object(), user=request_user(request))
         return Response(RewardDraftSerializer(draft).data)
 
 

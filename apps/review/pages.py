@@ -16,6 +16,7 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.review import selectors, services
@@ -43,7 +44,7 @@ def _int_or_none(value: str | None) -> int | None:
 def queue_list(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     if request.method == "POST":
-        if not request.user.can(Capability.REVIEW):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.REVIEW):
             raise PermissionDenied("creating a queue needs the reviewer role")
         try:
             queue = services.queue_create(
@@ -53,7 +54,7 @@ def queue_list(request: HttpRequest) -> HttpResponse:
                 min_severity=request.POST.get("min_severity", ""),
                 required_reviews=_int_or_none(request.POST.get("required_reviews")) or 0,
                 lock_timeout_s=_int_or_none(request.POST.get("lock_timeout_s")) or 0,
-                created_by=request.user,  # type: ignore[arg-type]
+                created_by=request_user(request),
             )
         except ValidationError as exc:
             errors = validation_messages(exc)
@@ -74,7 +75,7 @@ def queue_list(request: HttpRequest) -> HttpResponse:
             "severities": Severity.values,
             "errors": errors,
             "form": request.POST,
-            "can_review": request.user.can(Capability.REVIEW),  # type: ignore[union-attr]
+            "can_review": request_user(request).can(Capability.REVIEW),
         },
     )
 
@@ -101,7 +102,7 @@ def queue_next(request: HttpRequest, queue_id: int) -> HttpResponse:
     queue = get_object_or_404(ReviewQueue, pk=queue_id)
     skip_id = _int_or_none(request.POST.get("skip"))
     skip = QueueItem.objects.filter(pk=skip_id, queue=queue).first() if skip_id else None
-    item = services.queue_next(queue=queue, reviewer=request.user, skip=skip)  # type: ignore[arg-type]
+    item = services.queue_next(queue=queue, reviewer=request_user(request), skip=skip)
     if item is None:
         messages.info(request, f"Nothing left for you in {queue.name}: every open item is labelled by you or held.")
         target = reverse("review:queue", args=[queue.pk])
@@ -135,7 +136,7 @@ def item_detail(request: HttpRequest, item_id: int) -> HttpResponse:
             "reviews": flag.reviews.select_related("reviewer").order_by("created_at"),
             "labels": Label.choices,
             "holds_lock": item.locked_by_id == request.user.pk,
-            "can_review": request.user.can(Capability.REVIEW),  # type: ignore[union-attr]
+            "can_review": request_user(request).can(Capability.REVIEW),
             **_flow_context(flag),
         },
     )
@@ -158,7 +159,7 @@ def item_label(request: HttpRequest, item_id: int) -> HttpResponse:
     try:
         services.item_label(
             item=item,
-            reviewer=request.user,  # type: ignore[arg-type]
+            reviewer=request_user(request),
             label=request.POST.get("label", ""),
             note=request.POST.get("note", ""),
         )
@@ -167,7 +168,7 @@ def item_label(request: HttpRequest, item_id: int) -> HttpResponse:
             request, "review/_label_result.html", {"errors": validation_messages(exc), "item": item}, status=400
         )
     if request.POST.get("label") != Label.CONFIRMED:
-        following = services.queue_next(queue=item.queue, reviewer=request.user)  # type: ignore[arg-type]
+        following = services.queue_next(queue=item.queue, reviewer=request_user(request))
         target = (
             reverse("review:item", args=[following.pk]) if following else reverse("review:queue", args=[item.queue_id])
         )
@@ -186,25 +187,26 @@ def flag_act(request: HttpRequest, flag_id: int, what: str) -> HttpResponse:
     """One flow-back action from a confirmed hack: `draft` a reward change, `promote` the task to a benchmark,
     `exclude` it from training. Returns the actions panel."""
     flag = get_object_or_404(Flag.objects.select_related("run__reward_version", "trajectory"), pk=flag_id)
-    user = request.user
+    user = request_user(request)
     errors: list[str] = []
     try:
         if what == "draft":
-            services.reward_draft_create(flag=flag, created_by=user)  # type: ignore[arg-type]
+            services.reward_draft_create(flag=flag, created_by=user)
         elif what == "promote":
             services.task_promote(
                 flag=flag,
                 benchmark_name=request.POST.get("benchmark", "").strip(),
                 task_id=request.POST.get("task_id", "").strip(),
-                user=user,  # type: ignore[arg-type]
+                user=user,
             )
         elif what == "exclude":
-            services.task_exclude(flag=flag, user=user, task_id=request.POST.get("task_id", "").strip())  # type: ignore[arg-type]
+            services.task_exclude(flag=flag, user=user, task_id=request.POST.get("task_id", "").strip())
         else:
             raise Http404(f"unknown action {what!r}: draft, promote or exclude")
     except ValidationError as exc:
         errors = validation_messages(exc)
-    item = QueueItem.objects.filter(pk=_int_or_none(request.POST.get("item"))).first()
+    item_id = _int_or_none(request.POST.get("item"))
+    item = QueueItem.objects.filter(pk=item_id).first() if item_id is not None else None
     context = {"flag": flag, "item": item, "errors": errors, **_flow_context(flag)}
     return render(request, "review/_flow.html", context, status=400 if errors else 200)
 
@@ -217,10 +219,10 @@ def draft_decide(request: HttpRequest, draft_id: int, decision: str) -> HttpResp
     draft = get_object_or_404(RewardDraft, pk=draft_id)
     try:
         if decision == "accept":
-            draft = services.reward_draft_accept(draft=draft, user=request.user)  # type: ignore[arg-type]
+            draft = services.reward_draft_accept(draft=draft, user=request_user(request))
             messages.success(request, f"Draft {draft.pk} accepted: {draft.result_version} created.")
         else:
-            services.reward_draft_discard(draft=draft, user=request.user)  # type: ignore[arg-type]
+            services.reward_draft_discard(draft=draft, user=request_user(request))
             messages.info(request, f"Draft {draft.pk} discarded.")
     except ValidationError as exc:
         for error in validation_messages(exc):

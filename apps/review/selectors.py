@@ -42,10 +42,7 @@ def queue_list() -> list[QueueProgress]:
     )
     for row in rows:
         per_reviewer[row["flag__queue_items__queue"]].append((row["reviewer__username"], row["n"]))
-    return [
-        QueueProgress(queue=q, items=q.n_items, done=q.n_done, by_reviewer=per_reviewer[q.pk])  # type: ignore[attr-defined]
-        for q in queues
-    ]
+    return [QueueProgress(queue=q, items=q.n_items, done=q.n_done, by_reviewer=per_reviewer[q.pk]) for q in queues]
 
 
 @dataclass(frozen=True)
@@ -150,10 +147,12 @@ def evidence_view(item: QueueItem) -> dict[str, Any]:
             "file is gone). Label it from the detector's stored evidence below."
         )
         return view
-    turns = record.get("turns") if isinstance(record.get("turns"), list) else []
+    raw_turns = record.get("turns")
+    turns: list[Any] = raw_turns if isinstance(raw_turns, list) else []
     if view["turn_index"] is not None and 0 <= view["turn_index"] < len(turns):
         turn = turns[view["turn_index"]] if isinstance(turns[view["turn_index"]], dict) else {}
-        content = turn.get("content") if isinstance(turn.get("content"), str) else ""
+        raw_content = turn.get("content")
+        content = raw_content if isinstance(raw_content, str) else ""
         view["turn"] = {"role": turn.get("role", ""), "tool": turn.get("tool")}
         view["turn_text"] = highlighted(content, evidence.get("span"))
     view["record"] = True

@@ -9,14 +9,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 
 
 class RewardVersionSerializer(serializers.ModelSerializer):
-    config = serializers.StringRelatedField()
-    created_by = serializers.StringRelatedField()
+    config: serializers.StringRelatedField[RewardConfig] = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     run_ids = serializers.SerializerMethodField()
 
     class Meta:
@@ -39,7 +40,7 @@ class RewardVersionSerializer(serializers.ModelSerializer):
 
 
 class RewardConfigSerializer(serializers.ModelSerializer):
-    owner = serializers.StringRelatedField()
+    owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     spec = serializers.JSONField(write_only=True, help_text="The first version's reward spec")
     notes = serializers.CharField(write_only=True, required=False, allow_blank=True, default="")
 
@@ -47,7 +48,7 @@ class RewardConfigSerializer(serializers.ModelSerializer):
         model = RewardConfig
         fields = ["id", "name", "description", "owner", "created_at", "spec", "notes"]
         read_only_fields = ["owner", "created_at"]
-        extra_kwargs = {"name": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
 
 
 class NewVersionSerializer(serializers.Serializer):
@@ -61,7 +62,7 @@ class RewardConfigViewSet(viewsets.ModelViewSet):
     http_method_names = ["get", "post", "head", "options"]
 
     def perform_create(self, serializer: Any) -> None:
-        serializer.instance = reward_config_create(owner=self.request.user, **serializer.validated_data)
+        serializer.instance = reward_config_create(owner=request_user(self.request), **serializer.validated_data)
 
     @action(detail=True, methods=["get", "post"])
     def versions(self, request: Request, pk: str | None = None) -> Response:
@@ -73,7 +74,7 @@ class RewardConfigViewSet(viewsets.ModelViewSet):
             return self.get_paginated_response(RewardVersionSerializer(page, many=True).data)
         body = NewVersionSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        version = reward_version_create(config=config, created_by=request.user, **body.validated_data)
+        version = reward_version_create(config=config, created_by=request_user(request), **body.validated_data)
         return Response(RewardVersionSerializer(version).data, status=201)
 
 

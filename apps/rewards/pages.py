@@ -14,6 +14,7 @@ from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.rewards.models import RewardConfig, RewardConfigVersion
@@ -27,7 +28,7 @@ def rewards_index(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     spec_text = request.POST.get("spec") or json.dumps(context1_spec().model_dump(mode="json"), indent=2)
     if request.method == "POST":
-        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.LAUNCH):
             raise PermissionDenied("your role cannot create reward configs")
         try:
             spec = json.loads(spec_text)
@@ -39,8 +40,8 @@ def rewards_index(request: HttpRequest) -> HttpResponse:
                     name=request.POST.get("name", "").strip(),
                     spec=spec,
                     description=request.POST.get("description", ""),
-                    owner=request.user,
-                )  # type: ignore[arg-type]
+                    owner=request_user(request),
+                )
             except ValidationError as exc:
                 errors = validation_messages(exc)
             else:
@@ -61,13 +62,13 @@ def reward_detail(request: HttpRequest, config_id: int) -> HttpResponse:
     errors: list[str] = []
     spec_text = request.POST.get("spec") or (json.dumps(versions[0].spec, indent=2) if versions else "{}")
     if request.method == "POST":
-        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.LAUNCH):
             raise PermissionDenied("your role cannot edit reward configs")
         try:
             version = reward_version_create(
                 config=config,
                 spec=json.loads(spec_text),
-                created_by=request.user,  # type: ignore[arg-type]
+                created_by=request_user(request),
                 notes=request.POST.get("notes", ""),
             )
         except ValueError as exc:

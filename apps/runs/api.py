@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import QuerySet
 from django.urls import path
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status, viewsets
@@ -9,14 +10,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.runs import kinds, selectors, services
 from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, TrajectorySummary
 
 
 class RunSerializer(serializers.ModelSerializer):
-    created_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     progress = serializers.FloatField(source="progress_fraction", read_only=True)
 
     class Meta:
@@ -47,11 +49,19 @@ class RunSerializer(serializers.ModelSerializer):
         ]
 
 
+def _launch_inputs() -> dict[str, serializers.Serializer | type[serializers.Serializer]]:
+    inputs: dict[str, serializers.Serializer | type[serializers.Serializer]] = {}
+    for kind, handler in kinds.launchable().items():
+        assert handler.launch_input is not None  # kinds.register: a kind with a launch has a launch input
+        inputs[kind] = handler.launch_input
+    return inputs
+
+
 # The body of POST /runs/ is the launch input of the kind it names; evaluated when the schema is generated, after
 # every app registered its kinds.
 LaunchRequestSerializer = PolymorphicProxySerializer(
     component_name="RunLaunch",
-    serializers=lambda: {kind: handler.launch_input for kind, handler in kinds.launchable().items()},
+    serializers=_launch_inputs,
     resource_type_field_name="kind",
 )
 
@@ -66,7 +76,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
     capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH}
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[Run]:
         qs = selectors.run_list()
         for field in ("status", "kind"):
             if value := self.request.query_params.get(field):
@@ -88,12 +98,12 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         assert handler.launch_input is not None and handler.launch is not None
         body = handler.launch_input(data=request.data)
         body.is_valid(raise_exception=True)
-        run = handler.launch(request.user, body.validated_data)  # type: ignore[arg-type]
+        run = handler.launch(request_user(request), body.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
-        run = services.run_cancel(run=self.get_object(), user=request.user)
+        run = services.run_cancel(run=self.get_object(), user=request_user(request))
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
     @action(detail=True, methods=["get"])

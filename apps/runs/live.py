@@ -51,7 +51,7 @@ def frames_for(events: list[dict[str, Any]], state: dict[str, Any]) -> list[str]
                 series.setdefault(name, []).append([event["step"], value])
         elif kind == "histogram":
             histogram = {"name": event["name"], "edges": event["edges"], "counts": event["counts"]}
-    frames = [render_to_string("runs/_live_frame.html", {"state": state, "logs": logs[-500:]})]
+    frames: list[str] = [render_to_string("runs/_live_frame.html", {"state": state, "logs": logs[-500:]})]
     if series or histogram:
         for name, points in series.items():
             if len(points) > MAX_POINTS_PER_FRAME:

@@ -23,6 +23,7 @@ from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.rewards.services import reward_spec_diff
@@ -56,8 +57,8 @@ def runs_index(request: HttpRequest) -> HttpResponse:
     filters = selectors.RunListFilters.from_query(request.GET)
     page = selectors.run_list_page(filters=filters, page=request.GET.get("page"))
     for run in page:
-        run.sparkline_points = _sparkline_points(run.sparkline)  # type: ignore[attr-defined]
-        run.reward_last = run.sparkline[-1][1] if run.sparkline else None  # type: ignore[attr-defined]
+        run.sparkline_points = _sparkline_points(run.sparkline)
+        run.reward_last = run.sparkline[-1][1] if run.sparkline else None
     query = urlencode({k: v for k, v in asdict(filters).items() if v})
     template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
     context = {
@@ -135,7 +136,7 @@ def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
 def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=run_id)
     try:
-        services.run_cancel(run=run, user=request.user)  # type: ignore[arg-type]
+        services.run_cancel(run=run, user=request_user(request))
         messages.info(request, f"Cancel requested for run {run.pk}.")
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))

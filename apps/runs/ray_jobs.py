@@ -42,13 +42,14 @@ def _address(address: str | None) -> str:
 def with_deadline(fn: Callable[[], T], *, address: str, what: str, timeout: float | None = None) -> T:
     """Run `fn` with a deadline. The thread of a call that overran is abandoned (daemon), never joined."""
     timeout = settings.RAY_SUBMIT_TIMEOUT if timeout is None else timeout
-    box: dict[str, Any] = {}
+    value: list[T] = []  # what the call returned, or
+    error: list[BaseException] = []  # what it raised
 
     def call() -> None:
         try:
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
+            error.append(exc)
 
     thread = threading.Thread(target=call, name=f"ray-{what}", daemon=True)
     thread.start()
@@ -57,9 +58,9 @@ def with_deadline(fn: Callable[[], T], *, address: str, what: str, timeout: floa
         raise RayUnavailable(
             f"Ray cluster at {address} did not answer {what} within {timeout:g}s (CRUCIBLE_RAY_TIMEOUT)"
         )
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    if error:
+        raise error[0]
+    return value[0]
 
 
 def _client(address: str) -> Any:

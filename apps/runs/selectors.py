@@ -71,7 +71,7 @@ def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PE
     result = Paginator(runs, per_page).get_page(page)
     sparklines = run_sparklines(run_ids=[r.pk for r in result])
     for run in result:
-        run.sparkline = sparklines.get(run.pk, [])  # type: ignore[attr-defined]
+        run.sparkline = sparklines.get(run.pk, [])  # type: ignore[attr-defined]  # for the page, not a model field
     return result
 
 
@@ -200,7 +200,7 @@ def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str
     each): a million-point series reads about 15,600 rows, and the output buckets' edges fall on roll-up edges.
     A shorter one is grouped from its points in one scan."""
     max_points = max(10, min(max_points, 5000))
-    params = {"run": run_id, "name": name, "n": max_points, "r": ROLLUP_STEPS}
+    params: dict[str, int | str] = {"run": run_id, "name": name, "n": max_points, "r": ROLLUP_STEPS}
     with connection.cursor() as cursor:
         cursor.execute(_STEP_RANGE_SQL, params)
         lo, hi = cursor.fetchone()

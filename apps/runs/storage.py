@@ -6,12 +6,19 @@ from typing import Any
 
 from django.conf import settings
 from django.core.files.storage import default_storage
+from django.db.models.fields.files import FieldFile
 
 
 def storage_uri(name: str) -> str:
     if settings.S3_BUCKET:
         return f"s3://{settings.S3_BUCKET}/{name}"
     return "file://" + default_storage.path(name)
+
+
+def file_uri(file: FieldFile) -> str:
+    """storage_uri of a saved FileField's file."""
+    assert file.name is not None, "the file field holds no file"
+    return storage_uri(file.name)
 
 
 def worker_storage_options() -> dict[str, Any]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.utils import timezone
 
 from apps.runs import ray_jobs, services
+from apps.runs.kinds import LifecyclePoint
 from apps.runs.models import Run, RunStatus
 
 DISPATCH_RETRIES = 3
@@ -18,7 +19,7 @@ DISPATCH_RETRIES = 3
 
 # soft_time_limit: every Ray call has its own deadline (ray_jobs); this is the backstop that frees the worker.
 @shared_task(bind=True, max_retries=DISPATCH_RETRIES, acks_late=True, soft_time_limit=120)
-def dispatch_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
+def dispatch_run(self: Task, run_id: int) -> None:
     final = self.request.retries >= DISPATCH_RETRIES
     try:
         services.run_dispatch(run_id=run_id, final_attempt=final)
@@ -27,7 +28,7 @@ def dispatch_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @shared_task(bind=True, max_retries=5, acks_late=True)
-def cancel_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
+def cancel_run(self: Task, run_id: int) -> None:
     """Stop the run's Ray job. If Ray is down, retry with backoff; beat's reconcile keeps re-sending it after that."""
     try:
         services.run_stop_ray_job(run_id=run_id)
@@ -36,7 +37,7 @@ def cancel_run(self, run_id: int) -> None:  # type: ignore[no-untyped-def]
 
 
 @shared_task(bind=True, max_retries=5, acks_late=True)
-def run_lifecycle(self, run_id: int, point: str, steps: list[int]) -> list[str]:  # type: ignore[no-untyped-def]
+def run_lifecycle(self: Task, run_id: int, point: LifecyclePoint, steps: list[int]) -> list[str]:
     """The owning app's hook for a lifecycle point of a run (apps.runs.kinds), then one task per subscriber: the
     owner's work (e.g. an eval's metrics) is done before anyone reacts to it, and a failing subscriber retries
     alone."""
@@ -50,7 +51,7 @@ def run_lifecycle(self, run_id: int, point: str, steps: list[int]) -> list[str]:
 
 
 @shared_task(bind=True, max_retries=5, acks_late=True)
-def run_subscriber(self, run_id: int, point: str, name: str, steps: list[int]) -> None:  # type: ignore[no-untyped-def]
+def run_subscriber(self: Task, run_id: int, point: LifecyclePoint, name: str, steps: list[int]) -> None:
     try:
         services.run_subscriber_hook(run_id=run_id, point=point, name=name, steps=steps)
     except OSError as exc:

@@ -17,7 +17,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.datasets.models import DatasetVersion
 from apps.runs import selectors
 from apps.runs.api import RunSerializer
@@ -29,8 +30,10 @@ from apps.search.services.indexes import index_launch_or_reuse
 
 
 class CorpusIndexSerializer(serializers.ModelSerializer):
-    corpus_version_name = serializers.StringRelatedField(source="corpus_version")
-    created_by = serializers.StringRelatedField()
+    corpus_version_name: serializers.StringRelatedField[DatasetVersion] = serializers.StringRelatedField(
+        source="corpus_version"
+    )
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     status = serializers.CharField(read_only=True)
     run_status = serializers.CharField(source="run.status", read_only=True)
     progress = serializers.FloatField(source="run.progress_fraction", read_only=True)
@@ -70,7 +73,7 @@ class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = CorpusIndexSerializer
     capability_map = {"create": Capability.LAUNCH}
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[CorpusIndex]:
         qs = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")
         if corpus_version := self.request.query_params.get("corpus_version"):
             if corpus_version.isdigit():
@@ -88,7 +91,7 @@ class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
         index, launched = index_launch_or_reuse(
             corpus_version=body.validated_data["corpus_version"],
             config=body.validated_data["config"],
-            user=request.user,  # type: ignore[arg-type]
+            user=request_user(request),
         )
         return Response(
             CorpusIndexSerializer(index).data, status=status.HTTP_201_CREATED if launched else status.HTTP_200_OK
@@ -139,7 +142,7 @@ class DatagenViewSet(viewsets.GenericViewSet):
             corpus_version=data["corpus_version"],
             target_dataset=data["target_dataset"],
             params=data["params"],
-            user=request.user,  # type: ignore[arg-type]
+            user=request_user(request),
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 

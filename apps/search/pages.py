@@ -15,6 +15,7 @@ from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.datasets.models import DatasetKind, DatasetVersion
@@ -35,7 +36,7 @@ def indexes(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     config_text = request.POST.get("config") or json.dumps(IndexConfig().model_dump(mode="json"), indent=2)
     if request.method == "POST":
-        if not request.user.can(Capability.LAUNCH):  # type: ignore[union-attr]
+        if not request_user(request).can(Capability.LAUNCH):
             raise PermissionDenied("your role cannot build indexes (needs 'launch')")
         try:
             corpus_version = corpora.get(pk=int(request.POST.get("corpus_version", "0")))
@@ -51,7 +52,7 @@ def indexes(request: HttpRequest) -> HttpResponse:
                     index, _ = index_launch_or_reuse(
                         corpus_version=corpus_version,
                         config=config,
-                        user=request.user,  # type: ignore[arg-type]
+                        user=request_user(request),
                     )
                 except ValidationError as exc:
                     errors = validation_messages(exc)
@@ -111,7 +112,7 @@ def datagen_new(request: HttpRequest) -> HttpResponse:
                     corpus_version=corpus_version,
                     target_dataset=request.POST.get("target_dataset", "").strip(),
                     params=_params_from_post(request.POST),
-                    user=request.user,  # type: ignore[arg-type]
+                    user=request_user(request),
                 )
             except ValidationError as exc:
                 errors = validation_messages(exc)

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.benchmarks.models import BenchmarkVersion
 from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
@@ -88,7 +89,7 @@ class RunResumeViewSet(viewsets.GenericViewSet):
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         """Continue a stopped or failed training run from its latest checkpoint, as a new run linked to it."""
-        run = services.run_resume(run=get_object_or_404(Run, pk=pk), user=request.user)  # type: ignore[arg-type]
+        run = services.run_resume(run=get_object_or_404(Run, pk=pk), user=request_user(request))
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 

@@ -10,9 +10,11 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path as route
 from django.views.decorators.http import require_http_methods, require_POST
+from pydantic import BaseModel
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.common.pages import needs
 from apps.datasets.models import DatasetKind, DatasetVersion
@@ -39,8 +41,8 @@ def rescore_new(request: HttpRequest) -> HttpResponse:
         else:
             try:
                 run = services.run_launch_rescore(
-                    created_by=request.user,
-                    dataset_version=dataset_version,  # type: ignore[arg-type]
+                    created_by=request_user(request),
+                    dataset_version=dataset_version,
                     reward_version=reward_version,
                     name=request.POST.get("name", ""),
                 )
@@ -80,7 +82,7 @@ TRAIN_FORM_FIELDS = [
 
 
 def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
-    nested = {"sampling": SamplingConfig, "compute": ComputeRequest, "lora": LoraConfig}
+    nested: dict[str, type[BaseModel]] = {"sampling": SamplingConfig, "compute": ComputeRequest, "lora": LoraConfig}
     fields = []
     for path in TRAIN_FORM_FIELDS:
         owner, _, leaf = path.rpartition(".")
@@ -139,7 +141,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
     corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []
-    values = {k: v for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+    values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
     if request.method == "POST":
         try:
             dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
@@ -150,7 +152,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
             corpus_id = request.POST.get("corpus_version", "")
             try:
                 run = services.run_launch_train(
-                    created_by=request.user,  # type: ignore[arg-type]
+                    created_by=request_user(request),
                     dataset_version=dataset_version,
                     reward_version=reward_version,
                     config=_train_config_from_post(request.POST),
@@ -180,7 +182,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
 def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(Run, pk=run_id)
     try:
-        child = services.run_resume(run=run, user=request.user)  # type: ignore[arg-type]
+        child = services.run_resume(run=run, user=request_user(request))
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))
         return redirect("runs:detail", run_id=run.pk)

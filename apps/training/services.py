@@ -19,7 +19,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.selectors import metric_series
 from apps.runs.services import metric_series_replace, run_create
-from apps.runs.storage import storage_uri
+from apps.runs.storage import file_uri, storage_uri
 from apps.training.guards import (
     episode_problems,
     train_config_check,
@@ -39,7 +39,7 @@ SCRIPTED_TEACHERS = ("scripted-search",)
 def rescore_job(run: Run) -> dict[str, Any]:
     assert run.dataset_version is not None and run.reward_version is not None
     return {
-        "input_uri": storage_uri(run.dataset_version.file.name),
+        "input_uri": file_uri(run.dataset_version.file),
         "output_uri": storage_uri(f"runs/{run.pk}/scores.jsonl"),
         "reward": run.reward_version.spec,
     }
@@ -50,7 +50,7 @@ def train_job(run: Run) -> dict[str, Any]:
     resume = run.spec.get("resume_from")
     return {
         "config": run.spec["config"],
-        "input_uri": storage_uri(run.dataset_version.file.name),
+        "input_uri": file_uri(run.dataset_version.file),
         "reward": run.reward_version.spec,
         "output_prefix": storage_uri(f"runs/{run.pk}"),
         "resume_from": resume["uri"] if resume else None,
@@ -252,6 +252,7 @@ def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
     (reward-eval divergence: training reward rising while this held-out eval falls) on the run's reward and
     these points. A divergence is stored as a `Flag` of the run (trajectory_ref "run:<id>"), once per detector.
     Returns the findings."""
+    assert evaluation.checkpoint_id is not None
     checkpoint = Checkpoint.objects.select_related("run").get(pk=evaluation.checkpoint_id)
     run = checkpoint.run
     if run.kind != RunKind.TRAIN:
@@ -265,6 +266,7 @@ def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
     )
     points: dict[int, dict[str, float]] = {}
     for other in evals:
+        assert other.checkpoint is not None  # filtered on checkpoint__run
         points.setdefault(other.checkpoint.step, other.metrics)  # the newest eval of each checkpoint
     names = [m for m in ("pass@1", "mean_score") if any(m in metrics for metrics in points.values())]
     for metric in names:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
@@ -12,7 +13,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.routers import SimpleRouter
 
-from apps.accounts.models import Capability
+from apps.accounts.models import Capability, User
+from apps.accounts.permissions import request_user
 from apps.webhooks import selectors, services
 from apps.webhooks.models import (
     SUBSCRIBABLE_EVENTS,
@@ -32,7 +34,7 @@ class WebhookEndpointSerializer(serializers.ModelSerializer):
     events = serializers.ListField(
         child=serializers.CharField(max_length=64), validators=[validate_event_names], help_text=EVENTS_HELP
     )
-    created_by = serializers.StringRelatedField()
+    created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
 
     class Meta:
         model = WebhookEndpoint
@@ -100,7 +102,7 @@ class WebhookEndpointViewSet(viewsets.ModelViewSet):
     write_capability = Capability.ADMIN
     http_method_names = ["get", "post", "patch", "delete", "head", "options"]
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[WebhookEndpoint]:
         return selectors.webhook_endpoint_list()
 
     @extend_schema(request=WebhookEndpointSerializer, responses={201: WebhookEndpointCreatedSerializer})
@@ -109,7 +111,7 @@ class WebhookEndpointViewSet(viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         endpoint = services.webhook_endpoint_create(
-            created_by=request.user,
+            created_by=request_user(request),
             name=data["name"],
             url=data["url"],
             events=data["events"],
@@ -141,7 +143,7 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
     read_capability = Capability.ADMIN
     write_capability = Capability.ADMIN
 
-    def get_queryset(self):  # type: ignore[no-untyped-def]
+    def get_queryset(self) -> QuerySet[WebhookDelivery]:
         if self.action != "list":
             return selectors.webhook_delivery_with_log()
         params = self.request.query_params
@@ -152,7 +154,7 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
             raise ValidationError({"status": [f"unknown status {wanted!r}; choose from {DeliveryStatus.values}"]})
         return selectors.webhook_delivery_list(endpoint_id=int(endpoint) if endpoint else None, status=wanted)
 
-    def get_serializer_class(self):  # type: ignore[no-untyped-def]
+    def get_serializer_class(self) -> type[serializers.BaseSerializer]:
         return WebhookDeliverySerializer if self.action == "list" else WebhookDeliveryDetailSerializer
 
     @extend_schema(

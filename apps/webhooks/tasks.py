@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.utils import timezone
 
 from apps.webhooks import selectors, services
@@ -12,7 +12,7 @@ from apps.webhooks import selectors, services
 # redelivery and the beat sweep start new task chains that a per-message counter would not see.
 # soft_time_limit: httpx's timeout bounds each phase of the request; this is the backstop that frees the worker.
 @shared_task(bind=True, acks_late=True, max_retries=None, soft_time_limit=300)
-def deliver_webhook(self, delivery_id: int) -> str | None:  # type: ignore[no-untyped-def]
+def deliver_webhook(self: Task, delivery_id: int) -> str | None:
     result = services.webhook_deliver(delivery_id=delivery_id)
     if result.retry_in is not None:
         raise self.retry(countdown=result.retry_in)

@@ -20,7 +20,7 @@ from apps.benchmarks.services.benchmarks import canonical_json
 from apps.common.errors import pydantic_problems
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.services import run_create
-from apps.runs.storage import storage_uri, worker_storage_options
+from apps.runs.storage import file_uri, storage_uri, worker_storage_options
 from workers.envs.registry import get_environment
 from workers.jobs.specs import EvalConfig
 from workers.models.registry import model_name_problems
@@ -148,7 +148,7 @@ def eval_launch(
             name=f"Eval of {label} on {benchmark_version}",
             job=lambda run: {
                 "config": payload,
-                "tasks_uri": storage_uri(benchmark_version.tasks_file.name),
+                "tasks_uri": file_uri(benchmark_version.tasks_file),
                 "reward": reward,
                 "output_prefix": storage_uri(f"runs/{run.pk}"),
             },

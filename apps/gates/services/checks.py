@@ -133,7 +133,7 @@ def _decide(check: GateCheck, evals: list[Eval], base: list[Eval]) -> GateDecisi
         "evaluated_at": timezone.now().isoformat(),
     }
     evidence["flag_rates"] = {"rates": rates, "trajectories": _trajectory_count(evals)}
-    verdict = result.verdict
+    verdict: str = result.verdict
     tainted = _contamination(check, evals)
     if tainted:
         # The contamination guard: a run launched on data overlapping a gating benchmark never passes that gate.

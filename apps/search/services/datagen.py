@@ -25,7 +25,7 @@ from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs.models import Run, RunKind, RunStatus
 from apps.runs.services import run_create
-from apps.runs.storage import storage_uri
+from apps.runs.storage import file_uri, storage_uri
 from apps.search.selectors import TASKS_FILE, datagen_outputs
 from workers.models.registry import model_name_problems
 from workers.search.synth import SynthParams
@@ -69,7 +69,7 @@ def datagen_launch(*, corpus_version: DatasetVersion, target_dataset: str, param
     def job(run: Run) -> dict[str, Any]:
         names = datagen_outputs(run)
         return {
-            "corpus_uri": storage_uri(str(corpus_version.file.name)),
+            "corpus_uri": file_uri(corpus_version.file),
             "corpus_label": str(corpus_version),
             "corpus_hash": corpus_version.content_hash,
             "output_uri": storage_uri(names["tasks"]),

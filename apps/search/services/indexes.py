@@ -17,7 +17,7 @@ from apps.common.errors import pydantic_problems
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs.models import Run, RunKind
 from apps.runs.services import run_create
-from apps.runs.storage import storage_uri
+from apps.runs.storage import file_uri, storage_uri
 from apps.search.models import CorpusIndex, IndexStatus
 from workers.search.index import IndexConfig
 
@@ -67,7 +67,7 @@ def index_launch_or_reuse(
 
         def job(run: Run) -> dict[str, Any]:
             return {
-                "corpus_uri": storage_uri(corpus_version.file.name),
+                "corpus_uri": file_uri(corpus_version.file),
                 "output_uri": storage_uri(f"{folder}-run{run.pk}"),
                 "config": parsed.model_dump(mode="json"),
                 "corpus_hash": corpus_version.content_hash,
