@@ -1,10 +1,10 @@
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
-from rest_framework.routers import DefaultRouter
 
 from apps.accounts import api as accounts_api
 from apps.benchmarks import api as benchmarks_api
+from apps.common.routers import ApiRouter
 from apps.datasets import api as datasets_api
 from apps.gates import api as gates_api
 from apps.review import api as review_api
@@ -28,7 +28,7 @@ API_MODULES = [
     review_api,
     webhooks_api,
 ]
-router = DefaultRouter()
+router = ApiRouter()
 for module in API_MODULES:
     router.registry.extend(module.router.registry)
 

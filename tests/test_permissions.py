@@ -308,3 +308,21 @@ def test_a_read_token_cannot_mint_a_launch_token(users):
     response = client.post("/api/v1/tokens/", {"name": "escalate", "scopes": ["launch"]}, format="json")
     assert response.status_code == 400
     assert "scopes" in response.json()["fields"]
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/datagen/null,null/",
+        "/api/v1/datasets/null/versions/",
+        "/api/v1/reward-configs/null,null/versions/",
+        "/api/v1/runs/abc/",
+        "/api/v1/runs/1.5/resume/",
+        "/api/v1/benchmark-versions/x/tasks/",
+    ],
+)
+def test_a_non_integer_id_is_a_404_not_a_server_error(client_for, path) -> None:
+    """Ids are integers in every route (apps.common.routers): fuzzers found these raising ValueError (issue 16)."""
+    client = client_for("admin")
+    assert client.get(path).status_code == 404
+    assert client.post(path, {}, format="json").status_code in (404, 405)

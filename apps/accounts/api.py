@@ -11,11 +11,11 @@ from rest_framework import mixins, serializers, viewsets
 from rest_framework.decorators import api_view
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import ApiToken, Capability, Role, User
 from apps.accounts.permissions import request_capabilities, request_user
 from apps.accounts.services import api_token_create
+from apps.common.routers import AppRouter
 
 
 class UserSerializer(serializers.ModelSerializer):
@@ -101,7 +101,7 @@ def me(request: Request) -> Response:
     )
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("users", UserViewSet, basename="user")
 router.register("tokens", ApiTokenViewSet, basename="token")
 urlpatterns = [path("me/", me, name="me")]

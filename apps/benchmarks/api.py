@@ -9,12 +9,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.benchmarks import selectors, services
 from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, Eval, TaskProvenance
+from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.runs.models import Checkpoint, TaskResult
 
@@ -265,7 +265,7 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(comparison)
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("benchmarks", BenchmarkViewSet, basename="benchmark")
 router.register("benchmark-versions", BenchmarkVersionViewSet, basename="benchmark-version")
 router.register("evals", EvalViewSet, basename="eval")

@@ -7,11 +7,11 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import path
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.benchmarks import selectors
 from apps.benchmarks.models import Benchmark, BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.runs.models import TaskResult
 
 app_name = "benchmarks"

@@ -3,7 +3,8 @@ from django.utils.module_loading import autodiscover_modules
 
 
 class CommonConfig(AppConfig):
-    """What every app may use: error flattening, the page capability guard, shared validators. No models."""
+    """What every app may use: error flattening, shared validators, the API routers, and the autodiscovery of every
+    app's registrations. No models, and it imports no app."""
 
     name = "apps.common"
     label = "common"

@@ -9,10 +9,10 @@ from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.datasets.models import Dataset, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
 
@@ -109,6 +109,6 @@ class DatasetVersionViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = DatasetVersion.objects.select_related("dataset", "created_by").order_by("-created_at")
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("datasets", DatasetViewSet, basename="dataset")
 router.register("dataset-versions", DatasetVersionViewSet, basename="dataset-version")

@@ -11,10 +11,10 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.datasets.models import Dataset, DatasetKind
 from apps.datasets.services import (
     corpus_chunk_sample,

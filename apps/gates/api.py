@@ -8,12 +8,12 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.benchmarks.api import EvalSerializer
 from apps.benchmarks.models import BenchmarkVersion
+from apps.common.routers import AppRouter
 from apps.gates import services
 from apps.gates.models import CheckStatus, Deployment, Gate, GateCheck, GateDecision
 from apps.runs.models import Checkpoint
@@ -274,7 +274,7 @@ class DeploymentViewSet(viewsets.ReadOnlyModelViewSet):
         return qs
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("gates", GateViewSet, basename="gate")
 router.register("gate-checks", GateCheckViewSet, basename="gate-check")
 router.register("gate-decisions", GateDecisionViewSet, basename="gate-decision")

@@ -13,11 +13,11 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.gates import selectors, services
 from apps.gates.models import Deployment, Gate, GateCheck, GateDecision
 from apps.runs.models import Checkpoint

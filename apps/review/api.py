@@ -6,10 +6,10 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.datasets.models import Dataset
 from apps.review import services
 from apps.review.models import (
@@ -305,7 +305,7 @@ class TaskExclusionViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = TaskExclusion.objects.select_related("created_by").order_by("-created_at")
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("flags", FlagViewSet, basename="flag")
 router.register("review-queues", ReviewQueueViewSet, basename="review-queue")
 router.register("review-items", QueueItemViewSet, basename="review-item")

@@ -15,10 +15,10 @@ from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.review import selectors, services
 from apps.review.models import (
     DraftStatus,

@@ -7,10 +7,10 @@ from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 
@@ -83,13 +83,13 @@ class RewardVersionViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = RewardConfigVersion.objects.select_related("config", "created_by").prefetch_related("runs")
     capability_map = {"diff": Capability.READ}
 
-    @action(detail=True, methods=["get"], url_path=r"diff/(?P<other>\d+)")
+    @action(detail=True, methods=["get"], url_path="diff/<int:other>")
     def diff(self, request: Request, pk: str | None = None, other: str | None = None) -> Response:
         old = get_object_or_404(RewardConfigVersion, pk=pk)
         new = get_object_or_404(RewardConfigVersion, pk=other)
         return Response({"old": str(old), "new": str(new), "changes": reward_spec_diff(old.spec, new.spec)})
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("reward-configs", RewardConfigViewSet, basename="reward-config")
 router.register("reward-versions", RewardVersionViewSet, basename="reward-version")

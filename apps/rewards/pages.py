@@ -13,10 +13,10 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_config_create, reward_spec_diff, reward_version_create
 from workers.rewards.schema import TERM_TYPES, context1_spec

@@ -8,10 +8,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
 from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, TrajectorySummary
@@ -153,6 +153,6 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         return self.get_paginated_response(TrajectorySerializer(page, many=True).data)
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunViewSet, basename="run")
 urlpatterns = [path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest")]

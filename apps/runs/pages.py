@@ -22,10 +22,10 @@ from django.urls import path
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.rewards.services import reward_spec_diff
 from apps.runs import kinds, selectors, services
 from apps.runs.models import Run, RunStatus, TrajectorySummary

@@ -15,10 +15,10 @@ from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.runs import selectors
 from apps.runs.api import RunSerializer
@@ -147,6 +147,6 @@ class DatagenViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
 router.register("datagen", DatagenViewSet, basename="datagen")

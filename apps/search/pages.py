@@ -14,10 +14,10 @@ from django.urls import path
 from django.views.decorators.http import require_http_methods
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
 from apps.runs.models import RunKind

@@ -10,11 +10,11 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.benchmarks.models import BenchmarkVersion
+from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
@@ -84,7 +84,6 @@ class RunResumeViewSet(viewsets.GenericViewSet):
     queryset = Run.objects.all()
     serializer_class = RunSerializer
     capability_map = {"resume": Capability.LAUNCH}
-    lookup_value_regex = r"\d+"
 
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
@@ -93,5 +92,5 @@ class RunResumeViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunResumeViewSet, basename="run-resume")

@@ -13,10 +13,10 @@ from django.views.decorators.http import require_http_methods, require_POST
 from pydantic import BaseModel
 from rest_framework.exceptions import ValidationError
 
+from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
-from apps.common.pages import needs
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Run

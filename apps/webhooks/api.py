@@ -11,10 +11,10 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.routers import SimpleRouter
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.routers import AppRouter
 from apps.webhooks import selectors, services
 from apps.webhooks.models import (
     SUBSCRIBABLE_EVENTS,
@@ -177,6 +177,6 @@ class WebhookDeliveryViewSet(viewsets.ReadOnlyModelViewSet):
         )
 
 
-router = SimpleRouter()  # controlplane.urls gathers every app's router into the one API root
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("webhooks", WebhookEndpointViewSet, basename="webhook")
 router.register("webhook-deliveries", WebhookDeliveryViewSet, basename="webhook-delivery")

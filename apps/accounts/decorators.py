@@ -1,4 +1,5 @@
-"""The guard every htmx page uses: logged in, and the user's role holds the capability."""
+"""The guard every htmx page uses: logged in, and the user's role holds the capability. It lives with the app that owns
+roles and capabilities, as healthchecks keeps its view guards in the app that owns auth."""
 
 from __future__ import annotations
 
