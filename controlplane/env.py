@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from urllib.parse import unquote, urlparse
 
@@ -33,6 +34,28 @@ def env_bool(name: str, default: bool) -> bool:
     if raw.lower() in {"0", "false", "no", "off"}:
         return False
     raise SettingError(f"{name}={raw!r} is not a boolean; use 1/0, true/false, yes/no or on/off")
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list; unset means `default`, set but empty means an empty list."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return list(default)
+    return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str, default: list[str]) -> list[str]:
+    """A comma-separated list of IP networks in CIDR form (10.0.0.0/8, fd00::/8; a bare address is a /32 or
+    /128), normalised. Unset means `default`; set but empty means none."""
+    networks = []
+    for item in env_list(name, default):
+        try:
+            networks.append(str(ipaddress.ip_network(item, strict=False)))
+        except ValueError:
+            raise SettingError(
+                f"{name}: {item!r} is not an IP network; give CIDRs separated by commas, e.g. 10.0.0.0/8,fd00::/8"
+            ) from None
+    return networks
 
 
 def database_from_url(url: str) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.env import database_from_url, env_bool, env_int, env_str
+from controlplane.env import database_from_url, env_bool, env_int, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")))
@@ -121,6 +121,11 @@ CRUCIBLE_PUBLIC_URL = env_str("CRUCIBLE_PUBLIC_URL", "http://127.0.0.1:8000")
 # Webhooks: seconds each phase of a delivery request may take, and attempts before a delivery is failed.
 WEBHOOK_TIMEOUT = env_int("CRUCIBLE_WEBHOOK_TIMEOUT", 10)
 WEBHOOK_MAX_ATTEMPTS = env_int("CRUCIBLE_WEBHOOK_MAX_ATTEMPTS", 6)
+# Webhooks go only to public addresses (apps/webhooks/egress.py), and to addresses in these networks. With DEBUG on
+# that is loopback and the private ranges, so a receiver on this machine or the LAN works; with DEBUG off, none
+# unless named. Link-local (169.254.0.0/16: cloud metadata) is in neither default.
+WEBHOOK_LOCAL_NETWORKS = ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
+WEBHOOK_ALLOWED_NETWORKS = env_networks("CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS", WEBHOOK_LOCAL_NETWORKS if DEBUG else [])
 
 INGEST_MAX_EVENTS = env_int("CRUCIBLE_INGEST_MAX_EVENTS", 10_000)
 INGEST_MAX_BYTES = env_int("CRUCIBLE_INGEST_MAX_BYTES", 8 * 1024 * 1024)

@@ -49,7 +49,17 @@ class WebhookAttemptInline(admin.TabularInline):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(ReadOnlyAdmin):
-    list_display = ("id", "endpoint", "event", "event_id", "status", "attempts", "next_attempt_at", "created_at")
+    list_display = (
+        "id",
+        "endpoint",
+        "event",
+        "event_id",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "refused_reason",
+        "created_at",
+    )
     list_filter = ("status", "event", "endpoint")
     search_fields = ("event_id",)
     inlines = [WebhookAttemptInline]

@@ -82,6 +82,7 @@ class WebhookDeliverySerializer(serializers.ModelSerializer):
             "attempts",
             "next_attempt_at",
             "delivered_at",
+            "refused_reason",
             "created_at",
         ]
 

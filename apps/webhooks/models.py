@@ -11,6 +11,8 @@ from django.core.exceptions import ValidationError
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
+from apps.webhooks.egress import literal_refusal
+
 
 class WebhookEvent(models.TextChoices):
     """The catalogue: every event an endpoint can subscribe to. `ping` is only ever sent by the ping action."""
@@ -32,8 +34,9 @@ def new_webhook_secret() -> str:
 
 
 def validate_webhook_url(value: str) -> None:
-    """http(s) with a host. Not Django's URLValidator: it refuses single-label hosts such as `http://receiver:8080/`,
-    which is how services on one private network (docker compose) name each other."""
+    """http(s) with a host, and not a literal address that deliveries would refuse (egress.literal_refusal; names
+    are resolved and checked at delivery time). Not Django's URLValidator: it refuses single-label hosts such as
+    `http://receiver:8080/`, which is how services on one private network (docker compose) name each other."""
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018  (raises ValueError on a port that is not a number)
@@ -49,6 +52,9 @@ def validate_webhook_url(value: str) -> None:
         raise ValidationError(f"{value!r} has no host; give one like https://example.com/hooks/crucible")
     if any(ch.isspace() for ch in value):
         raise ValidationError(f"{value!r} contains whitespace; percent-encode it (a space is %20)")
+    refusal = literal_refusal(value)
+    if refusal is not None:
+        raise ValidationError(refusal.replace("refused, not sent: ", f"{value!r}: ", 1))
 
 
 def validate_event_names(value: Any) -> None:
@@ -100,6 +106,10 @@ class WebhookDelivery(models.Model):
         null=True, blank=True, help_text="When a pending delivery may be tried next (also the lease while sending)"
     )
     delivered_at = models.DateTimeField(null=True, blank=True)
+    refused_reason = models.TextField(
+        blank=True,
+        help_text="Why the last try was refused without sending (an address webhooks may not reach); empty if not",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -25,7 +25,7 @@ from django.utils import timezone
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
-from apps.webhooks import signing, tasks  # tasks import this module too: names are read at call time
+from apps.webhooks import egress, signing, tasks  # tasks import this module too: names are read at call time
 from apps.webhooks.models import (
     ALL_EVENTS,
     DeliveryStatus,
@@ -43,6 +43,7 @@ RETRY_BASE_SECONDS = 10
 RETRY_FACTOR = 3
 RETRY_CAP_SECONDS = 3600
 RESPONSE_EXCERPT_BYTES = 1024
+LOCATION_SHOWN_CHARS = 500
 # Celery computes a retry's ETA on one host and runs it on another: a second of clock difference must not make the
 # retry look early (it would then wait for the beat sweep).
 DUE_SLACK = timedelta(seconds=1)
@@ -72,6 +73,8 @@ class _Answer:
     excerpt: str
     error: str
     duration_ms: int
+    refused: bool = False  # nothing was sent: the URL's address is one webhooks may not reach (egress)
+    location: str = ""  # a redirect's Location header, shown in the log, never followed
 
 
 def retry_delay(attempts: int) -> int:
@@ -249,25 +252,55 @@ def _claim(delivery_id: int, now: datetime) -> _Outgoing | DeliveryResult:
 
 
 def _post(outgoing: _Outgoing, *, timeout: float) -> _Answer:
-    """POST without following redirects (a redirect is not a receipt) and read at most RESPONSE_EXCERPT_BYTES."""
+    """Resolve and check the host (egress.resolve), then POST to the checked address without following redirects
+    (a redirect is not a receipt, and could point inward) and read at most RESPONSE_EXCERPT_BYTES. Addresses are
+    tried in the resolver's order until one connects."""
     started = time.monotonic()
-    status_code: int | None = None
-    excerpt = ""
-    error = ""
+
+    def answer(status_code: int | None = None, excerpt: str = "", error: str = "", **more: Any) -> _Answer:
+        elapsed = int((time.monotonic() - started) * 1000)
+        return _Answer(status_code=status_code, excerpt=excerpt, error=error, duration_ms=elapsed, **more)
+
     try:
-        with httpx.Client(timeout=timeout, follow_redirects=False) as client:
-            with client.stream("POST", outgoing.url, content=outgoing.body, headers=outgoing.headers) as response:
-                status_code = response.status_code
-                excerpt = _excerpt(response)
+        target = egress.resolve(outgoing.url)
+    except egress.Refused as exc:
+        return answer(error=str(exc), refused=True)
+    except egress.Unresolvable as exc:
+        return answer(error=str(exc))
+    except httpx.InvalidURL as exc:
+        return answer(error=f"InvalidURL: {exc}")
+    status_code: int | None = None
+    error = ""
+    headers = {**outgoing.headers, "Host": target.host_header}
+    extensions = {"sni_hostname": target.server_name} if target.url.scheme == "https" else {}
+    try:
+        with httpx.Client(timeout=timeout, follow_redirects=False, transport=_transport()) as client:
+            for address in target.addresses:
+                request = client.build_request(
+                    "POST", target.pinned_url(address), content=outgoing.body, headers=headers, extensions=extensions
+                )
+                try:
+                    response = client.send(request, stream=True)
+                except httpx.ConnectError as exc:
+                    error = f"could not connect to {outgoing.url} ({address}): {exc}"
+                    continue
+                try:
+                    status_code = response.status_code
+                    location = response.headers.get("Location", "")[:LOCATION_SHOWN_CHARS]
+                    return answer(status_code=status_code, excerpt=_excerpt(response), location=location)
+                finally:
+                    response.close()
     except httpx.TimeoutException as exc:
         error = f"timed out after {timeout:g} s ({type(exc).__name__})"
-    except httpx.ConnectError as exc:
-        error = f"could not connect to {outgoing.url}: {exc}"
     except (httpx.HTTPError, httpx.InvalidURL) as exc:
         error = f"{type(exc).__name__}: {exc}"
-    return _Answer(
-        status_code=status_code, excerpt=excerpt, error=error, duration_ms=int((time.monotonic() - started) * 1000)
-    )
+    return answer(status_code=status_code, error=error)
+
+
+def _transport() -> httpx.BaseTransport:
+    """An explicit transport, so no proxy is taken from HTTP(S)_PROXY: a proxy would resolve the name again itself
+    and defeat the check (CA bundles from SSL_CERT_FILE still apply)."""
+    return httpx.HTTPTransport()
 
 
 def _excerpt(response: httpx.Response) -> str:
@@ -287,40 +320,56 @@ def _record(delivery_id: int, answer: _Answer, *, requested_at: datetime) -> Del
         if delivery is None:  # the endpoint was deleted while the request was in flight
             return DeliveryResult(delivery_id=delivery_id, status=None, attempted=True)
         delivery.attempts += 1
-        code = answer.status_code
-        error = answer.error
-        retry_in: int | None = None
-        if delivery.status != DeliveryStatus.PENDING:
-            # Settled by a worker that re-claimed it after this request outlived its lease: log, change nothing.
-            pass
-        elif code is not None and 200 <= code < 300:
-            delivery.status = DeliveryStatus.SUCCEEDED
-            delivery.delivered_at = finished
-            delivery.next_attempt_at = None
-        elif code == 410:
-            error = error or "410 Gone: the receiver wants no more deliveries of this event; not retried"
-            delivery.status = DeliveryStatus.FAILED
-            delivery.next_attempt_at = None
-        elif delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
-            delivery.status = DeliveryStatus.FAILED
-            delivery.next_attempt_at = None
-            logger.warning(
-                "webhook delivery %s (%s) failed after %s attempts", delivery.pk, delivery.event, delivery.attempts
-            )
-        else:
-            retry_in = retry_delay(delivery.attempts)
-            delivery.next_attempt_at = finished + timedelta(seconds=retry_in)
+        error, retry_in = answer.error, None
+        if delivery.status == DeliveryStatus.PENDING:
+            error, retry_in = _settle(delivery, answer, finished=finished)
+        # else: settled by a worker that re-claimed it after this request outlived its lease: log, change nothing.
         WebhookAttempt.objects.create(
             delivery=delivery,
             number=delivery.attempts,
             requested_at=requested_at,
             duration_ms=answer.duration_ms,
-            status_code=code,
+            status_code=answer.status_code,
             error=error,
             response_excerpt=answer.excerpt,
         )
-        delivery.save(update_fields=["attempts", "status", "delivered_at", "next_attempt_at"])
+        delivery.save(update_fields=["attempts", "status", "delivered_at", "next_attempt_at", "refused_reason"])
         return DeliveryResult(delivery_id=delivery.pk, status=delivery.status, attempted=True, retry_in=retry_in)
+
+
+def _settle(delivery: WebhookDelivery, answer: _Answer, *, finished: datetime) -> tuple[str, int | None]:
+    """Apply one attempt's outcome to a pending delivery; returns the error to log and the seconds until a retry."""
+    code, error = answer.status_code, answer.error
+    retry_in: int | None = None
+    if answer.refused:
+        # Policy, not a failure of the receiver: retrying would only ask the resolver again (what a DNS rebinding
+        # attacker wants). Change the URL or the allowed networks, then redeliver.
+        delivery.refused_reason = error
+        logger.warning("webhook delivery %s to endpoint %s %s", delivery.pk, delivery.endpoint_id, error)
+    elif code is not None and 200 <= code < 300:
+        delivery.status = DeliveryStatus.SUCCEEDED
+        delivery.delivered_at = finished
+    elif code is not None and 300 <= code < 400:
+        where = f" to {answer.location}" if answer.location else ""
+        error = error or (
+            f"{code}: the receiver redirected{where}; redirects are not followed (point the endpoint at the final "
+            "URL); not retried"
+        )
+    elif code == 410:
+        error = error or "410 Gone: the receiver wants no more deliveries of this event; not retried"
+    elif delivery.attempts >= settings.WEBHOOK_MAX_ATTEMPTS:
+        logger.warning(
+            "webhook delivery %s (%s) failed after %s attempts", delivery.pk, delivery.event, delivery.attempts
+        )
+    else:
+        retry_in = retry_delay(delivery.attempts)
+    if retry_in is not None:
+        delivery.next_attempt_at = finished + timedelta(seconds=retry_in)
+        return error, retry_in
+    if delivery.status != DeliveryStatus.SUCCEEDED:
+        delivery.status = DeliveryStatus.FAILED
+    delivery.next_attempt_at = None
+    return error, None
 
 
 @transaction.atomic
@@ -342,6 +391,7 @@ def webhook_redeliver(*, delivery_id: int) -> WebhookDelivery:
         )
     delivery.status = DeliveryStatus.PENDING
     delivery.next_attempt_at = timezone.now()
-    delivery.save(update_fields=["status", "next_attempt_at"])
+    delivery.refused_reason = ""  # the next try decides again, with today's URL and allowed networks
+    delivery.save(update_fields=["status", "next_attempt_at", "refused_reason"])
     _deliver_on_commit(delivery.pk)
     return delivery

@@ -11,10 +11,8 @@ import json
 import socket
 import threading
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -37,75 +35,6 @@ pytestmark = pytest.mark.django_db
 NON_ADMIN_ROLES = [role for role in Role.values if role != Role.ADMIN]
 
 
-# --- a real receiver -----------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Received:
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def header(self, name: str) -> str:
-        return {key.lower(): value for key, value in self.headers.items()}[name.lower()]
-
-
-class Receiver:
-    """A ThreadingHTTPServer that records every request and answers the statuses queued with `answer` (then 200).
-    With `hold` set, it keeps each request open until `release` is set (a slow receiver)."""
-
-    def __init__(self) -> None:
-        self.requests: list[Received] = []
-        self.answers: list[int] = []
-        self.reply_body: bytes | None = None
-        self.hold = False
-        self.arrived = threading.Event()
-        self.release = threading.Event()
-        self._lock = threading.Lock()
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host}:{port}/hooks/crucible"
-
-    def answer(self, *statuses: int) -> None:
-        with self._lock:
-            self.answers.extend(statuses)
-
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-                body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-                with receiver._lock:
-                    receiver.requests.append(Received(self.path, dict(self.headers.items()), body))
-                    status = receiver.answers.pop(0) if receiver.answers else 200
-                receiver.arrived.set()
-                if receiver.hold:
-                    receiver.release.wait(timeout=10)
-                reply = receiver.reply_body if receiver.reply_body is not None else f"answered {status}".encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(reply)))
-                self.end_headers()
-                self.wfile.write(reply)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass  # keep test output clean
-
-        return Handler
-
-
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
-    server.thread.start()
-    yield server
-    server.release.set()
-    server.server.shutdown()
-    server.server.server_close()
-
-
 @pytest.fixture
 def closed_port_url() -> str:
     """A loopback URL nothing listens on: connecting is refused."""
@@ -113,18 +42,6 @@ def closed_port_url() -> str:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     return f"http://127.0.0.1:{port}/hooks"
-
-
-@pytest.fixture
-def queued(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    ids: list[int] = []
-    monkeypatch.setattr("apps.webhooks.tasks.deliver_webhook.delay", ids.append)
-    return ids
-
-
-@pytest.fixture
-def endpoint(users, receiver) -> WebhookEndpoint:  # type: ignore[no-untyped-def]
-    return webhook_endpoint_create(created_by=users["admin"], name="ci", url=receiver.url, events=["*"])
 
 
 def deliver_when_due(delivery_id: int) -> DeliveryResult:
