@@ -123,6 +123,16 @@ class SummaryEvent(_Event):
     data: dict[str, Any]
 
 
+class EndEvent(_Event):
+    """The worker's own word on how its job ended, sent as its last event. The control plane trusts Ray's job
+    status while Ray knows the job; once Ray has lost it (a restarted cluster), this decides between succeeded and
+    failed instead of guessing."""
+
+    kind: Literal["end"]
+    outcome: Literal["succeeded", "failed"]
+    error: str = Field(default="", max_length=2000)
+
+
 Event = Annotated[
     MetricEvent
     | LogEvent
@@ -133,7 +143,8 @@ Event = Annotated[
     | CheckpointEvent
     | TaskResultEvent
     | FlagEvent
-    | SummaryEvent,
+    | SummaryEvent
+    | EndEvent,
     Field(discriminator="kind"),
 ]
 

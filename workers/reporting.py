@@ -8,15 +8,31 @@ Each event is checked against the wire schema when it is created (a NaN metric r
 not minutes later on the server). Sends are serialised: one batch is in flight at a time, in seq order. A batch
 the server refuses for good (a 4xx other than 413/429) is dropped with an error, never re-sent forever; a 413
 splits the batch in halves.
+
+Nothing is lost while the control plane is away (a restart, an outage of minutes):
+- a failed send keeps its events pending with their numbers, and the background flusher keeps retrying; `close()`
+  waits up to `outage_seconds` for the control plane to answer before it gives up;
+- with a `spool_dir`, every event is appended to a spool file on disk as it is made and acknowledged there once
+  the control plane has stored it. A driver killed before its events were acknowledged leaves its spool behind,
+  and the next reporter started on the node replays it (`replay_spools`), with the same numbers, so the control
+  plane keeps exactly one copy. The spool is bounded (`max_spool_bytes`); past the bound events are kept in
+  memory only, and the overflow is counted and logged.
+- the last event a job sends is `end`, with the job's own outcome (see `workers.events.EndEvent`).
 """
 
 from __future__ import annotations
 
+import fcntl
+import json
 import logging
+import os
+import re
 import threading
 import time
+import uuid
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 import httpx
 from pydantic import ValidationError
@@ -39,6 +55,153 @@ class _TooLarge(RuntimeError):
     """413: split the batch."""
 
 
+DEFAULT_OUTAGE_SECONDS = 900.0
+DEFAULT_MAX_SPOOL_BYTES = 512 * 1024 * 1024
+
+
+class _Spool:
+    """One reporter's events on disk: a header line, one line per event as it is made, and `ack` lines for what
+    the control plane stored. The reporter holds an exclusive lock on the file while it lives, so a replay never
+    touches a spool whose reporter is still running."""
+
+    def __init__(self, directory: Path, *, ingest_url: str, token: str, max_bytes: int) -> None:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        key = re.sub(r"[^A-Za-z0-9]+", "-", ingest_url).strip("-")[-80:]
+        name = f"{key}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        # Made under a name replay ignores, locked, given its header, then renamed: a replay running beside a new
+        # reporter never sees an unlocked or empty spool (the lock belongs to the file, so it survives the rename).
+        staging = directory / f"{name}.new"
+        fd = os.open(staging, os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o600)
+        self._file: IO[str] = os.fdopen(fd, "a", encoding="utf-8")
+        fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._header = json.dumps({"ingest_url": ingest_url, "token": token, "pid": os.getpid()}) + "\n"
+        self._file.write(self._header)
+        self._file.flush()
+        self.path = directory / f"{name}.jsonl"
+        os.rename(staging, self.path)
+        self.max_bytes = max_bytes
+        self.size = len(self._header)
+        self.overflowed = 0
+
+    def add(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event) + "\n"
+        if self.size + len(line) > self.max_bytes:
+            if self.overflowed == 0:
+                log.warning(
+                    "event spool %s is over %d bytes: further events are kept in memory only", self.path, self.max_bytes
+                )
+            self.overflowed += 1
+            return
+        self._file.write(line)
+        self.size += len(line)
+
+    def ack(self, seqs: list[int]) -> None:
+        line = json.dumps({"ack": _ranges(seqs)}) + "\n"
+        self._file.write(line)
+        self.size += len(line)
+
+    def sync(self) -> None:
+        """To the OS (a killed process loses nothing) and to the disk (a lost machine loses little)."""
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def reset(self) -> None:
+        """Everything made so far is stored: start the file again from its header."""
+        self._file.flush()
+        os.truncate(self.path, len(self._header))
+        self.size = len(self._header)
+
+    def release(self) -> None:
+        """Keep the file for a replay; closing it drops the lock."""
+        self._file.flush()
+        self._file.close()
+
+    def remove(self) -> None:
+        self._file.close()
+        self.path.unlink(missing_ok=True)
+
+
+def _ranges(seqs: list[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for seq in sorted(seqs):
+        if out and seq == out[-1][1] + 1:
+            out[-1][1] = seq
+        else:
+            out.append([seq, seq])
+    return out
+
+
+def replay_spools(directory: Path, *, client: httpx.Client | None = None, chunk: int = 1000) -> dict[str, int]:
+    """Send what dead reporters left unacknowledged in `directory`; returns counts (files, events, left).
+
+    A spool whose reporter still runs is locked and skipped. A spool the control plane refuses for good (the run
+    was deleted, the token is not its run's) is removed with an error line; one it cannot reach yet stays for the
+    next replay. The control plane keeps one copy per (run, seq), so replaying what it already has is harmless."""
+    counts = {"files": 0, "events": 0, "left": 0}
+    if not directory.is_dir():
+        return counts
+    own_client = client is None
+    http = client or httpx.Client(timeout=30.0)
+    try:
+        for path in sorted(directory.glob("*.jsonl")):
+            counts["files"] += 1
+            try:
+                sent = _replay_one(path, http, chunk)
+            except (OSError, ValueError) as exc:
+                log.error("spool %s could not be replayed: %s", path, exc)
+                counts["left"] += 1
+                continue
+            if sent is None:
+                counts["left"] += 1
+            else:
+                counts["events"] += sent
+    finally:
+        if own_client:
+            http.close()
+    return counts
+
+
+def _replay_one(path: Path, http: httpx.Client, chunk: int) -> int | None:
+    with open(path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return None  # its reporter is alive
+        lines = handle.read().splitlines()
+    if not lines:
+        path.unlink(missing_ok=True)
+        return 0
+    header = json.loads(lines[0])
+    events: dict[int, dict[str, Any]] = {}
+    acked: set[int] = set()
+    for line in lines[1:]:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by the kill
+        if "ack" in record:
+            acked.update(seq for lo, hi in record["ack"] for seq in range(lo, hi + 1))
+        else:
+            events[record["seq"]] = record
+    unsent = [events[seq] for seq in sorted(events) if seq not in acked]
+    headers = {"Authorization": f"Bearer {header['token']}"}
+    for start in range(0, len(unsent), chunk):
+        try:
+            response = http.post(header["ingest_url"], json={"events": unsent[start : start + chunk]}, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("spool %s: the control plane did not answer (%s); kept for the next replay", path, exc)
+            return None
+        if response.status_code >= 500 or response.status_code in (408, 429):
+            return None
+        if response.status_code >= 300:
+            log.error("spool %s refused (%d): %s; removed", path, response.status_code, response.text[:300])
+            break
+    path.unlink(missing_ok=True)
+    if unsent:
+        log.info("replayed %d events a killed reporter left in %s", len(unsent), path)
+    return len(unsent)
+
+
 class Reporter:
     def __init__(
         self,
@@ -50,6 +213,9 @@ class Reporter:
         retries: int = 8,
         start_seq: int = 0,
         client: httpx.Client | None = None,
+        spool_dir: Path | None = None,
+        max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
+        outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
     ) -> None:
         self.ingest_url = ingest_url
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -62,6 +228,10 @@ class Reporter:
         self._lock = threading.Lock()  # guards _seq and _pending
         self._send_lock = threading.Lock()  # one batch in flight at a time, in seq order
         self._client = client or httpx.Client(timeout=30.0)
+        self.outage_seconds = outage_seconds
+        self._spool = (
+            _Spool(spool_dir, ingest_url=ingest_url, token=token, max_bytes=max_spool_bytes) if spool_dir else None
+        )
         self._closed = threading.Event()
         # A background flusher ships a lone event within `flush_seconds` even if the job goes quiet after it.
         self._flusher = threading.Thread(target=self._flush_periodically, name="crucible-reporter", daemon=True)
@@ -84,9 +254,15 @@ class Reporter:
         with self._lock:
             self._seq += 1
             seq = self._seq
-            self._pending.append({"seq": seq, **event})
+            numbered = {"seq": seq, **event}
+            self._pending.append(numbered)
+            if self._spool is not None:
+                self._spool.add(numbered)
             due = len(self._pending) >= self.max_events or time.monotonic() - self._last_flush >= self.flush_seconds
-        if due:
+        if due and self._send_lock.acquire(blocking=False):
+            # Send now unless a send is already in flight (a slow or absent control plane): then the flusher
+            # picks these up, and the job goes on instead of waiting on the network.
+            self._send_lock.release()
             self.flush()
         return seq
 
@@ -147,17 +323,36 @@ class Reporter:
             with self._lock:
                 batch, self._pending = self._pending, []
                 self._last_flush = time.monotonic()
+                if self._spool is not None and batch:
+                    self._spool.sync()
             refused: list[str] = []
             for start in range(0, len(batch), self.max_events):
+                chunk = batch[start : start + self.max_events]
                 try:
-                    refused += self._send_splitting(batch[start : start + self.max_events])
+                    refused += self._send_splitting(chunk)
                 except _Transient as exc:
                     # Re-sending a chunk the server partly stored is harmless: its seqs make it idempotent.
                     with self._lock:
                         self._pending = batch[start:] + self._pending
                     raise IngestError(str(exc)) from None
+                self._acknowledge(chunk)
             if refused:
                 raise IngestError("; ".join(refused))
+
+    def _acknowledge(self, chunk: list[dict[str, Any]]) -> None:
+        """The control plane has these (or refused them for good): mark them in the spool; restart the spool
+        from empty when nothing is pending any more, so it stays the size of the backlog, not of the run."""
+        if self._spool is None:
+            return
+        with self._lock:
+            if self._pending:
+                self._spool.ack([event["seq"] for event in chunk])
+            else:
+                self._spool.reset()
+
+    @property
+    def spool_overflowed(self) -> int:
+        return self._spool.overflowed if self._spool is not None else 0
 
     def _send_splitting(self, batch: list[dict[str, Any]]) -> list[str]:
         """Send, halving on 413. Returns why any part was refused for good (those events are dropped)."""
@@ -196,14 +391,39 @@ class Reporter:
             delay = min(delay * 2, 5.0)
         raise _Transient(f"ingest failed after {self.retries + 1} attempts")
 
+    def end(self, outcome: str, error: str = "") -> int:
+        """The job's own outcome, as its last event (`close` sends it when used as a context manager)."""
+        return self._add("end", outcome=outcome, error=error[-2000:])
+
     def close(self) -> None:
+        """Deliver everything. While the control plane does not answer, keep trying for `outage_seconds` since
+        the last failure began; then raise IngestError, leaving the events in the spool for a later replay."""
         self._closed.set()
         self._flusher.join()  # it finishes its current send (bounded by the retries), then stops
-        self.flush()
+        deadline = time.monotonic() + self.outage_seconds
+        while True:
+            try:
+                self.flush()
+                break
+            except IngestError as exc:
+                if not self._pending or time.monotonic() >= deadline:
+                    self._client.close()
+                    if self._spool is not None:
+                        self._spool.release()
+                    raise
+                log.warning("control plane unreachable at close (%s); still trying", exc)
+                time.sleep(1.0)
         self._client.close()
+        if self._spool is not None:
+            self._spool.remove()
 
     def __enter__(self) -> Reporter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        failed = exc_type is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
+        try:
+            self.end("failed" if failed else "succeeded", f"{exc_type.__name__}: {exc}" if failed and exc_type else "")
+        except ValueError:
+            pass
         self.close()

@@ -56,6 +56,13 @@ class Run(models.Model):
         default=0, help_text="Batches committed so far: a reconnecting page resumes after the last one it saw"
     )
     failure_reason = models.TextField(blank=True)
+    reported_outcome = models.CharField(
+        max_length=16, blank=True, help_text="The worker's own `end` event: succeeded or failed (blank: none yet)"
+    )
+    reported_error = models.TextField(blank=True, help_text="The error the worker's `end` event carried")
+    late_events = models.BigIntegerField(
+        default=0, help_text="Events stored after the run had ended (a replayed spool, a driver that outlived it)"
+    )
     log_tail = models.TextField(blank=True)
     summary = models.JSONField(default=dict, blank=True)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="runs")

@@ -20,6 +20,7 @@ from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.selectors import metric_series
 from apps.runs.services import metric_series_replace, run_create
 from apps.runs.storage import file_uri, storage_uri
+from apps.training.checkpoints import latest_in_lineage
 from apps.training.guards import (
     episode_problems,
     train_config_check,
@@ -201,14 +202,18 @@ def run_launch_sft(
 
 
 def run_resume(*, run: Run, user: User) -> Run:
-    """A new run that continues `run` from its latest checkpoint (step counter, optimizer, RNG, data order)."""
+    """A new run that continues `run` from the latest checkpoint in its lineage (step counter, optimizer, RNG,
+    data order): its own, or, when it died before writing one, the one its parent resumed from or wrote later;
+    checkpoints that are whole in storage count even when their report was lost (apps.training.checkpoints)."""
     if run.kind != RunKind.TRAIN:
         raise ValidationError({"run": [f"run {run.pk} is a {run.kind} run; only training runs resume"]})
     if not run.is_terminal:
         raise ValidationError({"run": [f"run {run.pk} is {run.status}; stop it first, then resume"]})
-    checkpoint = run.checkpoints.order_by("-step").first()
+    checkpoint = latest_in_lineage(run)
     if checkpoint is None:
-        raise ValidationError({"run": [f"run {run.pk} wrote no checkpoint yet; launch it again instead"]})
+        raise ValidationError(
+            {"run": [f"neither run {run.pk} nor a run it was resumed from wrote a checkpoint; launch it again instead"]}
+        )
     steps = int(run.spec["config"]["steps"])
     if checkpoint.step >= steps:
         raise ValidationError(

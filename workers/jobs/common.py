@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
+import threading
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import fsspec
 
 from workers.detectors.base import Finding
 from workers.jobs.specs import JobSpec
-from workers.reporting import Reporter
+from workers.reporting import Reporter, replay_spools
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
 
@@ -28,11 +32,22 @@ def load_spec(model: type[SpecT]) -> SpecT:
     return model.model_validate_json(raw)
 
 
+def spool_dir() -> Path:
+    """Where reporters on this node spool unacknowledged events (CRUCIBLE_SPOOL_DIR; ~/.crucible/spool)."""
+    configured = os.environ.get("CRUCIBLE_SPOOL_DIR")
+    return Path(configured) if configured else Path.home() / ".crucible" / "spool"
+
+
 def reporter_for(spec: JobSpec) -> Reporter:
+    """The job's reporter, spooling to this node's spool dir. First, in the background, it replays what jobs
+    killed on this node left unsent (their runs get their missing events, marked late if they have ended)."""
     token = os.environ.get("CRUCIBLE_INGEST_TOKEN", "")
     if not token:
         raise SystemExit("CRUCIBLE_INGEST_TOKEN is not set: the run's ingest token is handed over by Crucible")
-    return Reporter(ingest_url=spec.ingest_url, token=token)
+    directory = spool_dir()
+    threading.Thread(target=replay_spools, args=(directory,), name="crucible-spool-replay", daemon=True).start()
+    outage = float(os.environ.get("CRUCIBLE_INGEST_OUTAGE_SECONDS", "900"))
+    return Reporter(ingest_url=spec.ingest_url, token=token, spool_dir=directory, outage_seconds=outage)
 
 
 def read_bytes(uri: str, storage_options: dict[str, Any]) -> bytes:
@@ -48,6 +63,19 @@ def write_bytes(uri: str, data: bytes, storage_options: dict[str, Any]) -> None:
         fs.makedirs(parent, exist_ok=True)
     with fs.open(path, "wb") as handle:
         handle.write(data)
+
+
+CHECKSUM_SUFFIX = ".sha256"
+
+
+def write_checkpoint(uri: str, blob: bytes, storage_options: dict[str, Any]) -> str:
+    """Write a checkpoint, then its checksum beside it (`<uri>.sha256`: JSON with sha256 and bytes). The checksum
+    goes last, so a checkpoint with a matching checksum was written whole: the control plane can resume from it
+    even when the event that announced it never arrived. Returns the sha256."""
+    digest = hashlib.sha256(blob).hexdigest()
+    write_bytes(uri, blob, storage_options)
+    write_bytes(uri + CHECKSUM_SUFFIX, json.dumps({"sha256": digest, "bytes": len(blob)}).encode(), storage_options)
+    return digest
 
 
 def report_flags(reporter: Reporter, findings: Iterable[Finding], *, step: int) -> int:

@@ -26,11 +26,13 @@ from workers.jobs.common import (
     report_flags,
     reporter_for,
     write_bytes,
+    write_checkpoint,
 )
 from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
-from workers.rl.config import TrainConfig
+from workers.rl.config import TrainConfig, settings_for
 from workers.rl.rollout import RolloutResult, Sample
+from workers.rl.sampling import fill_batch, refill_order
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
@@ -179,7 +181,13 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         for index, row in enumerate(rows, start=1):
             env_cls.validate_task_row(row, index=index)
         model_path = str(resolve_base_model(config.base_model))
+        settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
         reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {config.algorithm}, mode {config.mode}")
+        reporter.log(
+            "effective settings: "
+            + ", ".join(f"{row.name}={row.value}" for row in settings.rows)
+            + "".join(f"; note: {note}" for note in settings.notes)
+        )
 
         ray.init(ignore_reinit_error=True, log_to_driver=False)
         workers = config.compute.rollout_workers
@@ -218,8 +226,9 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             schedule = config.beta_schedule
             return schedule.beta(step * per_step // len(rows)) if schedule else None
 
-        def launch(step: int) -> list[Any]:
-            order = data_order(len(rows), config.seed, step, per_step)
+        def launch(step: int, order: list[int] | None = None, round_: int = 0) -> list[Any]:
+            """Rollouts of `step`'s prompts (the data order), or of `order` for refill round `round_` (> 0)."""
+            order = data_order(len(rows), config.seed, step, per_step) if order is None else order
             futures: list[Any] = []
             at = 0
             for worker, share in zip(rollouts, shares, strict=True):
@@ -229,13 +238,44 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                         worker.rollout.remote(
                             chunk,
                             config.group_size,
-                            config.seed * 100_003 + step,
-                            f"s{step + 1}-w{len(futures)}-",
+                            config.seed * 100_003 + step + 1_000_003 * round_,
+                            f"s{step + 1}-{f'r{round_}-' if round_ else ''}w{len(futures)}-",
                             f_beta(step),
                         )
                     )
                     at += share
             return futures
+
+        def refill(step: int, first: list[RolloutResult]) -> tuple[list[Sample], list[RolloutResult], Any, float]:
+            """DAPO's dynamic sampling (P3): keep the groups with signal, generate more rounds from fresh prompts
+            until the batch has `prompts_per_step` of them or `dynamic_sampling_max_rounds` rounds ran. Returns
+            the batch, every round's results, the `FilledBatch` and the rounds' generation seconds (each round's
+            workers run in parallel, rounds one after the other)."""
+            results = list(first)
+            used = data_order(len(rows), config.seed, step, per_step)
+            seconds = [max(r.generation_seconds for r in first)]
+
+            def more(round_: int) -> list[Sample]:
+                order = refill_order(len(rows), config.seed, step, round_, per_step, used)
+                used.extend(order)
+                extra: list[RolloutResult] = ray.get(launch(step, order, round_))
+                results.extend(extra)
+                seconds.append(max(r.generation_seconds for r in extra))
+                return [s for r in extra for s in r.samples]
+
+            filled = fill_batch(
+                [s for r in first for s in r.samples],
+                more,
+                target_groups=per_step,
+                group_size=config.group_size,
+                max_rounds=settings.dynamic_sampling_max_rounds,
+            )
+            if filled.short_groups:
+                reporter.log(
+                    f"step {step + 1}: dynamic sampling kept {per_step - filled.short_groups} of {per_step} groups "
+                    f"after {filled.rounds} rounds (dynamic_sampling_max_rounds); training on a smaller batch"
+                )
+            return filled.samples, results, filled, sum(seconds)
 
         pending = launch(start_step) if start_step < config.steps else []
         last_metrics: dict[str, float] = {}
@@ -254,9 +294,20 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 results = ray.get(pending)
                 samples = [s for r in results for s in r.samples]
                 staleness = max(version - r.policy_version for r in results)
+            batch, filled = samples, None
+            generation_seconds = max(r.generation_seconds for r in results)
+            if settings.dynamic_sampling:
+                batch, results, filled, generation_seconds = refill(step, results)
+                samples = filled.generated
             if config.mode == "async" and step + 1 < config.steps:
                 pending = launch(step + 1)  # generated with the current weights while this step trains
-            metrics = ray.get(learner.train_step.remote(samples))
+            metrics = ray.get(learner.train_step.remote(batch))
+            if filled is not None:
+                # reward_mean stays the policy's reward on fresh prompts (every generated episode); the filtered
+                # batch it trained on is biased towards groups with signal.
+                metrics["trained_reward_mean"] = metrics["reward_mean"]
+                metrics["reward_mean"] = sum(s.reward for s in samples) / max(len(samples), 1)
+                metrics.update(filled.metrics())
             new_blob, sync, new_version = ray.get(learner.weight_update.remote())
             if new_blob is not None:
                 ref = ray.put(new_blob)
@@ -264,7 +315,6 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 version = new_version
             if config.mode == "sync" and step + 1 < config.steps:
                 pending = launch(step + 1)
-            generation_seconds = max(r.generation_seconds for r in results)
             sampled = sum(r.sampled_tokens for r in results)
             metrics.update(sync)
             metrics.update({f"env/{k}": v for k, v in mean_metrics(s.episode_metrics for s in samples).items()})
@@ -304,7 +354,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 blob = ray.get(learner.checkpoint.remote((step + 1) * per_step))
                 uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}.pt"
-                write_bytes(uri, blob, opts)
+                write_checkpoint(uri, blob, opts)
                 reporter.checkpoint(
                     step + 1, uri, {k: last_metrics[k] for k in ("reward_mean", "loss") if k in last_metrics}
                 )

@@ -48,7 +48,7 @@ class IngestContext:
 EventStore = Callable[[IngestContext, list[Any]], None]
 
 CORE_EVENT_KINDS = frozenset(
-    {"metric", "log", "progress", "trajectory", "histogram", "artifact", "checkpoint", "task_result", "summary"}
+    {"metric", "log", "progress", "trajectory", "histogram", "artifact", "checkpoint", "task_result", "summary", "end"}
 )
 _event_stores: dict[str, EventStore] = {}
 
@@ -200,7 +200,15 @@ def _update_run_row(run: Run, fresh: list[Any], by_kind: dict[str, list[Any]], n
             summary.update(event.data)
         run.summary = summary
         fields.append("summary")
-    if run.status == RunStatus.PENDING:
+    end = max(by_kind["end"], key=lambda e: e.seq, default=None)
+    if end is not None:
+        run.reported_outcome, run.reported_error = end.outcome, end.error
+        fields += ["reported_outcome", "reported_error"]
+    if run.is_terminal:
+        # Stored all the same (they are this run's, numbered once), and counted where people see them.
+        run.late_events += len(fresh)
+        fields.append("late_events")
+    elif run.status == RunStatus.PENDING:
         # The worker is talking, so its job runs, whatever the last reconcile saw.
         run.status = RunStatus.RUNNING
         run.started_at = run.started_at or now

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -143,15 +144,20 @@ def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
     try:
         ray_state = ray_jobs.state(run.ray_job_id, run.ray_address or None)
     except ray_jobs.RayJobNotFound:
-        return _reconcile_apply(run_id, RunStatus.FAILED, f"Ray job {run.ray_job_id} no longer exists on the cluster")
+        status, reason = lost_job_outcome(
+            run,
+            f"its Ray job {run.ray_job_id} is not on the cluster at {run.ray_address or settings.RAY_ADDRESS} any "
+            "more: the cluster was restarted or replaced while the run was running (a stopped launcher, a lost "
+            "head node), and the job ended with it",
+        )
+        return _reconcile_apply(run_id, status, reason)
     except ray_jobs.RayUnavailable as exc:
         last = run.ray_checked_at or run.submitted_at or run.created_at
         if now - last > RAY_SILENCE_LIMIT:
-            return _reconcile_apply(
-                run_id,
-                RunStatus.FAILED,
-                f"Ray cluster at {run.ray_address} has not answered since {last:%H:%M:%S}: {exc}",
+            status, reason = lost_job_outcome(
+                run, f"the Ray cluster at {run.ray_address} has not answered since {last:%H:%M:%S} ({exc})"
             )
+            return _reconcile_apply(run_id, status, reason)
         return run
     status = RAY_TO_STATUS.get(ray_state.status, RunStatus.RUNNING)
     tail = None
@@ -160,8 +166,44 @@ def run_reconcile(*, run_id: int, now: datetime | None = None) -> Run:
         ray_tail = ray_jobs.logs_tail(run.ray_job_id, run.ray_address or None)
         reported = run.log_tail.splitlines()[-(LOG_TAIL_LINES // 2) :]
         tail = "\n".join([*reported, "--- Ray job output ---", *ray_tail.splitlines()]) if ray_tail else None
-    reason = ray_state.message if status == RunStatus.FAILED else ""
+    reason = explain_ray_failure(ray_state.message) if status == RunStatus.FAILED else ""
     return _reconcile_apply(run_id, status, reason, log_tail=tail, checked_at=now)
+
+
+RESUME_HINT = "; resume it from its last checkpoint"
+
+
+def lost_job_outcome(run: Run, cause: str) -> tuple[str, str]:
+    """How a run whose job can no longer be asked ended: as the worker's own `end` event said, when it sent one
+    (a run that reported success is never marked failed), otherwise failed, with `cause` as the reason."""
+    if run.reported_outcome == RunStatus.SUCCEEDED:
+        return RunStatus.SUCCEEDED, ""
+    if run.reported_outcome == RunStatus.FAILED:
+        return RunStatus.FAILED, f"the job failed: {run.reported_error or 'no error message'}"
+    hint = RESUME_HINT if run.kind == "train" else ""
+    return RunStatus.FAILED, cause + hint
+
+
+_SIGNALS = {9: "SIGKILL", 15: "SIGTERM", 6: "SIGABRT", 11: "SIGSEGV"}
+
+
+def explain_ray_failure(message: str) -> str:
+    """Ray's failure message, with what an exit code means in words: a driver killed by a signal (-9: by a person,
+    a supervisor, or the kernel's out-of-memory killer) reads differently from a job that raised."""
+
+    match = re.search(r"exit code (-?\d+)", message or "")
+    if not match:
+        return message
+    code = int(match.group(1))
+    signum = -code if code < 0 else code - 128 if code > 128 else 0
+    if signum == 9:
+        return (
+            f"{message} (the job's driver was killed with SIGKILL: by a person, a supervisor, or the kernel's "
+            "out-of-memory killer when the node ran out of memory)"
+        )
+    if signum in _SIGNALS:
+        return f"{message} (the job's driver was stopped by {_SIGNALS[signum]})"
+    return message
 
 
 @transaction.atomic

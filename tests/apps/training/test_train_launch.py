@@ -115,7 +115,7 @@ def test_resume_continues_from_the_latest_checkpoint_as_a_linked_run(launch, cli
     assert early.status_code == 400 and "stop it first" in early.json()["detail"]
     Run.objects.filter(pk=parent.pk).update(status=RunStatus.STOPPED)
     none_yet = api.post(f"/api/v1/runs/{parent.pk}/resume/")
-    assert none_yet.status_code == 400 and "no checkpoint" in none_yet.json()["detail"]
+    assert none_yet.status_code == 400 and "wrote a checkpoint" in none_yet.json()["detail"]
     Checkpoint.objects.create(run=parent, step=1, uri="file:///tmp/c1.pt")
     Checkpoint.objects.create(run=parent, step=2, uri="file:///tmp/c2.pt")
     assert client_for("viewer").post(f"/api/v1/runs/{parent.pk}/resume/").status_code == 403

@@ -1,0 +1,92 @@
+"""Which checkpoint a resume continues from: the latest one in the run's lineage, registered or only in storage.
+
+A training job writes each checkpoint to `runs/<id>/checkpoints/step-NNNNNN.pt`, then its checksum beside it
+(`workers.jobs.common.write_checkpoint`), then reports it. When the report is lost (the control plane was down as
+the job died), the file is still there: `recover_checkpoints` registers every checkpoint whose bytes match their
+checksum, so a resume finds it. A file without a checksum, or whose bytes do not match, was cut short and is
+never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+
+from django.core.files.storage import default_storage
+
+from apps.runs.models import Checkpoint, Run, RunKind
+from apps.runs.storage import storage_uri
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_NAME = re.compile(r"^step-(\d{6,})\.pt$")
+CHECKSUM_SUFFIX = ".sha256"  # workers.jobs.common.CHECKSUM_SUFFIX
+
+
+def _verified(name: str) -> bool:
+    try:
+        with default_storage.open(name + CHECKSUM_SUFFIX, "rb") as handle:
+            expected = json.loads(handle.read())
+        digest = hashlib.sha256()
+        size = 0
+        with default_storage.open(name, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+    except (OSError, ValueError) as exc:
+        log.info("checkpoint %s not usable: %s", name, exc)
+        return False
+    return bool(digest.hexdigest() == expected.get("sha256") and size == expected.get("bytes"))
+
+
+def recover_checkpoints(run: Run) -> list[Checkpoint]:
+    """Register the run's checkpoints that are whole in storage but were never reported; returns the new rows."""
+    folder = f"runs/{run.pk}/checkpoints"
+    try:
+        _, files = default_storage.listdir(folder)
+    except (OSError, NotImplementedError):
+        return []
+    known = set(run.checkpoints.values_list("step", flat=True))
+    recovered = []
+    for filename in sorted(files):
+        match = CHECKPOINT_NAME.match(filename)
+        if not match or int(match.group(1)) in known:
+            continue
+        name = f"{folder}/{filename}"
+        if not _verified(name):
+            continue
+        checkpoint, created = Checkpoint.objects.get_or_create(
+            run=run,
+            step=int(match.group(1)),
+            defaults={"uri": storage_uri(name), "metrics": {}},
+        )
+        if created:
+            log.warning("run %s: checkpoint %s was in storage but never reported; registered", run.pk, name)
+            recovered.append(checkpoint)
+    return recovered
+
+
+def lineage(run: Run) -> list[Run]:
+    """The run, its parent, its parent's parent... (training runs only; stops at a cycle, which cannot happen)."""
+    chain: list[Run] = []
+    seen: set[int] = set()
+    current: Run | None = run
+    while current is not None and current.pk not in seen and current.kind == RunKind.TRAIN:
+        chain.append(current)
+        seen.add(current.pk)
+        current = current.parent
+    return chain
+
+
+def latest_in_lineage(run: Run) -> Checkpoint | None:
+    """The checkpoint with the highest step across the run's lineage (the nearest run wins a tie): a resumed run
+    that died before its first checkpoint resumes from what its parent left, not from nothing."""
+    best: Checkpoint | None = None
+    for ancestor in lineage(run):
+        recover_checkpoints(ancestor)
+        latest = ancestor.checkpoints.order_by("-step").first()
+        if latest is not None and (best is None or latest.step > best.step):
+            best = latest
+    return best
