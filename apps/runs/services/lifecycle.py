@@ -252,3 +252,23 @@ def run_stop_ray_job(*, run_id: int) -> None:
     if run.ray_job_id:
         ray_jobs.stop(run.ray_job_id, run.ray_address or None)
     run_reconcile(run_id=run_id)
+
+
+STACK_STOPPED = (
+    "the launcher (make run) was stopped while the run was going, and the Ray head it had started stopped with it"
+)
+
+
+def runs_stopped_with_cluster(*, ray_address: str, cause: str = STACK_STOPPED) -> list[int]:
+    """End every run still going on the Ray cluster at `ray_address`, which its launcher is stopping: with the
+    worker's own outcome if it sent one, otherwise failed with `cause`. Returns the ids it ended."""
+    ended = []
+    for run_id in (
+        Run.objects.filter(ray_address=ray_address).exclude(status__in=TERMINAL_STATUSES).values_list("pk", flat=True)
+    ):
+        run = Run.objects.get(pk=run_id)
+        status, reason = lost_job_outcome(run, cause)
+        if not _reconcile_apply(run_id, status, reason).is_terminal:
+            continue
+        ended.append(run_id)
+    return ended
