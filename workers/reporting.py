@@ -131,12 +131,23 @@ def _ranges(seqs: list[int]) -> list[list[int]]:
     return out
 
 
-def replay_spools(directory: Path, *, client: httpx.Client | None = None, chunk: int = 1000) -> dict[str, int]:
+SPOOL_MAX_AGE_SECONDS = 7 * 24 * 3600
+
+
+def replay_spools(
+    directory: Path,
+    *,
+    client: httpx.Client | None = None,
+    chunk: int = 1000,
+    max_age: float = SPOOL_MAX_AGE_SECONDS,
+) -> dict[str, int]:
     """Send what dead reporters left unacknowledged in `directory`; returns counts (files, events, left).
 
     A spool whose reporter still runs is locked and skipped. A spool the control plane refuses for good (the run
     was deleted, the token is not its run's) is removed with an error line; one it cannot reach yet stays for the
-    next replay. The control plane keeps one copy per (run, seq), so replaying what it already has is harmless."""
+    next replay, up to `max_age` seconds (a week) after it was last written: then it is removed with an error line
+    (its control plane is gone for good). The control plane keeps one copy per (run, seq), so replaying what it
+    already has is harmless."""
     counts = {"files": 0, "events": 0, "left": 0}
     if not directory.is_dir():
         return counts
@@ -146,6 +157,14 @@ def replay_spools(directory: Path, *, client: httpx.Client | None = None, chunk:
         for path in sorted(directory.glob("*.jsonl")):
             counts["files"] += 1
             try:
+                if time.time() - path.stat().st_mtime > max_age and _unlocked(path):
+                    log.error(
+                        "spool %s is older than %.0f days; its control plane never came back; removed",
+                        path,
+                        max_age / 86400,
+                    )
+                    path.unlink(missing_ok=True)
+                    continue
                 sent = _replay_one(path, http, chunk)
             except (OSError, ValueError) as exc:
                 log.error("spool %s could not be replayed: %s", path, exc)
@@ -159,6 +178,15 @@ def replay_spools(directory: Path, *, client: httpx.Client | None = None, chunk:
         if own_client:
             http.close()
     return counts
+
+
+def _unlocked(path: Path) -> bool:
+    with open(path, encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+    return True
 
 
 def _replay_one(path: Path, http: httpx.Client, chunk: int) -> int | None:

@@ -164,3 +164,13 @@ def test_the_context_manager_sends_the_jobs_own_outcome_last():
         raise RuntimeError("boom")
     end = failed.stored[max(failed.stored)]
     assert end["kind"] == "end" and end["outcome"] == "failed" and "RuntimeError: boom" in end["error"]
+
+
+def test_a_spool_whose_control_plane_never_came_back_is_removed_after_its_age_limit(tmp_path):
+    stale = tmp_path / "old.jsonl"
+    stale.write_text(json.dumps({"ingest_url": URL, "token": "cri_t"}) + "\n" + json.dumps({"seq": 1, "kind": "log"}))
+    old = stale.stat().st_mtime - 8 * 24 * 3600
+    os.utime(stale, (old, old))
+    server = Server()
+    assert replay_spools(tmp_path, client=server.client())["events"] == 0
+    assert not stale.exists() and server.requests == 0
