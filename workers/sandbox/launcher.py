@@ -7,17 +7,27 @@ restrictions are in place.
 
 Two processes result:
 
-    launcher  (keeps the caller's uid; outside the Landlock domain, inside the new network namespace)
-      |  unshare(NEWNET | NEWPID | NEWIPC [| NEWUSER when not root]); build the Landlock ruleset; fork
+    launcher  (keeps the caller's uid; outside the Landlock domain, inside the new network and mount namespaces)
+      |  as root: kill whatever still runs under the check's uid (a helper that takes that uid, kill(-1))
+      |  unshare(NEWNET | NEWPID | NEWIPC | NEWNS [| NEWUSER when not root]); mount a size-capped tmpfs over
+      |  the check's directory and copy the caller's files into it; build the Landlock ruleset; fork
       `- child = PID 1 of the new PID namespace
-            setsid; close stray fds; rlimits; drop to uid/gid 65534 (or drop capabilities when not root);
-            no_new_privs; landlock_restrict_self; run main.py in a fresh __main__ module
+            setsid; close stray fds; rlimits; drop to the check's own uid/gid (or drop capabilities when not
+            root); no_new_privs; landlock_restrict_self; install the monitor (monitor.py); run main.py in a
+            fresh __main__ module
 
 The launcher enforces the wall-time limit on the child and SIGKILLs it when it runs over. Because the child is
 PID 1 of its namespace, the kernel then kills every process it left behind (fork bombs, setsid escapes), and
-the launcher only returns once all of them are gone. The launcher writes one JSON line describing how the child
-ended to the file descriptor named in the config (`report_fd`); the child closes that descriptor before the
-untrusted code runs, so the code cannot forge the report.
+the launcher only returns once all of them are gone. As root it then takes the check's uid itself and kills
+every process left under it (kill(-1) as that uid, which no fork can race), so nothing of the check outlives it
+even where the PID namespace was unavailable. The launcher writes one JSON line describing how the child ended,
+with what it observed, to the file descriptor named in the config (`report_fd`); the child closes that
+descriptor before the untrusted code runs, so the code cannot forge the report.
+
+Observations: the launcher itself sees the limits (processes alive at a wall-time kill, files at the size limit,
+the workspace's tmpfs full, peak memory near the limit) and processes that outlived the program (source
+"sandbox"); the monitor in the child reports refused calls through a non-blocking pipe (source "program",
+forgeable by the program: see monitor.py).
 
 Protocol between child and launcher: the child writes one JSON line to a private setup pipe, `{"ok": true,
 "layers": [...]}` once every restriction is in place or `{"ok": false, "message": ...}` when one could not be
@@ -28,6 +38,7 @@ which is reported as a sandbox error, never blamed on the code.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import ctypes
 import errno
 import json
@@ -45,10 +56,16 @@ from typing import Any, NoReturn
 
 # --- Linux constants (include/uapi/linux/sched.h, prctl.h, landlock.h) ------------------------------------------
 
+_CLONE_NEWNS = 0x00020000
 _CLONE_NEWIPC = 0x08000000
 _CLONE_NEWUSER = 0x10000000
 _CLONE_NEWPID = 0x20000000
 _CLONE_NEWNET = 0x40000000
+
+_MS_NOSUID = 1 << 1
+_MS_NODEV = 1 << 2
+_MS_REC = 1 << 14
+_MS_PRIVATE = 1 << 18
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_NO_NEW_PRIVS = 38
@@ -93,6 +110,13 @@ _LINUX_CAPABILITY_VERSION_3 = 0x20080522
 _EXIT_SETUP = 70
 
 _MAX_SETUP_MESSAGE = 64 * 1024
+_MAX_OBSERVATION_BYTES = 256 * 1024  # what the launcher reads of the monitor's pipe; the rest is drained unread
+_MAX_PROGRAM_OBSERVATIONS = 50  # distinct (kind, what, target) kept from the monitor
+# How often the workspace's size is measured when no tmpfs caps it (rlimits-only mode).
+_DISK_POLL_SECONDS = 0.2
+# Peak resident memory above this share of the address-space limit is reported as a memory observation.
+_MEMORY_NEAR = 0.75
+_MONITOR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "monitor.py")
 
 
 class _Unavailable(Exception):
@@ -124,6 +148,7 @@ class _CapData(ctypes.Structure):
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 
 
 def _check(result: int, what: str) -> int:
@@ -154,6 +179,8 @@ class _Plan:
     workdir: str
     pidns: bool = False
     userns: bool = False
+    mntns: bool = False
+    tmpfs: bool = False  # the workspace is a size-capped tmpfs (else its size is polled)
     layers: list[str] = field(default_factory=list)  # applied by the launcher (namespaces)
     missing: list[str] = field(default_factory=list)  # layers skipped in rlimits-only mode
     ruleset_fd: int | None = None
@@ -163,6 +190,10 @@ class _Plan:
     setup_w: int = -1
     life_r: int = -1
     life_w: int = -1
+    obs_r: int = -1
+    obs_w: int = -1
+    monitor: types.ModuleType | None = None
+    observations: list[dict[str, Any]] = field(default_factory=list)  # seen by the launcher ("sandbox")
 
 
 def _degrade(plan: _Plan, layer: str, reason: str) -> None:
@@ -174,8 +205,43 @@ def _degrade(plan: _Plan, layer: str, reason: str) -> None:
 # --- launcher side ------------------------------------------------------------------------------------------------
 
 
+def _sweep_uid_before(plan: _Plan) -> None:
+    """As root: kill whatever still runs under the check's uid (left by a run whose supervisor died).
+
+    A helper takes the uid and calls kill(-1, SIGKILL), which reaches every process that uid may signal, all in
+    one pass under the kernel's task-list lock, so a fork bomb cannot outrun it. Done before unshare, while a
+    fork still lands in the caller's PID namespace.
+    """
+    pid = os.fork()
+    if pid == 0:  # the helper: no Python-level cleanup, only system calls
+        try:
+            os.setgroups([])
+            os.setresgid(plan.gid, plan.gid, plan.gid)
+            os.setresuid(plan.uid, plan.uid, plan.uid)
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"could not clear uid {plan.uid} before the run (is it mapped in this user namespace?)")
+
+
+def _sweep_uid_after(plan: _Plan) -> None:
+    """As root, last thing: become the check's uid and kill every process left under it (never this one)."""
+    os.setgroups([])
+    os.setresgid(plan.gid, plan.gid, plan.gid)
+    os.setresuid(plan.uid, plan.uid, plan.uid)
+    # kill(-1) fails with ESRCH only when there is no other process at all, and succeeds even when none of the
+    # processes it tried was ours to signal: its result says nothing about what was left.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(-1, signal.SIGKILL)
+
+
 def _enter_namespaces(plan: _Plan, simulate: set[str]) -> None:
-    flags = _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC
+    flags = _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWIPC | _CLONE_NEWNS
     if not plan.is_root:
         # Unprivileged namespaces need a user namespace of their own; in it we map only our own uid and gid.
         flags |= _CLONE_NEWUSER
@@ -204,6 +270,77 @@ def _enter_namespaces(plan: _Plan, simulate: set[str]) -> None:
         plan.layers.append("userns")
     plan.pidns = True
     plan.layers += ["netns", "pidns", "ipcns"]
+    try:
+        # Our mounts must not propagate back to the caller's namespace (systemd makes "/" shared).
+        _check(int(_libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None)), "mount --make-rprivate /")
+    except OSError as exc:
+        _degrade(plan, "workspace tmpfs", f"{exc.strerror or exc}")
+        return
+    plan.mntns = True
+    plan.layers.append("mntns")
+
+
+def _copy_into(source_fd: int, target: str, plan: _Plan) -> None:
+    """Copy the caller's files (regular files and directories) from the hidden directory into the tmpfs."""
+    for dirpath, dirnames, filenames, dir_fd in os.fwalk(".", dir_fd=source_fd):
+        base = os.path.normpath(os.path.join(target, dirpath))
+        for name in dirnames:
+            os.mkdir(os.path.join(base, name), 0o700)
+            if plan.is_root:
+                os.chown(os.path.join(base, name), plan.uid, plan.gid)
+        for name in filenames:
+            src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                mode = os.fstat(src).st_mode & 0o777
+                dst = os.open(os.path.join(base, name), os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+                try:
+                    while chunk := os.read(src, 1 << 20):
+                        while chunk:
+                            chunk = chunk[os.write(dst, chunk) :]
+                    if plan.is_root:
+                        os.fchown(dst, plan.uid, plan.gid)
+                finally:
+                    os.close(dst)
+            finally:
+                os.close(src)
+
+
+def _mount_workspace(plan: _Plan, limits: dict[str, Any], simulate: set[str]) -> None:
+    """Cap the workspace: a tmpfs of max_disk_bytes (and a bounded inode count) over the check's directory.
+
+    The tmpfs lives only in this mount namespace: the caller still sees its own directory (with the files it
+    wrote), the program sees the tmpfs, and the tmpfs vanishes with the namespace's last process.
+    """
+    if not plan.mntns:
+        if "workspace tmpfs" not in plan.missing:
+            plan.missing.append("workspace tmpfs")
+        return
+    source_fd = os.open(plan.workdir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        options = (
+            f"size={int(limits['max_disk_bytes'])},nr_inodes={int(limits['max_workspace_files'])},"
+            f"mode=0700,uid={plan.uid},gid={plan.gid}"
+        )
+        try:
+            if "tmpfs" in simulate:
+                raise OSError(errno.EPERM, "mount: refused (simulated for a test)")
+            _check(
+                int(_libc.mount(b"tmpfs", plan.workdir.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV, options.encode())),
+                "mount tmpfs",
+            )
+        except OSError as exc:
+            _degrade(plan, "workspace tmpfs", f"{exc.strerror or exc}")
+            return
+        try:
+            _copy_into(source_fd, plan.workdir, plan)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RuntimeError(f"the caller's files do not fit the workspace's disk limit: {exc}") from None
+            raise
+    finally:
+        os.close(source_fd)
+    plan.tmpfs = True
+    plan.layers.append("tmpfs")
 
 
 def _landlock_abi(simulate: set[str]) -> int:
@@ -316,6 +453,15 @@ def _open_python_roots(plan: _Plan) -> None:
             continue
 
 
+def _load_monitor() -> types.ModuleType:
+    # Read now, as the caller's uid: the child could not reach this file once confined.
+    module = types.ModuleType("crucible_sandbox_monitor")
+    module.__file__ = _MONITOR
+    with open(_MONITOR, "rb") as fh:
+        exec(compile(fh.read(), _MONITOR, "exec"), module.__dict__)
+    return module
+
+
 def _prepare(cfg: dict[str, Any]) -> _Plan:
     # Die with the caller: a SIGKILLed caller must not leave the launcher (and so the sandbox) running.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
@@ -328,22 +474,140 @@ def _prepare(cfg: dict[str, Any]) -> _Plan:
         gid=int(cfg["gid"]) if os.geteuid() == 0 else os.getgid(),
         workdir=os.path.realpath(cfg["workdir"]),
     )
+    if plan.is_root:
+        if plan.uid == 0 or plan.gid == 0:
+            raise RuntimeError("refusing to run the program as root")
+        _sweep_uid_before(plan)
     simulate = set(cfg.get("simulate_unavailable", ()))
     _enter_namespaces(plan, simulate)
+    _mount_workspace(plan, cfg["limits"], simulate)
     _build_ruleset(plan, simulate)
     _open_python_roots(plan)
+    plan.monitor = _load_monitor()
     plan.setup_r, plan.setup_w = os.pipe()
     plan.life_r, plan.life_w = os.pipe()
+    plan.obs_r, plan.obs_w = os.pipe()
+    # Neither side may ever block on the monitor's pipe: the program drops a line, the launcher reads what is there.
+    os.set_blocking(plan.obs_w, False)
+    os.set_blocking(plan.obs_r, False)
     return plan
 
 
+def _observe(plan: _Plan, kind: str, what: str, detail: str, target: str = "") -> None:
+    plan.observations.append({"kind": kind, "what": what, "target": target, "detail": detail, "source": "sandbox"})
+
+
+def _mib(size: float) -> str:
+    return f"{size / (1024 * 1024):g} MiB"
+
+
+def _uid_processes(uid: int) -> int:
+    """How many processes have `uid` as their real uid (a /proc scan)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/status", "rb") as fh:
+                for line in fh:
+                    if line.startswith(b"Uid:"):
+                        count += int(line.split()[1]) == uid
+                        break
+        except (OSError, ValueError, IndexError):
+            continue  # exited meanwhile
+    return count
+
+
+def _workspace_usage(path: str) -> tuple[int, list[tuple[str, int]]]:
+    """(bytes the workspace takes on disk, [(relative path, size)] of its regular files), without following links."""
+    total = 0
+    files: list[tuple[str, int]] = []
+    stack = [path]
+    while stack:
+        current = stack.pop()
+        try:
+            entries = list(os.scandir(current))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            total += st.st_blocks * 512
+            if entry.is_dir(follow_symlinks=False):
+                stack.append(entry.path)
+            elif entry.is_file(follow_symlinks=False):
+                files.append((os.path.relpath(entry.path, path), st.st_size))
+    return total, files
+
+
+def _inspect_workspace(plan: _Plan, limits: dict[str, Any]) -> None:
+    """After the run: files at the per-file size limit, a full workspace."""
+    max_file = int(limits["max_file_bytes"])
+    max_disk = int(limits["max_disk_bytes"])
+    used, files = _workspace_usage(plan.workdir)
+    for name, size in sorted(files, key=lambda item: -item[1])[:5]:
+        if size >= max_file:
+            _observe(plan, "limit", "file size", f"{name} reached the per-file limit of {_mib(max_file)}", name)
+    if plan.tmpfs:
+        try:
+            st = os.statvfs(plan.workdir)
+        except OSError:
+            return
+        free = st.f_bavail * st.f_frsize
+        if free < max(64 * 1024, max_disk // 100):
+            _observe(plan, "limit", "disk", f"the workspace filled its {_mib(max_disk)} tmpfs ({_mib(free)} left)")
+        elif st.f_favail == 0:
+            _observe(plan, "limit", "disk", f"the workspace used all {int(limits['max_workspace_files'])} inodes")
+    elif used > max_disk:
+        _observe(plan, "limit", "disk", f"the workspace took {_mib(used)}, over its {_mib(max_disk)} limit")
+
+
+def _drain(fd: int, buffer: bytearray) -> bool:
+    """Read what is there without blocking; False at end of file."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        room = _MAX_OBSERVATION_BYTES - len(buffer)
+        if room > 0:
+            buffer += chunk[:room]
+
+
+def _program_observations(data: bytes) -> list[dict[str, Any]]:
+    """The monitor's lines, merged by (kind, what, target) with a count; malformed lines are dropped."""
+    merged: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(item, dict):
+            continue
+        fields = {name: str(item.get(name) or "")[:300] for name in ("kind", "what", "target", "detail")}
+        if not fields["kind"] or not fields["what"]:
+            continue
+        key = (fields["kind"], fields["what"], fields["target"])
+        if key in merged:
+            merged[key]["count"] += 1
+        elif len(merged) < _MAX_PROGRAM_OBSERVATIONS:
+            merged[key] = {**fields, "source": "program", "count": 1}
+    return list(merged.values())
+
+
 def _supervise(cfg: dict[str, Any], plan: _Plan, pid: int, started: float) -> dict[str, Any]:
-    for fd in (plan.setup_w, plan.life_r, plan.ruleset_fd, *plan.python_roots.values()):
+    for fd in (plan.setup_w, plan.life_r, plan.obs_w, plan.ruleset_fd, *plan.python_roots.values()):
         if fd is not None:
             os.close(fd)
-    deadline = started + float(cfg["limits"]["wall_seconds"])
+    limits = cfg["limits"]
+    deadline = started + float(limits["wall_seconds"])
     poller = select.poll()
     poller.register(plan.setup_r, select.POLLIN)
+    poller.register(plan.obs_r, select.POLLIN)
     pidfd: int | None
     try:
         pidfd = os.pidfd_open(pid)
@@ -352,20 +616,49 @@ def _supervise(cfg: dict[str, Any], plan: _Plan, pid: int, started: float) -> di
         pidfd = None  # kernel before 5.3 (degraded mode only: Landlock needs 5.13): poll the child instead
     setup = b""
     setup_open = True
+    observed = bytearray()
+    obs_open = True
     wall_killed = False
+    disk_killed = False
+    next_disk_check = time.monotonic() + _DISK_POLL_SECONDS
     while True:
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
+            if plan.is_root:
+                alive = _uid_processes(plan.uid)
+                if alive >= int(limits["max_processes"]):
+                    _observe(
+                        plan,
+                        "limit",
+                        "processes",
+                        f"{alive} processes were running at the wall-time kill (limit {limits['max_processes']})",
+                    )
             # Killing PID 1 of the namespace makes the kernel kill every other process in it.
             os.kill(pid, signal.SIGKILL)
             wall_killed = True
             break
-        events = poller.poll(max(1, int(min(remaining, 0.05 if pidfd is None else remaining) * 1000)))
+        if not plan.tmpfs and now >= next_disk_check:
+            # No tmpfs caps the workspace (rlimits-only mode): measure it, and stop the program past the limit.
+            used, _ = _workspace_usage(plan.workdir)
+            if used > int(limits["max_disk_bytes"]):
+                os.kill(pid, signal.SIGKILL)
+                disk_killed = True
+                break
+            next_disk_check = now + _DISK_POLL_SECONDS
+        wait = remaining if plan.tmpfs else min(remaining, _DISK_POLL_SECONDS)
+        if pidfd is None:
+            wait = min(wait, 0.05)
+        events = poller.poll(max(1, int(wait * 1000)))
         # WNOWAIT: look without reaping, so that wait4 below still collects the status and usage.
         exited = pidfd is None and os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
         for fd, _ in events:
             if fd == pidfd:
                 exited = True
+            elif fd == plan.obs_r:
+                if not _drain(plan.obs_r, observed):
+                    poller.unregister(plan.obs_r)
+                    obs_open = False
             elif setup_open:
                 chunk = os.read(plan.setup_r, 65536)
                 if chunk:
@@ -391,6 +684,9 @@ def _supervise(cfg: dict[str, Any], plan: _Plan, pid: int, started: float) -> di
         setup_open = bool(chunk)
     os.close(plan.setup_r)
     os.close(plan.life_w)
+    if obs_open:
+        _drain(plan.obs_r, observed)  # only a degraded run can leave writers behind: take what is there
+    os.close(plan.obs_r)
 
     exit_code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
     sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
@@ -400,20 +696,52 @@ def _supervise(cfg: dict[str, Any], plan: _Plan, pid: int, started: float) -> di
         detail = message.get("message") or f"the sandbox child ended during setup ({how})"
         if wall_killed:
             detail = f"the sandbox setup did not finish within the wall time limit: {detail}"
-        return {"kind": "error", "message": str(detail)}
+        return {"kind": "error", "message": str(detail), "swept": _finish(plan)}
+    peak = usage.ru_maxrss * 1024  # KiB on Linux
+    if peak >= _MEMORY_NEAR * int(limits["memory_bytes"]):
+        _observe(
+            plan, "limit", "memory", f"peak resident memory {_mib(peak)}, near the {_mib(limits['memory_bytes'])} limit"
+        )
+    if disk_killed:
+        _observe(plan, "limit", "disk", f"the workspace grew past its {_mib(limits['max_disk_bytes'])} disk limit")
+    else:
+        _inspect_workspace(plan, limits)
     layers = [*plan.layers, *(str(layer) for layer in message.get("layers", []))]
     isolation = "+".join(layers)
     if plan.missing:
         isolation += f" (degraded: no {', no '.join(plan.missing)})"
+    swept = _finish(plan)
     return {
         "kind": "done",
         "exit_code": exit_code,
         "signal": sig,
         "wall_killed": wall_killed,
+        "disk_killed": disk_killed,
         "cpu_seconds": usage.ru_utime + usage.ru_stime,
         "isolation": isolation,
         "landlock_abi": plan.landlock_abi,
+        "uid": plan.uid,
+        "per_check_uid": plan.is_root,
+        "swept": swept,
+        "observations": plan.observations,
+        "program_observations": _program_observations(bytes(observed)),
     }
+
+
+def _finish(plan: _Plan) -> bool:
+    """As root, the last step: kill every process left under the check's uid. True once that was done."""
+    if not plan.is_root:
+        return False
+    if not plan.pidns:
+        # With a PID namespace nothing can be left (wait4 on its init returned); without one, count first.
+        left = _uid_processes(plan.uid)
+        if left:
+            _observe(plan, "cleanup", "processes", f"{left} process(es) outlived the program and were killed")
+    try:
+        _sweep_uid_after(plan)
+    except OSError:
+        return False
+    return True
 
 
 def _parse_setup(data: bytes) -> dict[str, Any]:
@@ -524,7 +852,7 @@ def _restrict_self(cfg: dict[str, Any], plan: _Plan) -> list[str]:
     layers: list[str] = []
     os.setsid()  # its own session and process group: kill(0, ...) from the code cannot reach the launcher's group
     _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    keep = {0, 1, 2, plan.setup_w, plan.life_r, *plan.python_roots.values()}
+    keep = {0, 1, 2, plan.setup_w, plan.life_r, plan.obs_w, *plan.python_roots.values()}
     if plan.ruleset_fd is not None:
         keep.add(plan.ruleset_fd)
     _close_fds_except(keep)
@@ -552,6 +880,8 @@ def _restrict_self(cfg: dict[str, Any], plan: _Plan) -> list[str]:
     os.environ["HOME"] = plan.workdir
     os.environ["TMPDIR"] = plan.workdir
     os.chdir(plan.workdir)
+    if plan.monitor is not None:
+        plan.monitor.install(plan.obs_w)
     return layers
 
 
@@ -563,11 +893,29 @@ def _fail_setup(fd: int, message: str) -> NoReturn:
 
 
 def _print_code_traceback(exc: BaseException) -> None:
-    # Start the traceback at the code's own frames: the launcher's frame above them is noise to the reader.
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    # Only the code's own frames: the launcher's frame above them and the monitor's wrappers are noise to the reader.
+    ours = {__file__, _MONITOR}
+    seen: set[int] = set()
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        kept = [tb for tb in _tb_entries(current.__traceback__) if tb.tb_frame.f_code.co_filename not in ours]
+        for entry, following in zip(kept, [*kept[1:], None], strict=True):
+            entry.tb_next = following
+        current.__traceback__ = kept[0] if kept else None
+        pending += [current.__cause__, current.__context__]
+    traceback.print_exception(type(exc), exc, exc.__traceback__)
+
+
+def _tb_entries(tb: types.TracebackType | None) -> list[types.TracebackType]:
+    entries = []
+    while tb is not None:
+        entries.append(tb)
         tb = tb.tb_next
-    traceback.print_exception(type(exc), exc, tb)
+    return entries
 
 
 def _run_code(main_path: str, workdir: str, memory_exit_code: int) -> int:

@@ -5,51 +5,79 @@
         ...
     result.outcome, result.detail, result.stdout, result.stderr
 
-Each call gets a fresh private directory (`crucible-sandbox-*` under the system temp dir) holding the code as
-`main.py` plus the caller's `files`; it is the program's working directory, the only place it may write, and is
-removed afterwards whatever happens. The program runs under `python -I -S` with only PATH, LANG and
-CRUCIBLE_SANDBOX=1 in its environment (none of the caller's variables), with `stdin` as its standard input.
+Each call gets a fresh private directory (`crucible-sandbox-*` under the system temp dir, mode 0700, owned by
+the check's uid) holding the code as `main.py` plus the caller's `files`; it is the program's working directory,
+the only place it may write, and is removed afterwards whatever happens. The program runs under `python -I -S`
+with only PATH, LANG and CRUCIBLE_SANDBOX=1 in its environment (none of the caller's variables), with `stdin` as
+its standard input.
 
 What confines it (see `launcher.py` for how):
 
-- new network, PID and IPC namespaces (plus a user namespace when the caller is not root): no network at all,
-  not even loopback; the program is PID 1 of its namespace, so when it ends or is killed every process it
+- a uid of its own: when the caller is root, each concurrent check leases a uid (and the gid of the same number)
+  from CRUCIBLE_SANDBOX_UIDS (default 59000-59999; uids that have an account or a group are skipped) for its
+  whole run, and the program runs under it with no supplementary groups and no_new_privs. RLIMIT_NPROC counts
+  processes per uid, so one check's fork bomb cannot use up another's process limit, and no check can read,
+  write or signal another's files or processes even without the layers below. At the end every process of
+  that uid is killed (kill(-1) as the uid), then the uid is released. Leases are `flock`s on files in a
+  root-only directory (/run/crucible-sandbox-uids, else under the temp dir), so separate worker processes on
+  one machine never share a uid, and a crashed worker's leases free themselves. The range must be one that
+  nothing else on the machine runs as. When the caller is not root there is no uid to give: the program runs
+  as the caller's uid and gives up every capability in its user namespace, a weaker mode that every result
+  says in its observations (kind "isolation");
+- new network, PID, IPC and mount namespaces (plus a user namespace when the caller is not root): no network at
+  all, not even loopback; the program is PID 1 of its namespace, so when it ends or is killed every process it
   started dies with it, and it can see or signal nothing outside;
+- its directory is a tmpfs of `max_disk_bytes` (and a bounded number of files) mounted over the private
+  directory in its own mount namespace, so the whole workspace is capped, not just each file;
 - Landlock: reads and execution only below the Python installation, /usr, /lib, /lib64, /bin, plus
   /etc/ld.so.cache, /dev/null and /dev/urandom; full access only to its own directory; no TCP bind/connect;
   no signals or abstract unix sockets out of its domain (each as far as the kernel's Landlock ABI supports);
-- rlimits: CPU time, address space, process count, file size, open files, no core dumps;
-- when the caller is root, the program runs as uid/gid 65534 (nobody) with no supplementary groups and
-  no_new_privs; otherwise it gives up every capability in its user namespace.
+- rlimits: CPU time, address space, process count, file size, open files, no core dumps.
 
 The launcher enforces the wall-time limit; this module kills the launcher's whole process group when it overruns
 by more than a grace period, and the sandbox dies with the launcher.
 
+Observations: `SandboxResult.observations` lists what the program ran into, one `Observation` each, e.g.
+`{"kind": "denied", "what": "read", "target": "/etc/shadow", "source": "program", ...}` or `{"kind": "limit",
+"what": "processes", "source": "sandbox", ...}`. Kinds: "limit" (what: wall time, cpu time, memory, processes,
+file size, disk, open files, output), "denied" (what: read, write, network, signal, exec), "cleanup" (processes
+outlived the program and were killed) and "isolation" (a weaker mode is in force). Source "sandbox" is what the
+launcher or this module saw from outside the program; source "program" comes from the monitor inside the
+program's own process (monitor.py), which reports refused calls made through Python's own functions and which
+the program could forge or silence. Neither is the confinement: a refused call is refused whether or not it is
+reported.
+
 Isolation mode, from the environment variable CRUCIBLE_SANDBOX_ISOLATION:
 
-- "strict" (the default): every layer above is required. When the machine cannot provide namespaces or
-  Landlock, `run_python` raises `SandboxUnavailable` instead of running anything.
+- "strict" (the default): every layer above is required (a caller that is not root runs the program under its
+  own uid, as said above). When the machine cannot provide the namespaces, the workspace tmpfs or Landlock,
+  `run_python` raises `SandboxUnavailable` instead of running anything.
 - "rlimits-only": a degraded mode for machines without them. Layers that can be applied still are; missing
-  ones are listed in `SandboxResult.isolation` ("... (degraded: no namespaces, no landlock)"). Without
-  namespaces the program can reach the network and leave processes behind; do not use it for untrusted code on
-  a machine that matters.
+  ones are listed in `SandboxResult.isolation` ("... (degraded: no namespaces, no workspace tmpfs, no
+  landlock)") and in an "isolation" observation. Without namespaces the program can reach the network and
+  leave processes behind (as root these are killed with the check's uid at the end); without the tmpfs the
+  workspace's size is measured every 0.2 s and the program killed past the limit. Do not use it for untrusted
+  code on a machine that matters.
 
 Caveats: the exit status is under the program's control (it can `os._exit(0)` before its tests run), so graders
-should also check for output the tests print after they pass. As root, RLIMIT_NPROC counts every process of uid
-65534 on the machine, so concurrent sandboxes share the `max_processes` budget and a fork bomb in one can make
-process creation fail in the others until it is killed.
+should also check for output the tests print after they pass.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import fcntl
+import grp
 import json
 import logging
 import math
 import os
+import pwd
 import selectors
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -58,17 +86,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Literal
 
 log = logging.getLogger("crucible.sandbox")
 
 ISOLATION_ENV = "CRUCIBLE_SANDBOX_ISOLATION"
 ISOLATION_MODES = ("strict", "rlimits-only")
+UIDS_ENV = "CRUCIBLE_SANDBOX_UIDS"
+# Inside the 16-bit range that even user-namespaced containers map, below systemd's reserved ranges (60001 on),
+# at the top of the range where distributions allocate login accounts (which rarely reach it).
+DEFAULT_UIDS = "59000-59999"
 
 _LAUNCHER = Path(__file__).with_name("launcher.py")
-_SANDBOX_UID = 65534
-_SANDBOX_GID = 65534
 _MAX_OPEN_FILES = 256
+_MAX_WORKSPACE_FILES = 4096  # inodes of the workspace tmpfs
+# How long a check waits for a free uid when every one in the range is leased.
+_LEASE_WAIT_SECONDS = 30.0
+_UID_LOCK_DIRS = ("/run/crucible-sandbox-uids", os.path.join(tempfile.gettempdir(), "crucible-sandbox-uids"))
 # Exit status the launcher's child uses for an uncaught MemoryError.
 _EXIT_MEMORY = 77
 # How long past wall_seconds the launcher may take (interpreter start-up, namespace teardown) before it is killed.
@@ -89,11 +123,12 @@ class SandboxLimits:
     max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid
     max_output_bytes: int = 64 * 1024  # stdout/stderr kept each; the rest dropped, noted truncated
     max_file_bytes: int = 16 * 1024 * 1024  # RLIMIT_FSIZE
+    max_disk_bytes: int = 64 * 1024 * 1024  # the whole workspace (its tmpfs), the caller's files included
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.wall_seconds) and self.wall_seconds > 0):
             raise ValueError(f"wall_seconds must be a positive number, got {self.wall_seconds!r}")
-        for name in ("cpu_seconds", "memory_bytes", "max_processes"):
+        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_disk_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -114,6 +149,31 @@ class Outcome(StrEnum):
     ERROR = "error"  # the sandbox itself could not start (never blamed on the code)
 
 
+ObservationKind = Literal["limit", "denied", "cleanup", "isolation"]
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One thing the program ran into (see the module docstring for the kinds and the two sources)."""
+
+    kind: str  # ObservationKind, or whatever a forged "program" line claimed
+    what: str  # e.g. "processes", "memory", "read", "network"
+    detail: str  # one human line
+    target: str = ""  # the path, address or pid concerned, when there is one
+    source: str = "sandbox"  # "sandbox": seen from outside the program; "program": its own monitor (forgeable)
+    count: int = 1  # how many processes of the program reported it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "what": self.what,
+            "target": self.target,
+            "detail": self.detail,
+            "source": self.source,
+            "count": self.count,
+        }
+
+
 @dataclass(frozen=True)
 class SandboxResult:
     """The end of one run: outcome, exit status or signal, captured output (each stream capped) and timing."""
@@ -126,11 +186,16 @@ class SandboxResult:
     truncated: bool
     wall_seconds: float
     detail: str  # one human line, e.g. "wall time limit 10.0 s exceeded"
-    isolation: str  # what was applied, e.g. "netns+pidns+ipcns+rlimits+uid65534+landlock"
+    isolation: str  # what was applied, e.g. "netns+pidns+ipcns+mntns+tmpfs+rlimits+uid59000+landlock"
+    observations: tuple[Observation, ...] = ()  # what the program ran into: limits, refusals, leftovers
 
     @property
     def passed(self) -> bool:
         return self.outcome is Outcome.OK
+
+    def observed(self, kind: str, what: str | None = None) -> list[Observation]:
+        """The observations of `kind` (and `what`, when given)."""
+        return [o for o in self.observations if o.kind == kind and (what is None or o.what == what)]
 
 
 class SandboxUnavailable(RuntimeError):
@@ -145,6 +210,128 @@ def isolation_mode() -> str:
     return mode
 
 
+def sandbox_uids() -> range:
+    """The uids (each with the gid of the same number) leased to checks when the caller is root.
+
+    From CRUCIBLE_SANDBOX_UIDS, "FIRST-LAST" inclusive (default 59000-59999); nothing else on the machine may run
+    under them.
+    """
+    text = os.environ.get(UIDS_ENV, "").strip() or DEFAULT_UIDS
+    low, sep, high = text.partition("-")
+    try:
+        first, last = int(low), int(high if sep else low)
+    except ValueError:
+        raise SandboxUnavailable(f"{UIDS_ENV}={text!r} is not a uid range such as {DEFAULT_UIDS}") from None
+    if not 1 <= first <= last < 2**32 - 1:
+        raise SandboxUnavailable(f"{UIDS_ENV}={text!r}: the range must lie within 1 and {2**32 - 2}")
+    return range(first, last + 1)
+
+
+@dataclass
+class _Lease:
+    """A uid held for one check: the flock on its lock file, released by closing `fd` (or by our death)."""
+
+    uid: int
+    fd: int
+
+    def release(self) -> None:
+        os.close(self.fd)
+
+
+def _lock_dir() -> str:
+    for path in _UID_LOCK_DIRS:
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            continue  # e.g. no /run
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        # Ours alone: anyone who could write here could take (or hold) every lease.
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return path
+        log.warning("not using %s for sandbox uid leases: not a directory private to uid %s", path, os.geteuid())
+    raise SandboxUnavailable(f"no private directory for the sandbox's uid leases (tried {', '.join(_UID_LOCK_DIRS)})")
+
+
+def _has_account(uid: int) -> bool:
+    for lookup in (pwd.getpwuid, grp.getgrgid):
+        try:
+            lookup(uid)
+        except KeyError:
+            continue
+        return True
+    return False
+
+
+def _lease_uid(wait_seconds: float | None = None) -> _Lease | None:
+    """The lowest free uid of the range, held until `release()`; None when none freed up within `wait_seconds`
+    (default `_LEASE_WAIT_SECONDS`)."""
+    uids = sandbox_uids()
+    lock_dir = _lock_dir()
+    deadline = time.monotonic() + (_LEASE_WAIT_SECONDS if wait_seconds is None else wait_seconds)
+    while True:
+        for uid in uids:
+            fd = os.open(
+                os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+            )
+            try:
+                # Locks belong to the open file: two threads of one process exclude each other as two processes do.
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            if _has_account(uid):
+                os.close(fd)
+                continue
+            return _Lease(uid, fd)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
+
+
+def _uid_processes(uid: int) -> int:
+    """How many processes run with `uid` as their real uid (a /proc scan)."""
+    count = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            status = Path(f"/proc/{entry}/status").read_bytes()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith(b"Uid:"):
+                count += line.split()[1] == str(uid).encode()
+                break
+    return count
+
+
+def _sweep_uid(uid: int) -> int:
+    """Kill every process of `uid`: a shell that runs as that uid and calls kill(-1). Returns how many there were."""
+    left = _uid_processes(uid)
+    try:
+        subprocess.run(
+            ["/bin/sh", "-c", "kill -9 -1"],
+            user=uid,
+            group=uid,
+            extra_groups=[],
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        log.warning("could not kill the processes of sandbox uid %s: %s", uid, exc)
+    return left
+
+
 def run_python(
     code: str,
     *,
@@ -155,8 +342,9 @@ def run_python(
     """Run `code` as a Python program in the sandbox and return how it ended.
 
     `files` maps relative paths to text written next to `main.py` (importable as modules). Raises
-    `SandboxUnavailable` in strict mode when namespaces or Landlock are missing, and `ValueError` for a bad file
-    name; every other failure of the sandbox itself is an `Outcome.ERROR` result.
+    `SandboxUnavailable` in strict mode when namespaces, the workspace tmpfs or Landlock are missing (and for a
+    bad CRUCIBLE_SANDBOX_ISOLATION or CRUCIBLE_SANDBOX_UIDS), and `ValueError` for a bad file name; every other
+    failure of the sandbox itself is an `Outcome.ERROR` result.
     """
     mode = isolation_mode()
     if not sys.platform.startswith("linux"):
@@ -164,15 +352,25 @@ def run_python(
         raise SandboxUnavailable(f"the sandbox runs only on Linux, not on {sys.platform} ({ISOLATION_ENV}={mode})")
     extra = _checked_files(files)
     started = time.monotonic()
-    workdir = tempfile.mkdtemp(prefix="crucible-sandbox-")
+    lease: _Lease | None = None
+    if os.geteuid() == 0:
+        lease = _lease_uid()
+        if lease is None:
+            uids = sandbox_uids()
+            return _error(f"no free uid in {uids[0]}-{uids[-1]} ({UIDS_ENV}) after {_LEASE_WAIT_SECONDS:g} s", started)
     try:
+        workdir = tempfile.mkdtemp(prefix="crucible-sandbox-")
         try:
-            _populate(Path(workdir), code, extra)
-        except OSError as exc:
-            return _error(f"could not prepare the sandbox directory: {exc}", started)
-        return _execute(workdir, limits, stdin, mode, started)
+            try:
+                _populate(Path(workdir), code, extra, lease)
+            except OSError as exc:
+                return _error(f"could not prepare the sandbox directory: {exc}", started)
+            return _execute(workdir, limits, stdin, mode, started, lease)
+        finally:
+            _remove_tree(workdir)
     finally:
-        _remove_tree(workdir)
+        if lease is not None:
+            lease.release()
 
 
 def _checked_files(files: Mapping[str, str] | None) -> dict[PurePosixPath, str]:
@@ -185,18 +383,18 @@ def _checked_files(files: Mapping[str, str] | None) -> dict[PurePosixPath, str]:
     return checked
 
 
-def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str]) -> None:
+def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str], lease: _Lease | None) -> None:
     (workdir / "main.py").write_text(code, encoding="utf-8")
     for rel, content in files.items():
         target = workdir.joinpath(*rel.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content, encoding="utf-8")
-    if os.geteuid() == 0:
-        # The program runs as uid 65534: it must own its directory to write there (mkdtemp made it 0700).
+    if lease is not None:
+        # The directory (0700 from mkdtemp) and everything in it belong to the check's uid alone.
         for root, dirs, names in os.walk(workdir):
-            os.chown(root, _SANDBOX_UID, _SANDBOX_GID)
+            os.chown(root, lease.uid, lease.uid)
             for name in [*dirs, *names]:
-                os.chown(os.path.join(root, name), _SANDBOX_UID, _SANDBOX_GID, follow_symlinks=False)
+                os.chown(os.path.join(root, name), lease.uid, lease.uid, follow_symlinks=False)
 
 
 def _remove_tree(path: str) -> None:
@@ -220,15 +418,17 @@ def _remove_tree(path: str) -> None:
         log.warning("could not remove sandbox directory %s", path)
 
 
-def _build_config(workdir: str, limits: SandboxLimits, mode: str, report_fd: int) -> dict[str, Any]:
+def _build_config(
+    workdir: str, limits: SandboxLimits, mode: str, report_fd: int, uid: int | None = None
+) -> dict[str, Any]:
     return {
         "mode": mode,
         "parent_pid": os.getpid(),
         "report_fd": report_fd,
         "workdir": workdir,
         "main": os.path.join(workdir, "main.py"),
-        "uid": _SANDBOX_UID,
-        "gid": _SANDBOX_GID,
+        "uid": uid,  # None when we are not root: the launcher keeps the caller's uid
+        "gid": uid,
         "memory_exit_code": _EXIT_MEMORY,
         "limits": {
             "wall_seconds": limits.wall_seconds,
@@ -236,6 +436,8 @@ def _build_config(workdir: str, limits: SandboxLimits, mode: str, report_fd: int
             "memory_bytes": limits.memory_bytes,
             "max_processes": limits.max_processes,
             "max_file_bytes": limits.max_file_bytes,
+            "max_disk_bytes": limits.max_disk_bytes,
+            "max_workspace_files": _MAX_WORKSPACE_FILES,
             "max_open_files": _MAX_OPEN_FILES,
         },
     }
@@ -302,14 +504,17 @@ def _capture(proc: subprocess.Popen[bytes], report_r: int, limits: SandboxLimits
     return _Captured(bytes(kept[out_fd]), bytes(kept[err_fd]), bytes(kept[report_r]), truncated, backstop_fired)
 
 
-def _execute(workdir: str, limits: SandboxLimits, stdin: str, mode: str, started: float) -> SandboxResult:
+def _execute(
+    workdir: str, limits: SandboxLimits, stdin: str, mode: str, started: float, lease: _Lease | None
+) -> SandboxResult:
     report_r, report_w = os.pipe()
+    uid = lease.uid if lease is not None else None
     try:
         with tempfile.TemporaryFile() as stdin_file:
             # A file rather than a pipe: no writer thread, and no deadlock when the program never reads it.
             stdin_file.write(stdin.encode("utf-8"))
             stdin_file.seek(0)
-            config = _build_config(workdir, limits, mode, report_w)
+            config = _build_config(workdir, limits, mode, report_w, uid=uid)
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(config)],
@@ -339,7 +544,12 @@ def _execute(workdir: str, limits: SandboxLimits, stdin: str, mode: str, started
                     proc.wait()
     finally:
         os.close(report_r)
-    return _classify(captured, proc.returncode, limits, time.monotonic() - started)
+    report = _parse_report(captured.report)
+    leftovers = 0
+    if uid is not None and not (report or {}).get("swept"):
+        # The launcher died (or failed) before its own last step: kill what runs under the uid before it is reused.
+        leftovers = _sweep_uid(uid)
+    return _classify(captured, report, proc.returncode, limits, time.monotonic() - started, leftovers)
 
 
 def _error(detail: str, started: float, stdout: str = "", stderr: str = "", truncated: bool = False) -> SandboxResult:
@@ -382,55 +592,146 @@ def _parse_report(data: bytes) -> dict[str, Any] | None:
     return report if isinstance(report, dict) else None
 
 
-def _classify(captured: _Captured, launcher_status: int | None, limits: SandboxLimits, wall: float) -> SandboxResult:
-    stdout = captured.stdout.decode("utf-8", "replace")
+def _mib(size: float) -> str:
+    return f"{size / (1024 * 1024):g} MiB"
+
+
+def _ended(
+    captured: _Captured, report: dict[str, Any] | None, launcher_status: int | None, limits: SandboxLimits
+) -> tuple[Outcome, str, int | None, int | None]:
+    """(outcome, detail, exit code, signal) of a run."""
     stderr = captured.stderr.decode("utf-8", "replace")
-    report = _parse_report(captured.report)
-
-    def result(outcome: Outcome, detail: str, exit_code: int | None = None, sig: int | None = None) -> SandboxResult:
-        isolation = str(report.get("isolation") or "none") if report else "none"
-        return SandboxResult(outcome, exit_code, sig, stdout, stderr, captured.truncated, wall, detail, isolation)
-
     if report is None:
         if captured.backstop_fired:
-            return result(
-                Outcome.TIMEOUT, f"wall time limit {limits.wall_seconds} s exceeded; the sandbox did not stop itself"
+            return (
+                Outcome.TIMEOUT,
+                f"wall time limit {limits.wall_seconds} s exceeded; the sandbox did not stop itself",
+                None,
+                None,
             )
         hint = _last_line(stderr)
-        return result(
+        return (
             Outcome.ERROR,
             f"sandbox error: the launcher ended (status {launcher_status}) without a report"
             + (f": {hint}" if hint else ""),
+            None,
+            None,
         )
     kind = report.get("kind")
     if kind == "unavailable":
         raise SandboxUnavailable(
             f"sandbox isolation unavailable: {report.get('message')}. Set {ISOLATION_ENV}=rlimits-only to run "
-            "with resource limits only (no namespace or Landlock confinement)"
+            "with resource limits only (no namespace, tmpfs or Landlock confinement)"
         )
     if kind != "done":
-        return result(Outcome.ERROR, f"sandbox error: {report.get('message') or 'unknown launcher failure'}")
+        return Outcome.ERROR, f"sandbox error: {report.get('message') or 'unknown launcher failure'}", None, None
 
     exit_code = report.get("exit_code")
     sig = report.get("signal")
     cpu_used = float(report.get("cpu_seconds") or 0.0)
     if report.get("wall_killed"):
-        return result(Outcome.TIMEOUT, f"wall time limit {limits.wall_seconds} s exceeded", exit_code, sig)
+        return Outcome.TIMEOUT, f"wall time limit {limits.wall_seconds} s exceeded", exit_code, sig
+    if report.get("disk_killed"):
+        return Outcome.KILLED, f"the workspace grew past its {_mib(limits.max_disk_bytes)} disk limit", None, sig
     if exit_code == 0:
-        return result(Outcome.OK, "exited with status 0", 0)
+        return Outcome.OK, "exited with status 0", 0, None
     memory_error = _last_line(stderr).startswith("MemoryError")
     if exit_code == _EXIT_MEMORY or (exit_code is not None and memory_error):
-        mib = limits.memory_bytes / (1024 * 1024)
-        return result(Outcome.MEMORY, f"memory limit {mib:g} MiB exceeded (MemoryError)", exit_code)
+        return Outcome.MEMORY, f"memory limit {_mib(limits.memory_bytes)} exceeded (MemoryError)", exit_code, None
     if sig is not None:
         # RLIMIT_CPU is set with soft == hard, so the kernel SIGKILLs at the limit (SIGXCPU would be ignored by
         # the namespace's init); a SIGKILL the launcher did not send, with the CPU budget spent, is the CPU limit.
         if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= limits.cpu_seconds - 0.05):
-            return result(Outcome.TIMEOUT, f"CPU time limit {limits.cpu_seconds} s exceeded", None, sig)
+            return Outcome.TIMEOUT, f"CPU time limit {limits.cpu_seconds} s exceeded", None, sig
         if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and (
             memory_error or "Cannot allocate memory" in stderr or "out of memory" in stderr.lower()
         ):
-            return result(Outcome.MEMORY, f"killed by {_signal_name(sig)} after running out of memory", None, sig)
-        return result(Outcome.KILLED, f"killed by {_signal_name(sig)}", None, sig)
+            return Outcome.MEMORY, f"killed by {_signal_name(sig)} after running out of memory", None, sig
+        return Outcome.KILLED, f"killed by {_signal_name(sig)}", None, sig
     hint = _last_line(stderr)
-    return result(Outcome.FAILED, f"exited with status {exit_code}" + (f" ({hint})" if hint else ""), exit_code)
+    return Outcome.FAILED, f"exited with status {exit_code}" + (f" ({hint})" if hint else ""), exit_code, None
+
+
+def _observations(
+    outcome: Outcome,
+    detail: str,
+    captured: _Captured,
+    report: dict[str, Any] | None,
+    limits: SandboxLimits,
+    leftovers: int,
+) -> tuple[Observation, ...]:
+    """What the run ran into: its outcome's limit, the launcher's and the monitor's findings, weaker modes."""
+    found: list[Observation] = []
+    if outcome is Outcome.TIMEOUT:
+        found.append(Observation("limit", "cpu time" if detail.startswith("CPU") else "wall time", detail))
+    elif outcome is Outcome.MEMORY:
+        found.append(Observation("limit", "memory", detail))
+    if captured.truncated:
+        found.append(Observation("limit", "output", f"output beyond {limits.max_output_bytes} bytes a stream dropped"))
+    report = report or {}
+    for item in [*(report.get("observations") or []), *(report.get("program_observations") or [])]:
+        if not isinstance(item, dict):
+            continue
+        fields = {name: str(item.get(name) or "")[:300] for name in ("kind", "what", "target", "detail", "source")}
+        if not fields["kind"] or not fields["what"]:
+            continue
+        count = item.get("count", 1)
+        found.append(
+            Observation(
+                fields["kind"],
+                fields["what"],
+                fields["detail"],
+                target=fields["target"],
+                source=fields["source"] if fields["source"] in ("sandbox", "program") else "program",
+                count=count if isinstance(count, int) and count > 0 else 1,
+            )
+        )
+    if leftovers:
+        found.append(Observation("cleanup", "processes", f"{leftovers} process(es) outlived the launcher; killed"))
+    if report.get("kind") == "done":
+        if not report.get("per_check_uid"):
+            found.append(
+                Observation(
+                    "isolation",
+                    "uid",
+                    "not running as root: the program runs under the caller's uid (without its capabilities, in "
+                    "a user namespace of its own), not a uid of its own; checks are separated by the namespaces "
+                    "and Landlock only",
+                )
+            )
+        isolation = str(report.get("isolation") or "")
+        if "(degraded:" in isolation:
+            missing = isolation.split("(degraded:", 1)[1].rstrip(")").strip()
+            found.append(Observation("isolation", "degraded", f"rlimits-only mode: {missing}"))
+    merged: dict[tuple[str, str, str], Observation] = {}
+    for observation in found:
+        key = (observation.kind, observation.what, observation.target)
+        if key in merged:
+            first = merged[key]
+            merged[key] = dataclasses.replace(first, count=first.count + observation.count)
+        else:
+            merged[key] = observation
+    return tuple(merged.values())
+
+
+def _classify(
+    captured: _Captured,
+    report: dict[str, Any] | None,
+    launcher_status: int | None,
+    limits: SandboxLimits,
+    wall: float,
+    leftovers: int = 0,
+) -> SandboxResult:
+    outcome, detail, exit_code, sig = _ended(captured, report, launcher_status, limits)
+    return SandboxResult(
+        outcome=outcome,
+        exit_code=exit_code,
+        signal=sig,
+        stdout=captured.stdout.decode("utf-8", "replace"),
+        stderr=captured.stderr.decode("utf-8", "replace"),
+        truncated=captured.truncated,
+        wall_seconds=wall,
+        detail=detail,
+        isolation=str(report.get("isolation") or "none") if report else "none",
+        observations=_observations(outcome, detail, captured, report, limits, leftovers),
+    )

@@ -28,7 +28,6 @@ import pytest
 from workers.sandbox import runner
 from workers.sandbox.runner import Outcome, SandboxLimits, SandboxResult, SandboxUnavailable, run_python
 
-SANDBOX_UID = 65534
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=3, max_processes=16)
 # Time the machinery may add to a limit (interpreter start-up, namespace teardown) on a busy test machine.
 SLACK_SECONDS = 4.0
@@ -61,7 +60,9 @@ def run(code: str, limits: SandboxLimits = FAST, **kwargs: Any) -> SandboxResult
 
 
 def _sandbox_processes() -> set[int]:
-    """Processes that belong to a sandbox: uid 65534, or the launcher's command line (a /proc scan, no psutil)."""
+    """Processes that belong to a sandbox: a uid of the sandbox's range, or the launcher's command line (a /proc
+    scan, no psutil)."""
+    uids = {str(uid) for uid in runner.sandbox_uids()}
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -71,8 +72,8 @@ def _sandbox_processes() -> set[int]:
             cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
         except OSError:
             continue  # exited meanwhile
-        uids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
-        if str(SANDBOX_UID) in uids or b"sandbox/launcher.py" in cmdline:
+        ids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
+        if uids & set(ids) or b"sandbox/launcher.py" in cmdline:
             found.add(int(entry))
     return found
 
@@ -116,8 +117,13 @@ def test_passing_program_is_ok_with_its_stdout() -> None:
     assert result.stdout == "all tests passed\n"
     assert result.stderr == "" and not result.truncated
     layers = result.isolation.split("+")
-    assert {"netns", "pidns", "landlock", "rlimits"} <= set(layers), result.isolation
-    assert ("uid65534" if os.geteuid() == 0 else "nocaps") in layers
+    assert {"netns", "pidns", "mntns", "tmpfs", "landlock", "rlimits"} <= set(layers), result.isolation
+    if os.geteuid() == 0:
+        assert any(layer.startswith("uid") and int(layer[3:]) in runner.sandbox_uids() for layer in layers)
+        assert result.observations == ()
+    else:
+        assert "nocaps" in layers
+        assert [(o.kind, o.what) for o in result.observations] == [("isolation", "uid")]
 
 
 @needs_isolation
@@ -344,10 +350,9 @@ def test_setsid_escape_dies_with_the_program(no_leftovers: None) -> None:
 
 @needs_isolation
 def test_killing_its_parent_and_everyone_else_fails(no_leftovers: None) -> None:
-    # A victim of the sandbox's own uid: only the PID namespace and Landlock's signal scope protect it.
-    as_sandbox_uid: dict[str, Any] = (
-        {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if os.geteuid() == 0 else {}
-    )
+    # A victim under another check's uid: the PID namespace, Landlock's signal scope and the uid protect it.
+    other = runner.sandbox_uids()[-1]
+    as_sandbox_uid: dict[str, Any] = {"user": other, "group": other, "extra_groups": []} if os.geteuid() == 0 else {}
     victim = subprocess.Popen(["sleep", "30"], **as_sandbox_uid)
     posted: list[int] = []
 
@@ -536,7 +541,17 @@ def _patch_config(monkeypatch: pytest.MonkeyPatch, **changes: Any) -> None:
 
 @needs_isolation
 def test_setup_failure_inside_the_child_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The child cannot enter a working directory that does not exist, after the fork and before the code runs.
+    # The child cannot apply a limit that is not a number, after the fork and before the code runs.
+    _patch_config(monkeypatch, max_open_files="many")
+    result = run_python("print('hello')")
+    assert result.outcome is Outcome.ERROR
+    assert "sandbox setup failed" in result.detail and "many" in result.detail
+    assert "hello" not in result.stdout
+
+
+@needs_isolation
+def test_setup_failure_in_the_launcher_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher cannot mount the workspace over a directory that does not exist, before the fork.
     _patch_config(monkeypatch, workdir="/nonexistent/crucible-sandbox-workdir")
     result = run_python("print('hello')")
     assert result.outcome is Outcome.ERROR
@@ -575,3 +590,178 @@ def test_unknown_isolation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setenv(runner.ISOLATION_ENV, "none-please")
     with pytest.raises(SandboxUnavailable, match=runner.ISOLATION_ENV):
         run_python("print('hello')")
+
+
+# --- per-check uids ----------------------------------------------------------------------------------------------
+
+
+def test_uid_range_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runner.UIDS_ENV, raising=False)
+    assert runner.sandbox_uids() == range(59000, 60000)
+    monkeypatch.setenv(runner.UIDS_ENV, "70000-70009")
+    assert runner.sandbox_uids() == range(70000, 70010)
+    for bad in ("0-10", "abc", "20-10", "1-4294967295"):
+        monkeypatch.setenv(runner.UIDS_ENV, bad)
+        with pytest.raises(SandboxUnavailable, match=runner.UIDS_ENV):
+            runner.sandbox_uids()
+
+
+def test_concurrent_leases_get_distinct_uids_and_free_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runner.UIDS_ENV, "59990-59992")
+    monkeypatch.setattr(runner, "_has_account", lambda uid: uid == 59990)  # as if 59990 were a login's
+    leases: list[Any] = []
+    barrier = threading.Barrier(2)
+
+    def take() -> None:
+        barrier.wait()
+        leases.append(runner._lease_uid(wait_seconds=0))
+
+    threads = [threading.Thread(target=take) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert sorted(lease.uid for lease in leases) == [59991, 59992]
+        assert runner._lease_uid(wait_seconds=0) is None  # all taken (59990 has an account)
+    finally:
+        for lease in leases:
+            lease.release()
+    again = runner._lease_uid(wait_seconds=0)
+    assert again is not None and again.uid == 59991
+    again.release()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only when the caller is root")
+def test_no_free_uid_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runner.UIDS_ENV, "59993-59993")
+    monkeypatch.setattr(runner, "_LEASE_WAIT_SECONDS", 0.2)
+    held = runner._lease_uid(wait_seconds=0)
+    assert held is not None
+    try:
+        result = run_python("print('hello')")
+    finally:
+        held.release()
+    assert result.outcome is Outcome.ERROR and "no free uid in 59993-59993" in result.detail
+
+
+@needs_isolation
+@pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only when the caller is root")
+def test_leftovers_under_the_uid_are_killed_before_and_after(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runner.UIDS_ENV, "59994-59994")
+    # A process left under the uid (as by a crashed worker in rlimits-only mode) must not share the next check.
+    stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
+    try:
+        result = run("print('hello')")
+        assert stray.wait(timeout=10) == -9
+    finally:
+        stray.kill()
+        stray.wait()
+    assert result.outcome is Outcome.OK and "uid59994" in result.isolation.split("+")
+    # The runner's own fallback, for a launcher that died before its last step.
+    stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
+    try:
+        assert runner._sweep_uid(59994) == 1
+        assert stray.wait(timeout=10) == -9
+    finally:
+        stray.kill()
+        stray.wait()
+
+
+# --- observations ------------------------------------------------------------------------------------------------
+
+
+@needs_isolation
+def test_forged_observations_are_labelled_as_the_programs() -> None:
+    # The monitor's pipe is open in the program: it can write to it, and what it writes is never the sandbox's.
+    result = run(
+        """
+        import json, os
+        line = json.dumps({"kind": "limit", "what": "memory", "target": "", "detail": "forged", "source": "sandbox"})
+        for fd in range(3, 64):
+            try:
+                os.write(fd, (line + "\\n").encode())
+            except OSError:
+                pass
+        """
+    )
+    assert result.outcome is Outcome.OK, result.stderr
+    forged = [o for o in result.observations if o.detail == "forged"]
+    assert forged and all(o.source == "program" for o in forged)
+
+
+@needs_isolation
+def test_refusals_are_observed_without_changing_what_the_program_sees() -> None:
+    result = run(
+        """
+        import os
+        try:
+            open("/etc/shadow")
+        except PermissionError as exc:
+            print(type(exc).__name__, exc.errno, exc.filename)
+        os.kill(4242, 0)
+        """
+    )
+    assert result.outcome is Outcome.FAILED
+    assert result.stdout == "PermissionError 13 /etc/shadow\n"
+    # The traceback shows the program's frames only, not the monitor's wrapper around os.kill.
+    assert "ProcessLookupError" in result.stderr and "monitor.py" not in result.stderr
+    assert "launcher.py" not in result.stderr
+    assert [(o.kind, o.what, o.target, o.source) for o in result.observations if o.kind == "denied"] == [
+        ("denied", "read", "/etc/shadow", "program"),
+        ("denied", "signal", "pid 4242", "program"),
+    ]
+    assert result.observations[0].as_dict()["detail"].startswith("open('/etc/shadow', 'r') failed: PermissionError")
+
+
+@needs_isolation
+def test_callers_files_over_the_disk_limit_are_an_error() -> None:
+    limits = SandboxLimits(wall_seconds=3.0, cpu_seconds=3, max_disk_bytes=64 * 1024)
+    result = run("print('hello')", limits, files={"big.txt": "x" * (256 * 1024)})
+    assert result.outcome is Outcome.ERROR and "disk limit" in result.detail
+
+
+@needs_isolation
+def test_strict_mode_refuses_without_the_workspace_tmpfs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runner.ISOLATION_ENV, raising=False)
+    _patch_config(monkeypatch, simulate_unavailable=["tmpfs"])
+    with pytest.raises(SandboxUnavailable, match="workspace tmpfs"):
+        run_python("print('hello')")
+
+
+@needs_isolation
+def test_degraded_mode_polices_disk_and_leftovers_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, no_leftovers: None
+) -> None:
+    monkeypatch.setenv(runner.ISOLATION_ENV, "rlimits-only")
+    _patch_config(monkeypatch, simulate_unavailable=["namespaces", "landlock"])
+    limits = SandboxLimits(wall_seconds=10.0, cpu_seconds=10, max_disk_bytes=2 * 1024 * 1024)
+    result = run(
+        """
+        import time
+        for i in range(100):
+            with open(f"fill-{i}.bin", "wb") as fh:
+                fh.write(b"x" * (512 * 1024))
+            time.sleep(0.01)
+        """,
+        limits,
+    )
+    assert result.outcome is Outcome.KILLED and "disk" in result.detail
+    assert result.observed("limit", "disk")
+    (degraded,) = result.observed("isolation", "degraded")
+    assert "namespaces" in degraded.detail and "landlock" in degraded.detail and "tmpfs" in degraded.detail
+    if os.geteuid() != 0:
+        return
+    # Without a PID namespace a daemon outlives the program; the uid's sweep kills it, and says so.
+    result = run(
+        """
+        import os, time
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+        print("main exits")
+        """
+    )
+    assert result.outcome is Outcome.OK and result.stdout == "main exits\n"
+    (cleanup,) = result.observed("cleanup", "processes")
+    assert cleanup.source == "sandbox" and cleanup.detail.startswith("1 process")
