@@ -454,11 +454,17 @@ def _open_python_roots(plan: _Plan) -> None:
 
 
 def _load_monitor() -> types.ModuleType:
-    # Read now, as the caller's uid: the child could not reach this file once confined.
-    module = types.ModuleType("crucible_sandbox_monitor")
+    # Loaded now, as the caller's uid: the child could not reach this file once confined. The source loader
+    # keeps (and reuses) its compiled form in __pycache__, as any import would.
+    import importlib.machinery
+
+    name = "crucible_sandbox_monitor"
+    code = importlib.machinery.SourceFileLoader(name, _MONITOR).get_code(name)
+    if code is None:
+        raise RuntimeError(f"could not load {_MONITOR}")
+    module = types.ModuleType(name)
     module.__file__ = _MONITOR
-    with open(_MONITOR, "rb") as fh:
-        exec(compile(fh.read(), _MONITOR, "exec"), module.__dict__)
+    exec(code, module.__dict__)
     return module
 
 
