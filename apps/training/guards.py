@@ -20,7 +20,8 @@ from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.base import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
 from workers.models.registry import BUILTIN_SHAPES
-from workers.rl.config import TrainConfig, estimate_memory_gb, loss_config_for, shape_from_hf_config
+from workers.rl.algorithms import SettingsError
+from workers.rl.config import TrainConfig, estimate_memory_gb, settings_for, shape_from_hf_config
 
 
 def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
@@ -92,10 +93,12 @@ def train_config_check(
     except PydanticError as exc:
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
+    settings_ok = True
     try:
-        loss_config_for(parsed)
-    except ValueError as exc:
-        problems["config.loss"] = [str(exc)]
+        settings_for(parsed)  # the algorithm's defaults merged with the overrides: a combination that cannot work
+    except SettingsError as exc:
+        problems[f"config.{exc.field}"] = [str(exc)]
+        settings_ok = False
     shape = BUILTIN_SHAPES.get(parsed.base_model)
     if shape is None:
         model_dir = Path(parsed.base_model).expanduser()
@@ -122,7 +125,7 @@ def train_config_check(
         problems.setdefault("config.prompts_per_step", []).append(
             f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
         )
-    if shape is not None and "config.loss" not in problems:
+    if shape is not None and settings_ok:
         memory = estimate_memory_gb(parsed, shape)
         if memory["total"] > parsed.compute.memory_gb:
             problems["config.compute.memory_gb"] = [

@@ -53,6 +53,9 @@ def rescore_new(request: HttpRequest) -> HttpResponse:
     return render(request, "runs/rescore_new.html", {"versions": versions, "rewards": rewards, "errors": errors})
 
 
+ALGORITHM_DEFAULTED = ("scale_rewards", "drop_equal_groups", "dynamic_sampling", "overlong_penalty")
+"""Form fields whose empty choice keeps the algorithm's own default."""
+
 # The form's fields, in the order shown; help text and defaults come from TrainConfig's own Field descriptions.
 TRAIN_FORM_FIELDS = [
     "base_model",
@@ -64,6 +67,8 @@ TRAIN_FORM_FIELDS = [
     "group_size",
     "scale_rewards",
     "drop_equal_groups",
+    "dynamic_sampling",
+    "overlong_penalty",
     "sampling.max_new_tokens",
     "sampling.temperature",
     "mode",
@@ -89,6 +94,10 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
         info = (nested[owner] if owner else TrainConfig).model_fields[leaf]
         default = info.get_default(call_default_factory=True)
         choices = [str(c) for c in get_args(info.annotation)] if leaf not in ("base_model", "environment") else []
+        if path in ALGORITHM_DEFAULTED:
+            # Empty means "the algorithm's" (workers.rl.algorithms): the run page shows what it resolved to.
+            inner = next(a for a in get_args(info.annotation) if a is not type(None))
+            choices = ["", "true", "false"] if inner is bool else ["", *(str(c) for c in get_args(inner))]
         if leaf == "base_model":
             choices = list(BUILTINS)
         if leaf == "environment":
@@ -117,7 +126,7 @@ def _train_config_from_post(post: Any) -> dict[str, Any]:
     for path in TRAIN_FORM_FIELDS:
         raw = post.get(path, "")
         owner, _, leaf = path.rpartition(".")
-        if path in ("drop_equal_groups", "gradient_checkpointing"):
+        if path == "gradient_checkpointing":
             value: Any = raw == "on"
         elif raw == "":
             continue

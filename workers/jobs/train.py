@@ -32,7 +32,7 @@ from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.rollout import RolloutResult, Sample
-from workers.rl.sampling import fill_batch, refill_order
+from workers.rl.sampling import FilledBatch, dynamic_sampling_batch
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
@@ -246,26 +246,27 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                     at += share
             return futures
 
-        def refill(step: int, first: list[RolloutResult]) -> tuple[list[Sample], list[RolloutResult], Any, float]:
-            """DAPO's dynamic sampling (P3): keep the groups with signal, generate more rounds from fresh prompts
-            until the batch has `prompts_per_step` of them or `dynamic_sampling_max_rounds` rounds ran. Returns
-            the batch, every round's results, the `FilledBatch` and the rounds' generation seconds (each round's
-            workers run in parallel, rounds one after the other)."""
+        def refill(step: int, first: list[RolloutResult]) -> tuple[list[RolloutResult], FilledBatch, float]:
+            """DAPO's dynamic sampling (P3, `workers.rl.sampling`): keep the groups with signal, generate more
+            rounds from fresh prompts until the batch has `prompts_per_step` of them or
+            `dynamic_sampling_max_rounds` rounds ran. Returns every round's results, the filled batch and the
+            rounds' generation seconds (a round's workers run in parallel, rounds one after the other)."""
             results = list(first)
-            used = data_order(len(rows), config.seed, step, per_step)
             seconds = [max(r.generation_seconds for r in first)]
 
-            def more(round_: int) -> list[Sample]:
-                order = refill_order(len(rows), config.seed, step, round_, per_step, used)
-                used.extend(order)
+            def generate(order: list[int], round_: int) -> list[Sample]:
                 extra: list[RolloutResult] = ray.get(launch(step, order, round_))
                 results.extend(extra)
                 seconds.append(max(r.generation_seconds for r in extra))
                 return [s for r in extra for s in r.samples]
 
-            filled = fill_batch(
+            filled = dynamic_sampling_batch(
                 [s for r in first for s in r.samples],
-                more,
+                generate,
+                num_rows=len(rows),
+                seed=config.seed,
+                step=step,
+                first_rows=data_order(len(rows), config.seed, step, per_step),
                 target_groups=per_step,
                 group_size=config.group_size,
                 max_rounds=settings.dynamic_sampling_max_rounds,
@@ -275,7 +276,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                     f"step {step + 1}: dynamic sampling kept {per_step - filled.short_groups} of {per_step} groups "
                     f"after {filled.rounds} rounds (dynamic_sampling_max_rounds); training on a smaller batch"
                 )
-            return filled.samples, results, filled, sum(seconds)
+            return results, filled, sum(seconds)
 
         pending = launch(start_step) if start_step < config.steps else []
         last_metrics: dict[str, float] = {}
@@ -297,8 +298,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             batch, filled = samples, None
             generation_seconds = max(r.generation_seconds for r in results)
             if settings.dynamic_sampling:
-                batch, results, filled, generation_seconds = refill(step, results)
-                samples = filled.generated
+                results, filled, generation_seconds = refill(step, results)
+                batch, samples = filled.samples, filled.generated
             if config.mode == "async" and step + 1 < config.steps:
                 pending = launch(step + 1)  # generated with the current weights while this step trains
             metrics = ray.get(learner.train_step.remote(batch))

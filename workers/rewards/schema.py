@@ -115,7 +115,9 @@ class FBetaTerm(_Term):
     kind: ClassVar[TermKind] = "gain"
     reads: ClassVar[TermInputs] = TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),))
     type: Literal["f_beta"] = "f_beta"
-    beta: float = Field(default=4.0, gt=0, allow_inf_nan=False, description="Recall weighs beta² times precision")
+    beta: float = Field(
+        default=4.0, ge=0, allow_inf_nan=False, description="Recall weighs beta² times precision; 0 is precision"
+    )
 
     def value(self, trajectory: Trajectory) -> float:
         # methods.md X3: F_β over the final output set

@@ -28,17 +28,20 @@ def _check_fraction(name: str, value: float) -> None:
 def f_beta(precision: float, recall: float, beta: float) -> float:
     """F-beta score from a precision and a recall (both fractions in [0, 1]); returns a fraction in [0, 1].
 
-    `beta` > 0 weights recall beta² times as much as precision (beta = 4 -> recall counts 16x).
-    When precision and recall are both 0 the formula is 0/0; the score is then 0.0.
+    `beta` >= 0 weights recall beta² times as much as precision (beta = 4 -> recall counts 16x). beta = 0 gives
+    P·R / R = precision, the formula's own limit (recall does not count); it is returned exactly.
+    When the denominator β²·P + R is 0 (R = 0, and P = 0 unless β = 0) the score is 0.0: nothing relevant was found.
     """
     _check_fraction("precision", precision)
     _check_fraction("recall", recall)
-    if not (beta > 0.0 and math.isfinite(beta)):
-        raise ValueError(f"beta must be a finite number > 0, got {beta}")
+    if not (beta >= 0.0 and math.isfinite(beta)):
+        raise ValueError(f"beta must be a finite number >= 0, got {beta}")
     b2 = beta * beta
     denominator = b2 * precision + recall
     if denominator == 0.0:
         return 0.0
+    if b2 == 0.0:
+        return precision  # methods.md X3 with β = 0: (1 + 0)·P·R / (0·P + R) = P
     # methods.md X3: F_β = (1 + β²)·P·R / (β²·P + R)
     return (1.0 + b2) * precision * recall / denominator
 

@@ -7,17 +7,25 @@ Every default names its source in `Field(description=...)`: the UI shows it as h
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.models.registry import ModelShape
+from workers.rl.algorithms import (
+    DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
+    DEFAULT_MAX_COMPLETION_LENGTH,
+    METHOD_DEFAULTS,
+    Algorithm,
+    EffectiveSettings,
+    LossConfig,
+    effective_settings,
+    environment_max_turns,
+    loss_config,
+)
 
-if TYPE_CHECKING:
-    from workers.rl.losses import LossConfig
-
-Algorithm = Literal["grpo", "dr_grpo", "dapo", "cispo", "gspo"]
+__all__ = ["Algorithm", "LossConfig", "TrainConfig", "effective_settings", "loss_config_for", "settings_for"]
 
 
 class _Strict(BaseModel):
@@ -56,8 +64,10 @@ class BetaSchedule(_Strict):
     """Context-1's F-beta anneal (methods.md X3): beta = `start` in the first epoch, moving linearly to `end` by
     epoch `epochs` - 1 and staying there. It overrides the beta of every f_beta term of the reward config."""
 
-    start: float = Field(default=4.0, gt=0, le=100, description="Context-1: 4 at initialisation (recall 16x)")
-    end: float = Field(default=2.0, gt=0, le=100, description="Context-1: annealed to weight recall 4x (beta 2)")
+    start: float = Field(default=4.0, ge=0, le=100, description="Context-1: 4 at initialisation (recall 16x)")
+    end: float = Field(
+        default=2.0, ge=0, le=100, description="Context-1: annealed to weight recall 4x (beta 2); 0 is precision"
+    )
     epochs: int = Field(default=5, ge=1, le=10_000, description="Epochs over which beta moves (Context-1 ran 5)")
 
     def beta(self, epoch: int) -> float:
@@ -78,17 +88,24 @@ class TrainConfig(_Strict):
     )
     environment: str = Field(default="exact_answer", min_length=1, description="Episode environment (workers/envs)")
     env_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment")
-    algorithm: Algorithm = Field(default="grpo", description="Policy loss (methods.md section 4)")
+    algorithm: Algorithm = Field(
+        default="grpo",
+        description="Policy loss and its method's defaults (methods.md section 4; composer: Composer 2 C1/C2)",
+    )
     loss: dict[str, Any] = Field(
         default_factory=dict,
-        description="Overrides of the algorithm's defaults (epsilon_low, epsilon_high, kl_coef, kl_estimator...)",
+        description="Overrides of the algorithm's loss defaults (epsilon_low, epsilon_high, kl_coef, kl_estimator, "
+        "kl_placement, cispo_mask)",
     )
-    scale_rewards: Literal["none", "group"] = Field(
-        default="group",
-        description="'group' divides advantages by the group std (GRPO, P1); 'none' is Dr. GRPO / Composer 2 (C1)",
+    scale_rewards: Literal["none", "group"] | None = Field(
+        default=None,
+        description="Empty: the algorithm's. 'group' divides advantages by the group std (GRPO P1, DAPO, CISPO, "
+        "GSPO); 'none' does not (Dr. GRPO P2, Composer 2 C1)",
     )
-    drop_equal_groups: bool = Field(
-        True, description="Drop groups whose rewards are all equal (no signal; Context-1 RL, DAPO dynamic sampling)"
+    drop_equal_groups: bool | None = Field(
+        default=None,
+        description="Empty: the algorithm's. Skip groups whose rewards are all equal (advantage 0); the normaliser "
+        "still counts them for GRPO, Dr. GRPO and GSPO. Off for GRPO, whose KL term covers every sequence",
     )
     learning_rate: float = Field(default=1e-6, ge=0, le=1.0, description="DeepSeekMath GRPO used 1e-6 (P1)")
     weight_decay: float = Field(default=0.0, ge=0, le=1.0)
@@ -121,12 +138,67 @@ class TrainConfig(_Strict):
         default=None, description="Anneal the reward's F-beta between epochs (Context-1 X3); None keeps its beta"
     )
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    dynamic_sampling: bool | None = Field(
+        default=None,
+        description="Empty: the algorithm's (on for DAPO). Over-sample, leave out groups whose task rewards are all "
+        "equal and refill the batch (DAPO P3)",
+    )
+    dynamic_sampling_max_rounds: int = Field(
+        default=DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
+        ge=1,
+        le=64,
+        description="Dynamic sampling: generation rounds per step, the first included; a batch still short after "
+        "them trains as it is",
+    )
+    overlong_penalty: bool | None = Field(
+        default=None,
+        description="Empty: the algorithm's (on for DAPO). Add DAPO's soft overlong penalty (P3 eq. 13) to the "
+        "reward, with L_max = max_new_tokens x the environment's max_turns",
+    )
+    overlong_cache_tokens: int | None = Field(
+        default=None, ge=1, description="L_cache of the overlong penalty; empty: a fifth of L_max (DAPO: 4096/20480)"
+    )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     detectors: DetectorConfig = Field(
         default_factory=default_detector_config,
         description="Reward-hacking detectors run on every episode, {name: {enabled, thresholds}} "
         "(workers/detectors); a detector left out runs with its defaults",
     )
+
+    @field_validator("loss")
+    @classmethod
+    def _loss_overrides(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        algorithm = info.data.get("algorithm")
+        if algorithm is not None:
+            loss_config(algorithm, value, max_completion_length=DEFAULT_MAX_COMPLETION_LENGTH)  # raises naming it
+        return value
+
+    @field_validator("dynamic_sampling")
+    @classmethod
+    def _dynamic_sampling_drops(cls, value: bool | None, info: ValidationInfo) -> bool | None:
+        algorithm = info.data.get("algorithm")
+        dynamic = value if value is not None or algorithm is None else METHOD_DEFAULTS[algorithm].dynamic_sampling
+        if dynamic and info.data.get("drop_equal_groups") is False:
+            raise ValueError(
+                "dynamic sampling leaves out groups whose rewards are all equal and refills the batch, so it cannot "
+                "run with drop_equal_groups false: unset drop_equal_groups, or set dynamic_sampling to false"
+            )
+        return value
+
+    @field_validator("overlong_cache_tokens")
+    @classmethod
+    def _cache_within_the_limit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        sampling, environment = info.data.get("sampling"), info.data.get("environment")
+        if value is None or sampling is None or environment is None:
+            return value
+        turns = environment_max_turns(environment, info.data.get("env_params") or {})
+        limit = sampling.max_new_tokens * (turns or 1)
+        if turns is not None and value > limit:
+            raise ValueError(
+                f"L_cache={value} is more than L_max={limit} (sampling.max_new_tokens x the environment's "
+                f"max_turns): set it to at most {limit}, or leave it empty for a fifth of L_max"
+            )
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
@@ -139,30 +211,17 @@ class TrainConfig(_Strict):
         return self
 
 
+def settings_for(config: TrainConfig) -> EffectiveSettings:
+    """The run's effective algorithm settings: its method's defaults merged with its overrides
+    (`workers.rl.algorithms.effective_settings`, with the environment's real `max_turns`)."""
+    return effective_settings(config)
+
+
 def loss_config_for(config: TrainConfig) -> LossConfig:
-    """The algorithm's defaults (with their sources), overridden by the run's `loss` settings. Raises ValueError
-    naming an unknown or invalid setting."""
-    from workers.rl.losses import LossConfig
-
-    # Dr. GRPO's constant normaliser must cover a whole episode's completion region: every turn's tokens.
-    try:
-        from workers.envs.registry import make_env
-
-        turns = int(make_env(config.environment, **config.env_params).max_turns)
-    except (ValueError, TypeError):
-        turns = 1  # the environment check reports the problem
-    longest = config.sampling.max_new_tokens * turns + (turns - 1) * 512
-    base = LossConfig.defaults(config.algorithm, max_completion_length=longest)
-    fields = {k: v for k, v in base.__dict__.items() if k not in ("source", "algorithm", "max_completion_length")}
-    unknown = sorted(set(config.loss) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown setting(s) {', '.join(unknown)}; choose from {', '.join(sorted(fields))}")
-    return LossConfig(
-        **{**fields, **config.loss},
-        algorithm=base.algorithm,
-        max_completion_length=base.max_completion_length,
-        source=base.source,
-    )
+    """The algorithm's loss defaults (with their sources), overridden by the run's `loss` settings; Dr. GRPO's
+    constant normaliser is the most tokens the policy can sample in one episode. Raises ValueError naming an
+    unknown or invalid setting."""
+    return settings_for(config).loss
 
 
 def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:

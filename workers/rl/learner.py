@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.rl.advantages import group_advantages
-from workers.rl.config import TrainConfig, loss_config_for
-from workers.rl.losses import policy_loss
+from workers.rl.advantages import dapo_overlong_penalty, group_advantages
+from workers.rl.config import TrainConfig, settings_for
+from workers.rl.losses import policy_loss, sequence_kl
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import Sample
 from workers.rl.weightsync import WeightSyncSender
@@ -104,7 +104,8 @@ class Learner:
             torch.set_num_threads(threads)
         torch.manual_seed(config.seed)
         self.config = config
-        self.loss_config = loss_config_for(config)
+        self.settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
+        self.loss_config = self.settings.loss
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
         self.device = torch.device(device)
         model = model.to(self.device)
@@ -136,27 +137,50 @@ class Learner:
 
     # --- training -------------------------------------------------------------------------------------------
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step on one rollout batch (contiguous groups of `group_size` samples).
+
+        Rewards are shaped first (DAPO's overlong penalty, the KL when it is a reward penalty), then turned into
+        group advantages. What is trained and how it is normalised follows the algorithm (CONVENTIONS.md, "What
+        each algorithm means"):
+
+        - groups whose shaped rewards are all equal have advantage 0; with `drop_equal_groups` they skip the
+          forward and backward. GRPO, Dr. GRPO, Composer and GSPO still count them in their normaliser (every
+          sampled sequence, as P1/P2/P5 average over the whole batch), so skipping changes no gradient unless the
+          KL is in the loss; DAPO and CISPO average over the tokens of the groups they train on (P3's filter);
+        - an empty completion (no sampled token) keeps its reward in its group's mean and std and counts in the
+          per-sequence normalisers; it has no token to carry a gradient, and `empty_completions` counts it.
+        """
         started = time.perf_counter()
         cfg = self.config
+        settings = self.settings
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+        shaped, metrics = self._shaped_rewards(samples, rewards)
         adv = group_advantages(
-            rewards, cfg.group_size, scale=cfg.scale_rewards, drop_equal_groups=cfg.drop_equal_groups
+            shaped, cfg.group_size, scale=settings.scale_rewards, drop_equal_groups=settings.drop_equal_groups
         )
         kept = [i for i in range(len(samples)) if bool(adv.keep[i]) and samples[i].sampled_tokens > 0]
-        metrics: dict[str, float] = {
-            "reward_mean": float(rewards.mean()),
-            "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
-            "advantage_mean": float(adv.advantages[adv.keep].mean()) if bool(adv.keep.any()) else 0.0,
-            "advantage_abs_mean": float(adv.advantages[adv.keep].abs().mean()) if bool(adv.keep.any()) else 0.0,
-            "dropped_groups": float(adv.dropped_groups),
-            "groups": float(adv.num_groups),
-            "response_length": float(np.mean([s.sampled_tokens for s in samples])),
-        }
+        metrics.update(
+            {
+                "reward_mean": float(rewards.mean()),
+                "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
+                "advantage_mean": float(adv.advantages[adv.keep].mean()) if bool(adv.keep.any()) else 0.0,
+                "advantage_abs_mean": float(adv.advantages[adv.keep].abs().mean()) if bool(adv.keep.any()) else 0.0,
+                "dropped_groups": float(adv.dropped_groups),
+                "groups": float(adv.num_groups),
+                "empty_completions": float(sum(1 for s in samples if s.sampled_tokens == 0)),
+                "response_length": float(np.mean([s.sampled_tokens for s in samples])),
+            }
+        )
         terms = sorted({k for s in samples for k in s.terms})
         for name in terms:
             metrics[f"term/{name}"] = float(np.mean([s.terms.get(name, 0.0) for s in samples]))
+        # The batch's normalisers (methods.md P1-P5): every sampled sequence for the per-sequence and constant
+        # normalisers, the tokens of the trained groups for the token-level ones.
+        batch_sequences = len(samples)
         batch_tokens = float(sum(samples[i].sampled_tokens for i in kept))
-        sums = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "ratio_mean": 0.0}
+        sums = {"loss": 0.0, "policy_loss": 0.0, "entropy": 0.0}
+        weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+        ratio_count, kl_tokens = 0.0, 0.0
         ratio_max = 0.0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
@@ -178,7 +202,7 @@ class Learner:
             logp = _per_sample(list(logps), owners, len(batch))
             old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
             mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
-            ref = self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_coef > 0 else None
+            ref = self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
             out = policy_loss(
                 logp,
                 old,
@@ -186,17 +210,21 @@ class Learner:
                 mask,
                 self.loss_config,
                 ref,
-                batch_sequences=len(kept),
+                batch_sequences=batch_sequences,
                 batch_tokens=batch_tokens,
             )
             out.loss.backward()  # type: ignore[no-untyped-call]
             share = float(mask.sum()) / max(batch_tokens, 1.0)
             sums["loss"] += out.loss.item()
             sums["policy_loss"] += out.policy_loss  # already normalised by the whole batch, like `loss`
-            sums["kl"] += out.kl * share
-            sums["clip_fraction"] += out.clip_fraction * share
-            sums["ratio_mean"] += out.ratio_mean * share
             sums["entropy"] += float(torch.nan_to_num(entropy).mean()) * share
+            # Each metric is a mean over its own units (tokens; sequences for GSPO's ratio and clip): combine the
+            # micro-batches weighted by those units, so the step's value is the mean over the whole batch.
+            weighted["clip_fraction"] += out.clip_fraction * out.ratio_count
+            weighted["ratio_mean"] += out.ratio_mean * out.ratio_count
+            weighted["kl"] += out.kl * out.kl_tokens
+            ratio_count += out.ratio_count
+            kl_tokens += out.kl_tokens
             ratio_max = max(ratio_max, out.ratio_max)
         grad_norm = 0.0
         if kept:
@@ -206,7 +234,12 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
         seconds = time.perf_counter() - started
-        metrics.update({k: v for k, v in sums.items()})
+        metrics.update(sums)
+        metrics["clip_fraction"] = weighted["clip_fraction"] / max(ratio_count, 1.0)
+        metrics["ratio_mean"] = weighted["ratio_mean"] / max(ratio_count, 1.0)
+        if self.loss_config.kl_in_loss:
+            metrics["kl"] = weighted["kl"] / max(kl_tokens, 1.0)
+        metrics.setdefault("kl", 0.0)
         metrics.update(
             {
                 "ratio_max": ratio_max,
@@ -217,6 +250,44 @@ class Learner:
             }
         )
         return metrics
+
+    def _shaped_rewards(self, samples: Sequence[Sample], rewards: Tensor) -> tuple[Tensor, dict[str, float]]:
+        """The rewards the advantages are computed from: the task reward, plus DAPO's overlong penalty (P3 eq. 13)
+        on the episode's sampled tokens, minus β times the sequence KL when the KL is a reward penalty."""
+        settings = self.settings
+        shaped = rewards.clone()
+        metrics: dict[str, float] = {}
+        if settings.overlong_penalty:
+            lengths = torch.tensor([s.sampled_tokens for s in samples], dtype=torch.float64)
+            penalty = dapo_overlong_penalty(lengths, settings.overlong_max_tokens, settings.overlong_cache_tokens)
+            shaped = shaped + penalty
+            metrics["overlong_penalty_mean"] = float(penalty.mean())
+            metrics["overlong_share"] = float((penalty < 0).double().mean())
+        if self.loss_config.kl_in_reward:
+            kl, tokens = self._sequence_kl(samples)
+            shaped = shaped - self.loss_config.kl_coef * kl
+            metrics["kl"] = float(kl.sum()) / max(tokens, 1.0)  # per token, like the loss placement's
+            metrics["kl_penalty_mean"] = float(self.loss_config.kl_coef * kl.mean())
+        if len(metrics):
+            metrics["shaped_reward_mean"] = float(shaped.mean())
+        return shaped, metrics
+
+    def _sequence_kl(self, samples: Sequence[Sample]) -> tuple[Tensor, float]:
+        """Each sample's KL estimate Σ_t k_t from the reference over its sampled tokens ([N], float64), and the
+        number of those tokens."""
+        out = torch.zeros(len(samples), dtype=torch.float64)
+        with_tokens = [i for i, s in enumerate(samples) if s.sampled_tokens > 0]
+        tokens = 0.0
+        for group in _micro_batches([samples[i] for i in with_tokens], self.config.max_tokens_per_pack):
+            batch = [samples[with_tokens[j]] for j in group]
+            seqs, starts, owners = _flatten_segments(batch)
+            ref = self._reference_logprobs(seqs, starts, owners, len(batch))
+            old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+            values = sequence_kl(old, ref.to(old.dtype), mask, self.loss_config.kl_estimator)
+            out[[with_tokens[j] for j in group]] = values.double().cpu()
+            tokens += float(mask.sum())
+        return out, tokens
 
     @torch.no_grad()
     def _reference_logprobs(self, seqs: list[list[int]], starts: list[int], owners: list[int], samples: int) -> Tensor:

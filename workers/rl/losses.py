@@ -1,4 +1,5 @@
-"""Policy-gradient losses for agent LLMs: GRPO, Dr. GRPO, DAPO, CISPO and GSPO (methods.md section 4, P1-P6).
+"""Policy-gradient losses for agent LLMs: GRPO, Dr. GRPO (and Composer 2's recipe), DAPO, CISPO and GSPO
+(methods.md section 4, P1-P6).
 
 Every function is pure: it takes per-token log-probabilities of the sampled completion tokens and returns a loss
 to *minimise* (the negative of the paper's objective J) together with a few detached metrics. Shapes:
@@ -16,10 +17,12 @@ Conventions (all checked against TRL 1.16 in ``tests/workers/rl/test_losses_vs_t
   k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r, all estimating KL(π_θ ‖ π_ref) with tokens
   sampled from the policy. No importance-sampling factor multiplies the KL term (TRL multiplies k3 by ρ by
   default, ``use_bias_correction_kl=True``).
-- The KL term is added per token and normalised exactly like the policy term of the chosen algorithm.
-- Normalisers count the tokens and sequences of the tensors passed in. Under gradient accumulation the caller
-  decides how micro-batch losses combine: for DAPO and CISPO the per-token normaliser should be the token count of
-  the whole batch (scale each micro-batch loss by its token count over the batch's).
+- With ``kl_placement="loss"`` the KL term is added per token and normalised exactly like the policy term of the
+  chosen algorithm. With ``kl_placement="reward"`` this module adds nothing: the learner subtracts
+  β · `sequence_kl` from each reward before the advantages. k1 in the loss is refused by `LossConfig` (its
+  gradient is zero in expectation); see `workers.rl.algorithms.KL_PLACEMENT_OF`.
+- Normalisers count the tokens and sequences of the tensors passed in, unless the caller passes the whole batch's
+  (``batch_sequences``, ``batch_tokens``): the learner does, so micro-batch losses add up to the batch's.
 - Tinker's ``cispo`` loss (which Chroma used) sums over tokens without normalising: it equals this module's CISPO
   loss times the number of valid tokens.
 """
@@ -27,141 +30,38 @@ Conventions (all checked against TRL 1.16 in ``tests/workers/rl/test_losses_vs_t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-Algorithm = Literal["grpo", "dr_grpo", "dapo", "cispo", "gspo"]
-KLEstimator = Literal["k1", "k2", "k3"]
+from workers.rl.algorithms import (
+    ALGORITHMS,
+    CONSTANT_NORMALISER,
+    DEFAULT_MAX_COMPLETION_LENGTH,
+    KL_ESTIMATORS,
+    KL_PLACEMENT_OF,
+    PER_SEQUENCE_NORMALISER,
+    Algorithm,
+    KLEstimator,
+    KLPlacement,
+    LossConfig,
+)
 
-ALGORITHMS: tuple[Algorithm, ...] = ("grpo", "dr_grpo", "dapo", "cispo", "gspo")
-KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
-
-# Dr. GRPO divides by a constant equal to the generation limit (methods.md P2). 1024 is DeepSeekMath's maximum
-# length (P1); a run should set it to its own limit.
-DEFAULT_MAX_COMPLETION_LENGTH = 1024
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Which policy loss to use and its hyperparameters (part of a run's spec, not a setting).
-
-    Attributes:
-        algorithm: ``"grpo"`` (P1), ``"dr_grpo"`` (P2), ``"dapo"`` (P3), ``"cispo"`` (P4) or ``"gspo"`` (P5).
-        epsilon_low: lower clip distance, the ratio's floor is ``1 - epsilon_low``; >= 0.
-        epsilon_high: upper clip distance, the ratio's ceiling is ``1 + epsilon_high``; >= 0. For CISPO both bound
-            the stop-gradient importance weight ``r̂ = clip(ρ, 1 - epsilon_low, 1 + epsilon_high)`` (P4's unified
-            form), so ``epsilon_high = 4.0`` is TRL's absolute cap ``epsilon_high = 5.0``, and any
-            ``epsilon_low >= 1`` means no lower bound (ρ >= 0), which is MiniMax-M1's setting.
-        kl_coef: β, weight of the per-token KL penalty against the reference policy; 0 disables it, and then
-            ``ref_logp`` is not needed.
-        kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"`` (P6); GRPO's is k3.
-        max_completion_length: Dr. GRPO's constant normaliser (the generation limit in tokens); required for
-            ``dr_grpo``, ignored by the other algorithms.
-        cispo_mask: CISPO only: also drop tokens with (A > 0 and ρ > 1 + epsilon_high) or (A < 0 and
-            ρ < 1 - epsilon_low), P4's unified mask M, which recovers PPO-style token dropping.
-        source: where the values come from, for help text in the UI; not compared.
-    """
-
-    algorithm: Algorithm
-    epsilon_low: float
-    epsilon_high: float
-    kl_coef: float = 0.0
-    kl_estimator: KLEstimator = "k3"
-    max_completion_length: int | None = None
-    cispo_mask: bool = False
-    source: str = field(default="", compare=False)
-
-    def __post_init__(self) -> None:
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}.")
-        for name in ("epsilon_low", "epsilon_high", "kl_coef"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {self.kl_estimator!r}.")
-        length = self.max_completion_length
-        if length is not None and (isinstance(length, bool) or not isinstance(length, int) or length < 1):
-            raise ValueError(f"max_completion_length must be an integer >= 1 (tokens); got {length!r}.")
-        if self.algorithm == "dr_grpo" and length is None:
-            raise ValueError(
-                "max_completion_length is required for algorithm='dr_grpo': it is the constant token normaliser; "
-                "set it to the run's generation limit."
-            )
-        if not isinstance(self.cispo_mask, bool):
-            raise ValueError(f"cispo_mask must be true or false; got {self.cispo_mask!r}.")
-        if self.cispo_mask and self.algorithm != "cispo":
-            raise ValueError(f"cispo_mask applies only to algorithm='cispo'; unset it for {self.algorithm!r}.")
-
-    @classmethod
-    def defaults(cls, algorithm: Algorithm, *, max_completion_length: int | None = None) -> LossConfig:
-        """The reported settings of ``algorithm`` (methods.md section 4), with ``source`` saying where each is from.
-
-        ``max_completion_length`` is stored for every algorithm; Dr. GRPO uses it and falls back to
-        `DEFAULT_MAX_COMPLETION_LENGTH` when it is not given.
-        """
-        if algorithm == "grpo":
-            return cls(
-                algorithm="grpo",
-                epsilon_low=0.2,
-                epsilon_high=0.2,
-                kl_coef=0.04,
-                kl_estimator="k3",
-                max_completion_length=max_completion_length,
-                source=(
-                    "GRPO, DeepSeekMath (arXiv 2402.03300) eq. 3: KL coefficient 0.04 with the k3 estimator. "
-                    "The paper does not state ε; 0.2 is the PPO default that TRL also uses."
-                ),
-            )
-        if algorithm == "dr_grpo":
-            return cls(
-                algorithm="dr_grpo",
-                epsilon_low=0.2,
-                epsilon_high=0.2,
-                kl_coef=0.0,
-                max_completion_length=(
-                    DEFAULT_MAX_COMPLETION_LENGTH if max_completion_length is None else max_completion_length
-                ),
-                source=(
-                    "Dr. GRPO (arXiv 2503.20783): no length or std normalisation, no KL; the token sum is divided "
-                    "by a constant generation limit (set max_completion_length to the run's). ε = 0.2 as in PPO."
-                ),
-            )
-        if algorithm == "dapo":
-            return cls(
-                algorithm="dapo",
-                epsilon_low=0.2,
-                epsilon_high=0.28,
-                kl_coef=0.0,
-                max_completion_length=max_completion_length,
-                source="DAPO (arXiv 2503.14476): clip-higher with ε_low = 0.2, ε_high = 0.28, token-level loss, no KL.",
-            )
-        if algorithm == "cispo":
-            return cls(
-                algorithm="cispo",
-                epsilon_low=1.0,
-                epsilon_high=4.0,
-                kl_coef=0.0,
-                max_completion_length=max_completion_length,
-                source=(
-                    "CISPO, MiniMax-M1 (arXiv 2506.13585) eqs. 4-5: no lower bound on the importance weight "
-                    "(ε_low = 1), no KL. MiniMax-M1 does not publish ε_high; 4.0 caps the weight at 5, the value "
-                    "TRL recommends from ScaleRL (arXiv 2510.13786)."
-                ),
-            )
-        if algorithm == "gspo":
-            return cls(
-                algorithm="gspo",
-                epsilon_low=3e-4,
-                epsilon_high=4e-4,
-                kl_coef=0.0,
-                max_completion_length=max_completion_length,
-                source="GSPO (arXiv 2507.18071): sequence-level ratio clipped to [1 - 3e-4, 1 + 4e-4], no KL.",
-            )
-        raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}.")
+__all__ = [
+    "ALGORITHMS",
+    "DEFAULT_MAX_COMPLETION_LENGTH",
+    "KL_ESTIMATORS",
+    "KL_PLACEMENT_OF",
+    "Algorithm",
+    "KLEstimator",
+    "KLPlacement",
+    "LossConfig",
+    "LossOutput",
+    "kl_estimate",
+    "policy_loss",
+    "sequence_kl",
+]
 
 
 @dataclass(frozen=True)
@@ -177,6 +77,9 @@ class LossOutput:
             unified mask drops them when ``cispo_mask`` is set).
         ratio_mean: mean of ρ over valid tokens (of s_i over non-empty sequences for GSPO); 0.0 with none.
         ratio_max: largest such ratio; 0.0 with none.
+        ratio_count: how many units ``clip_fraction`` and ``ratio_mean`` average over: valid tokens, or non-empty
+            sequences for GSPO (whose ratio and clip are per sequence). Micro-batch metrics combine weighted by it.
+        kl_tokens: valid tokens ``kl`` averages over (0 when the KL is not in the loss).
     """
 
     loss: Tensor
@@ -185,6 +88,8 @@ class LossOutput:
     clip_fraction: float
     ratio_mean: float
     ratio_max: float
+    ratio_count: float = 0.0
+    kl_tokens: float = 0.0
 
     def metrics(self) -> dict[str, float]:
         """The float metrics, for logging."""
@@ -221,6 +126,32 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tenso
     raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}.")
 
 
+def sequence_kl(old_logp: Tensor, ref_logp: Tensor, mask: Tensor, estimator: KLEstimator) -> Tensor:
+    """Per-sequence KL estimate Σ_t k_t of the sampling policy from the reference, over each row's valid tokens:
+    the penalty β · this is subtracted from the reward when ``kl_placement="reward"`` (no gradient flows).
+
+    The sequence KL is the sum of the per-token terms (chain rule), so it is summed, not averaged. With k1 it is
+    log π_old(y) − log π_ref(y), whose policy gradient as a reward is ∇ KL(π ‖ π_ref) (InstructGPT's placement).
+
+    Args:
+        old_logp: ``[B, T]`` log-probs of the sampled tokens under the policy that sampled them.
+        ref_logp: ``[B, T]`` log-probs of the same tokens under the reference policy.
+        mask: ``[B, T]``, 1 for sampled tokens.
+        estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
+
+    Returns:
+        ``[B]`` float tensor in nats, detached.
+    """
+    if tuple(old_logp.shape) != tuple(ref_logp.shape) or tuple(mask.shape) != tuple(old_logp.shape):
+        raise ValueError(
+            f"old_logp, ref_logp and mask must share one [B, T] shape; got {tuple(old_logp.shape)}, "
+            f"{tuple(ref_logp.shape)} and {tuple(mask.shape)}."
+        )
+    dtype = torch.promote_types(old_logp.dtype, torch.float32)
+    per_token = kl_estimate(old_logp.detach().to(dtype), ref_logp.detach().to(dtype), estimator)
+    return (per_token * mask.detach().to(dtype)).sum(dim=1)
+
+
 def policy_loss(
     logp: Tensor,
     old_logp: Tensor,
@@ -240,20 +171,21 @@ def policy_loss(
         advantages: ``[B]`` one advantage per sequence (detached here).
         mask: ``[B, T]`` bool or 0/1 float, 1 for tokens that count.
         config: the algorithm and its hyperparameters.
-        ref_logp: ``[B, T]`` log π_ref, required when ``config.kl_coef > 0`` and ignored otherwise.
+        ref_logp: ``[B, T]`` log π_ref, required when the KL is in the loss (``config.kl_in_loss``), else ignored.
         batch_sequences, batch_tokens: when these B rows are one micro-batch of a larger optimizer batch, that
             batch's sequence count and valid-token count (N). The normalisers below then use them, so the micro-batch
             losses (and their gradients) add up to the whole batch's loss. Default: this micro-batch's own.
 
     Normalisation (|o_i| = valid tokens of sequence i, N = Σ_i |o_i|):
         grpo, gspo: mean over sequences of the per-sequence token mean (P1, P5); empty sequences count as 0.
-        dr_grpo: token sum / (B · max_completion_length) (P2).
+        dr_grpo, composer: token sum / (B · max_completion_length) (P2, C1).
         dapo, cispo: token sum / N (P3, P4).
 
     The computation runs in at least float32. Returns a `LossOutput`.
 
     Raises:
-        ValueError: for mismatched shapes, a missing ``ref_logp``, or (Dr. GRPO) ``T > max_completion_length``.
+        ValueError: for mismatched shapes, a missing ``ref_logp`` (KL in the loss), or (Dr. GRPO, Composer) a
+            sequence with more valid tokens than ``max_completion_length``.
     """
     _check_inputs(logp, old_logp, advantages, mask, config, ref_logp)
     dtype = torch.promote_types(logp.dtype, torch.float32)
@@ -294,7 +226,7 @@ def policy_loss(
 
     loss = surrogate_loss
     kl_mean = torch.zeros((), dtype=dtype, device=logp.device)
-    if config.kl_coef > 0:
+    if config.kl_in_loss:
         assert ref_logp is not None  # checked in _check_inputs
         per_token_kl = kl_estimate(logp_f, ref_logp.detach().to(dtype), config.kl_estimator)
         # methods.md P1: −β·D_KL sits inside the same normalisation as the surrogate.
@@ -322,6 +254,8 @@ def policy_loss(
         clip_fraction=stats[2],
         ratio_mean=stats[3],
         ratio_max=stats[4],
+        ratio_count=float(ratio_valid.sum().item()),
+        kl_tokens=float(weights.sum().item()) if config.kl_in_loss else 0.0,
     )
 
 
@@ -348,10 +282,10 @@ def _normalise(
     """Reduce ``[B, T]`` per-token terms to a scalar with the algorithm's normaliser (see `policy_loss`)."""
     masked = per_token * weights
     sequences = batch_sequences or per_token.shape[0]
-    if config.algorithm in ("grpo", "gspo"):
+    if config.algorithm in PER_SEQUENCE_NORMALISER:
         # methods.md P1: (1/G) Σ_i 1/|o_i|
         return (masked.sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)).sum() / sequences
-    if config.algorithm == "dr_grpo":
+    if config.algorithm in CONSTANT_NORMALISER:
         assert config.max_completion_length is not None  # checked by LossConfig
         return masked.sum() / (sequences * config.max_completion_length)  # methods.md P2
     tokens = batch_tokens if batch_tokens is not None else weights.sum().clamp(min=1.0)
@@ -379,15 +313,21 @@ def _check_inputs(
         raise ValueError(f"mask must have the shape of logp {shape}; got {tuple(mask.shape)}.")
     if tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"advantages must be [B] = {shape[:1]}, one per sequence; got {tuple(advantages.shape)}.")
-    if config.kl_coef > 0:
+    if config.kl_in_loss:
         if ref_logp is None:
-            raise ValueError("ref_logp is required when kl_coef > 0; pass the reference policy's log-probs or set 0.")
+            raise ValueError(
+                "ref_logp is required when the KL is in the loss (kl_coef > 0); pass the reference policy's "
+                "log-probs or set kl_coef 0."
+            )
         if tuple(ref_logp.shape) != shape:
             raise ValueError(f"ref_logp must have the shape of logp {shape}; got {tuple(ref_logp.shape)}.")
-    if config.algorithm == "dr_grpo":
+    if config.algorithm in CONSTANT_NORMALISER:
         assert config.max_completion_length is not None  # checked by LossConfig
-        if shape[1] > config.max_completion_length:
+        # Only sampled tokens count: observation tokens between turns sit in the [B, T] positions with mask 0.
+        longest = int((mask.detach() != 0).sum(dim=1).max().item())
+        if longest > config.max_completion_length:
             raise ValueError(
-                f"max_completion_length={config.max_completion_length} is shorter than the batch's {shape[1]} "
-                "completion positions; Dr. GRPO's normaliser must be the generation limit."
+                f"max_completion_length={config.max_completion_length} is shorter than a sequence's {longest} "
+                "sampled tokens; the constant normaliser must be the most tokens the policy can sample in one "
+                "episode (max_new_tokens x the environment's max_turns)."
             )

@@ -76,13 +76,30 @@ def test_f_beta_is_zero_when_precision_and_recall_are_zero() -> None:
     assert t.f_beta(0.0, 0.0, 4.0) == 0.0
 
 
-@pytest.mark.parametrize("bad", [(-0.1, 0.5, 1.0), (0.5, 1.1, 1.0), (0.5, 0.5, 0.0), (0.5, 0.5, math.inf)])
+@pytest.mark.parametrize("bad", [(-0.1, 0.5, 1.0), (0.5, 1.1, 1.0), (0.5, 0.5, -0.5), (0.5, 0.5, math.inf)])
 def test_f_beta_rejects_out_of_range_inputs(bad: tuple[float, float, float]) -> None:
     with pytest.raises(ValueError):
         t.f_beta(*bad)
 
 
-@pytest.mark.parametrize("beta", [0.5, 1.0, 2.0, 4.0, 10.0])
+@pytest.mark.parametrize(("precision", "recall"), [(0.3, 0.7), (1.0, 0.1), (0.25, 1.0), (0.0, 0.5), (0.1, 1e-9)])
+def test_f_beta_with_beta_0_is_precision(precision: float, recall: float) -> None:
+    # methods.md X3: (1 + 0)·P·R / (0·P + R) = P, exactly, whatever the recall (as long as something was found)
+    assert t.f_beta(precision, recall, 0.0) == precision
+
+
+def test_f_beta_with_beta_0_is_zero_when_nothing_relevant_was_found() -> None:
+    assert t.f_beta(0.0, 0.0, 0.0) == 0.0
+    assert t.set_f_beta(["x", "y"], ["a"], 0.0) == 0.0
+    assert t.set_f_beta(["a", "x", "y", "z"], ["a", "b"], 0.0) == 0.25  # precision 1/4, recall 1/2
+
+
+def test_an_f_beta_term_with_beta_0_scores_precision() -> None:
+    spec = validate_reward_spec({"terms": [{"type": "f_beta", "beta": 0}]})
+    assert isinstance(spec.terms[0], FBetaTerm) and spec.terms[0].beta == 0.0
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0, 2.0, 4.0, 10.0])
 @pytest.mark.parametrize(
     ("predicted", "gold"),
     [
@@ -341,13 +358,13 @@ def test_validate_reward_spec_accepts_json_text_and_fills_defaults() -> None:
 
 def test_bad_beta_error_names_term_and_field() -> None:
     errors = _spec_errors(
-        {"terms": [{"type": "exact_match"}, {"type": "trajectory_recall"}, {"type": "f_beta", "beta": 0}]}
+        {"terms": [{"type": "exact_match"}, {"type": "trajectory_recall"}, {"type": "f_beta", "beta": -1}]}
     )
     assert errors == [
         {
             "field": "terms[2].beta",
             "term": "f_beta",
-            "message": "terms[2] (f_beta).beta: Input should be greater than 0",
+            "message": "terms[2] (f_beta).beta: Input should be greater than or equal to 0",
         }
     ]
 

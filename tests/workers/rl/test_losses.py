@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from workers.rl.losses import LossConfig, kl_estimate, policy_loss
+from workers.rl.losses import LossConfig, kl_estimate, policy_loss, sequence_kl
 
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, -0.7]]
 LOG_RATIO = [[0.1, -0.3, 0.5], [-0.05, 0.2, 0.9]]
@@ -185,16 +185,68 @@ def test_dapo_divides_the_token_sum_by_the_number_of_valid_tokens_and_clips_high
     assert out.clip_fraction == pytest.approx(1 / 5)
 
 
-def test_dapo_adds_the_k1_kl_with_the_same_token_normaliser() -> None:
+def test_dapo_adds_the_k2_kl_with_the_same_token_normaliser() -> None:
     data = batch()
-    config = replace(LossConfig.defaults("dapo"), kl_coef=0.1, kl_estimator="k1")
+    config = replace(LossConfig.defaults("dapo"), kl_coef=0.1, kl_estimator="k2")
 
     out = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], config, data["ref_logp"])
 
-    # k1 = −log r = log π_θ − log π_ref
-    k1_sum = sum(-LOG_R_REF[i][t] for i, t in VALID)
-    assert out.loss.item() == pytest.approx(out.policy_loss + 0.1 * k1_sum / 5, abs=1e-12)
-    assert out.kl == pytest.approx(k1_sum / 5, abs=1e-12)
+    # k2 = ½ (log r)²
+    k2_sum = sum(0.5 * LOG_R_REF[i][t] ** 2 for i, t in VALID)
+    assert out.loss.item() == pytest.approx(out.policy_loss + 0.1 * k2_sum / 5, abs=1e-12)
+    assert out.kl == pytest.approx(k2_sum / 5, abs=1e-12)
+    assert out.kl_tokens == 5
+
+
+# --- KL placement (P6) ------------------------------------------------------------------------------------------
+
+
+def test_k1_in_the_loss_is_refused_because_its_gradient_is_zero_in_expectation() -> None:
+    with pytest.raises(ValueError, match="^kl_estimator='k1' in the loss has zero gradient.*kl_placement='reward'"):
+        replace(LossConfig.defaults("grpo"), kl_estimator="k1")
+    # Off (β = 0) it is harmless, and in the reward it is k1's placement.
+    assert replace(LossConfig.defaults("grpo"), kl_estimator="k1", kl_coef=0.0).kl_coef == 0.0
+    assert replace(LossConfig.defaults("grpo"), kl_estimator="k1", kl_placement="reward").kl_in_reward
+
+
+def test_the_k1_loss_gradient_averages_to_zero_on_policy_which_is_why_it_is_refused() -> None:
+    """E_π[∇ k1] = Σ_y π ∇log π = ∇ Σ_y π = 0: the exact expectation over a 3-token vocabulary."""
+    logits = torch.tensor([0.3, -1.0, 0.8], dtype=torch.float64, requires_grad=True)
+    ref = torch.log_softmax(torch.tensor([0.0, 0.5, -0.2], dtype=torch.float64), dim=0)
+    logp = torch.log_softmax(logits, dim=0)
+    probs = logp.exp().detach()
+    k1 = kl_estimate(logp, ref, "k1")
+    (k1_grad,) = torch.autograd.grad((probs * k1).sum(), logits, retain_graph=True)  # E of the per-sample grad
+    assert k1_grad.abs().max().item() < 1e-15
+    # k2's expected gradient is the true ∇ KL(π ‖ π_ref): it is a working loss-placed estimator.
+    k2 = kl_estimate(logp, ref, "k2")
+    (k2_grad,) = torch.autograd.grad((probs * k2).sum(), logits, retain_graph=True)
+    exact = (logp.exp() * (logp - ref)).sum()
+    (kl_grad,) = torch.autograd.grad(exact, logits)
+    assert torch.allclose(k2_grad, kl_grad, atol=1e-12)
+
+
+def test_a_reward_placed_kl_adds_nothing_to_the_loss_and_needs_no_reference() -> None:
+    data = batch()
+    config = replace(LossConfig.defaults("dapo"), kl_coef=0.1, kl_estimator="k1", kl_placement="reward")
+    plain = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], LossConfig.defaults("dapo"))
+
+    out = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], config)
+
+    assert out.loss.item() == pytest.approx(plain.loss.item(), abs=1e-15) and out.kl == 0.0
+
+
+def test_sequence_kl_sums_the_estimator_over_each_sequences_sampled_tokens() -> None:
+    data = batch()
+    old = data["old_logp"]
+    ref = old + torch.tensor(LOG_R_REF, dtype=torch.float64)  # log π_ref − log π_old = LOG_R_REF
+
+    k1 = sequence_kl(old, ref, data["mask"], "k1")
+    k3_values = sequence_kl(old, ref, data["mask"], "k3")
+
+    assert k1.tolist() == pytest.approx([-(0.2 - 0.1 + 0.0), -(0.3 - 0.2)], abs=1e-12)  # Σ_t log π_old − log π_ref
+    assert k3_values.tolist() == pytest.approx([k3(0.2) + k3(-0.1) + k3(0.0), k3(0.3) + k3(-0.2)], abs=1e-12)
+    assert not k1.requires_grad
 
 
 # --- CISPO (P4) -------------------------------------------------------------------------------------------------
@@ -352,7 +404,7 @@ def test_bfloat16_log_probs_are_computed_in_float32() -> None:
 def test_it_requires_ref_logp_when_the_kl_is_on() -> None:
     data = batch()
 
-    with pytest.raises(ValueError, match="ref_logp is required when kl_coef > 0"):
+    with pytest.raises(ValueError, match=r"ref_logp is required when the KL is in the loss \(kl_coef > 0\)"):
         policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], LossConfig.defaults("grpo"))
 
 
@@ -382,12 +434,26 @@ def test_it_rejects_tensors_of_the_wrong_shape(name: str, override: torch.Tensor
         policy_loss(config=LossConfig.defaults("grpo"), **data)
 
 
-def test_dr_grpo_rejects_a_batch_longer_than_max_completion_length() -> None:
+def test_dr_grpo_rejects_a_sequence_with_more_sampled_tokens_than_max_completion_length() -> None:
     data = batch()
     config = LossConfig.defaults("dr_grpo", max_completion_length=2)
 
-    with pytest.raises(ValueError, match="max_completion_length=2 is shorter than the batch's 3"):
+    with pytest.raises(ValueError, match="max_completion_length=2 is shorter than a sequence's 3 sampled tokens"):
         policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], config)
+
+
+def test_dr_grpo_counts_sampled_tokens_not_positions_so_observations_between_turns_do_not_count() -> None:
+    """A multi-turn episode's completion region holds observation tokens (mask 0) between the sampled turns:
+    600 positions of which 8 are sampled fit a normaliser of 8."""
+    mask = torch.zeros(1, 600, dtype=torch.float64)
+    mask[0, :4] = 1.0
+    mask[0, 596:] = 1.0  # two turns of 4 sampled tokens around a 592-token tool result
+    logp = torch.full((1, 600), -1.0, dtype=torch.float64, requires_grad=True)
+    config = LossConfig.defaults("dr_grpo", max_completion_length=8)
+
+    out = policy_loss(logp, logp.detach(), torch.tensor([1.0], dtype=torch.float64), mask, config)
+
+    assert out.loss.item() == pytest.approx(-8 / (1 * 8), abs=1e-12)  # on-policy: ρ = 1 on each sampled token
 
 
 # --- LossConfig -------------------------------------------------------------------------------------------------
