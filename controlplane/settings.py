@@ -14,6 +14,26 @@ DEBUG = env_bool("DJANGO_DEBUG", True)
 ALLOWED_HOSTS = env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
 
+# HTTPS (README: Deployment). DJANGO_HTTPS says browsers reach the site over https (directly or through a TLS
+# proxy): cookies are sent only over https, plain http is redirected, and HSTS is on. It follows DEBUG unless set,
+# so `make run` (DEBUG on) stays plain http on 127.0.0.1 and a deployment (DEBUG off) is https unless it opts out.
+HTTPS = env_bool("DJANGO_HTTPS", not DEBUG)
+SESSION_COOKIE_SECURE = HTTPS
+CSRF_COOKIE_SECURE = HTTPS
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", HTTPS)
+# Answered over plain http even then: the container health check and Ray jobs reporting to the control plane over
+# the private network (CRUCIBLE_PUBLIC_URL=http://web:8000); both authenticate without cookies.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^api/v1/runs/\d+/ingest/$"]
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 365 * 24 * 3600 if HTTPS else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", HTTPS)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", HTTPS)
+# Behind a TLS-terminating proxy, the header it sets to the original scheme (X-Forwarded-Proto): a request carrying
+# "https" in it counts as secure. Set it only when the proxy always sets (overwrites) that header.
+_PROXY_SSL_HEADER = env_str("DJANGO_SECURE_PROXY_SSL_HEADER", "").strip()
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _PROXY_SSL_HEADER.upper().replace("-", "_"), "https") if _PROXY_SSL_HEADER else None
+)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
