@@ -8,7 +8,8 @@ restrictions are in place.
 Two processes result:
 
     launcher  (keeps the caller's uid; outside the Landlock domain, inside the new network and mount namespaces)
-      |  as root: kill whatever still runs under the check's uid (a helper that takes that uid, kill(-1))
+      |  as root, unless the uid's last check ended cleanly: kill whatever still runs under the check's uid
+      |  (a helper that takes that uid and calls kill(-1))
       |  unshare(NEWNET | NEWPID | NEWIPC | NEWNS [| NEWUSER when not root]); mount a size-capped tmpfs over
       |  the check's directory and copy the caller's files into it; build the Landlock ruleset; fork
       `- child = PID 1 of the new PID namespace
@@ -483,7 +484,8 @@ def _prepare(cfg: dict[str, Any]) -> _Plan:
     if plan.is_root:
         if plan.uid == 0 or plan.gid == 0:
             raise RuntimeError("refusing to run the program as root")
-        _sweep_uid_before(plan)
+        if cfg.get("sweep_before", True):
+            _sweep_uid_before(plan)
     simulate = set(cfg.get("simulate_unavailable", ()))
     _enter_namespaces(plan, simulate)
     _mount_workspace(plan, cfg["limits"], simulate)

@@ -20,10 +20,11 @@ itself (limits, leftover processes, the workspace's size), which it labels "sand
 
 Wrapped: `open` (builtins, io, _io), and in `os`: open, listdir, scandir, mkdir, rmdir, remove, unlink, rename,
 replace, symlink, link, chmod, chown, truncate, mkfifo, mknod, utime, kill, killpg, fork, forkpty, execv,
-execve, posix_spawn, posix_spawnp; `posix.kill`, `posix.killpg`, `posix.fork`; `_posixsubprocess.fork_exec`
-(subprocess); `_thread.start_new_thread` (threading); and, once it is imported, `socket`'s connect, connect_ex,
-bind and sendto on internet sockets and its name lookups. `posix.open`, `posix.listdir` and `posix.mkdir` stay
-as they are: the import system uses them (pycache writes, path scans) and would report its own harmless misses.
+execve, posix_spawn, posix_spawnp; `posix.kill`, `posix.killpg`, `posix.fork`; `_thread.start_new_thread`
+(threading); and, once they are imported, `subprocess.Popen`'s start of a child and `socket`'s connect,
+connect_ex, bind and sendto on internet sockets and its name lookups. `posix.open`, `posix.listdir` and
+`posix.mkdir` stay as they are: the import system uses them (pycache writes, path scans) and would report its own
+harmless misses.
 """
 
 from __future__ import annotations
@@ -188,10 +189,13 @@ def _first_arg(args: tuple[Any, ...]) -> str:
     return _text(args[0]) if args else ""
 
 
-def _fork_exec_target(args: tuple[Any, ...]) -> str:
-    # _posixsubprocess.fork_exec(args, executable_list, ...): the command's first word.
+def _execute_child_target(args: tuple[Any, ...]) -> str:
+    # Popen._execute_child(self, args, executable, ...): the executable, else the command's first word.
     try:
-        return _text(args[0][0])
+        if args[2] is not None:
+            return _text(args[2])
+        command = args[1]
+        return _text(command if isinstance(command, str | bytes) else command[0])
     except (IndexError, TypeError, KeyError):
         return ""
 
@@ -253,9 +257,15 @@ def _patch_socket(module: Any) -> None:
         setattr(module, lookup, make(lookup, original))
 
 
+def _patch_subprocess(module: Any) -> None:
+    # Popen._execute_child raises both a failed fork and the child's failed exec (sent back through a pipe).
+    module.Popen._execute_child = _wrap_process("subprocess", module.Popen._execute_child, _execute_child_target)
+
+
 class _PatchOnImport:
-    """A meta path finder that patches a module right after it is first imported (socket is not loaded up front:
-    importing it costs more than most programs run)."""
+    """A meta path finder that patches a module right after it is first imported (socket and subprocess are not
+    loaded up front: importing them costs more than most programs run). Asked about every import, it answers at
+    once for the names it does not patch."""
 
     def __init__(self, patches: dict[str, Callable[[Any], None]]) -> None:
         self.patches = patches
@@ -300,7 +310,6 @@ def install(fd: int) -> None:
     _fd = fd
     _seen.clear()
     import _io
-    import _posixsubprocess
     import _thread
     import posix
 
@@ -336,15 +345,16 @@ def install(fd: int) -> None:
     os.forkpty = _wrap_process("os.forkpty", os.forkpty, _no_target)
     for name in ("execv", "execve", "posix_spawn", "posix_spawnp"):
         setattr(os, name, _wrap_process(f"os.{name}", getattr(os, name), _first_arg))
-    _posixsubprocess.fork_exec = _wrap_process("subprocess", _posixsubprocess.fork_exec, _fork_exec_target)
     _thread.start_new_thread = _wrap_process("start_new_thread", _thread.start_new_thread, _no_target)
     threading = sys.modules.get("threading")
     if threading is not None:
         threading._start_new_thread = _thread.start_new_thread  # type: ignore[attr-defined]
-    subprocess = sys.modules.get("subprocess")
-    if subprocess is not None:
-        subprocess._fork_exec = _posixsubprocess.fork_exec  # type: ignore[attr-defined]
-    if "socket" in sys.modules:
-        _patch_socket(sys.modules["socket"])
-    else:
-        sys.meta_path.insert(0, _PatchOnImport({"socket": _patch_socket}))
+    # Modules that most programs never import are patched when (if) they are.
+    later: dict[str, Callable[[Any], None]] = {}
+    for name, patch in (("subprocess", _patch_subprocess), ("socket", _patch_socket)):
+        if name in sys.modules:
+            patch(sys.modules[name])
+        else:
+            later[name] = patch
+    if later:
+        sys.meta_path.insert(0, _PatchOnImport(later))

@@ -100,6 +100,8 @@ DEFAULT_UIDS = "59000-59999"
 _LAUNCHER = Path(__file__).with_name("launcher.py")
 _MAX_OPEN_FILES = 256
 _MAX_WORKSPACE_FILES = 4096  # inodes of the workspace tmpfs
+# Share of the CPU limit that, used by a program the kernel SIGKILLed, marks the CPU limit as the cause.
+_CPU_SPENT = 0.85
 # How long a check waits for a free uid when every one in the range is leased.
 _LEASE_WAIT_SECONDS = 30.0
 _UID_LOCK_DIRS = ("/run/crucible-sandbox-uids", os.path.join(tempfile.gettempdir(), "crucible-sandbox-uids"))
@@ -229,10 +231,19 @@ def sandbox_uids() -> range:
 
 @dataclass
 class _Lease:
-    """A uid held for one check: the flock on its lock file, released by closing `fd` (or by our death)."""
+    """A uid held for one check: the flock on its lock file, released by closing `fd` (or by our death).
+
+    The lock file also says whether the uid's last check ended with every process of the uid killed ("clean");
+    it says "dirty" from the moment a lease is taken, so a worker that dies mid-check leaves it dirty, and the
+    next check under the uid starts by killing what is left.
+    """
 
     uid: int
     fd: int
+    clean: bool
+
+    def mark(self, clean: bool) -> None:
+        os.pwrite(self.fd, b"clean\n" if clean else b"dirty\n", 0)
 
     def release(self) -> None:
         os.close(self.fd)
@@ -287,7 +298,9 @@ def _lease_uid(wait_seconds: float | None = None) -> _Lease | None:
             if _has_account(uid):
                 os.close(fd)
                 continue
-            return _Lease(uid, fd)
+            lease = _Lease(uid, fd, clean=os.pread(fd, 16, 0) == b"clean\n")
+            lease.mark(False)
+            return lease
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.05)
@@ -515,6 +528,8 @@ def _execute(
             stdin_file.write(stdin.encode("utf-8"))
             stdin_file.seek(0)
             config = _build_config(workdir, limits, mode, report_w, uid=uid)
+            # Killing leftovers first costs a fork: needed only after a check that did not end with its sweep.
+            config["sweep_before"] = lease is not None and not lease.clean
             try:
                 proc = subprocess.Popen(
                     [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(config)],
@@ -546,9 +561,13 @@ def _execute(
         os.close(report_r)
     report = _parse_report(captured.report)
     leftovers = 0
-    if uid is not None and not (report or {}).get("swept"):
-        # The launcher died (or failed) before its own last step: kill what runs under the uid before it is reused.
-        leftovers = _sweep_uid(uid)
+    if lease is not None:
+        if (report or {}).get("swept"):
+            lease.mark(True)
+        else:
+            # The launcher died (or failed) before its own last step: kill what runs under the uid now (the lease
+            # stays marked dirty, so the next check under it kills leftovers first too).
+            leftovers = _sweep_uid(lease.uid)
     return _classify(captured, report, proc.returncode, limits, time.monotonic() - started, leftovers)
 
 
@@ -641,7 +660,9 @@ def _ended(
     if sig is not None:
         # RLIMIT_CPU is set with soft == hard, so the kernel SIGKILLs at the limit (SIGXCPU would be ignored by
         # the namespace's init); a SIGKILL the launcher did not send, with the CPU budget spent, is the CPU limit.
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= limits.cpu_seconds - 0.05):
+        # The kernel checks the limit against tick-sampled CPU time, while wait4 reports the scheduler's precise
+        # sum, which on a busy (virtual) machine can be several percent lower: hence "nearly spent".
+        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= _CPU_SPENT * limits.cpu_seconds - 0.05):
             return Outcome.TIMEOUT, f"CPU time limit {limits.cpu_seconds} s exceeded", None, sig
         if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and (
             memory_error or "Cannot allocate memory" in stderr or "out of memory" in stderr.lower()

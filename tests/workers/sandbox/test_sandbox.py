@@ -649,7 +649,11 @@ def test_no_free_uid_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only when the caller is root")
 def test_leftovers_under_the_uid_are_killed_before_and_after(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runner.UIDS_ENV, "59994-59994")
-    # A process left under the uid (as by a crashed worker in rlimits-only mode) must not share the next check.
+    # A process left under the uid by a worker that died mid-check (its lease never marked clean) must not share
+    # the next check.
+    crashed = runner._lease_uid(wait_seconds=0)
+    assert crashed is not None
+    crashed.release()
     stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
     try:
         result = run("print('hello')")
@@ -658,6 +662,9 @@ def test_leftovers_under_the_uid_are_killed_before_and_after(monkeypatch: pytest
         stray.kill()
         stray.wait()
     assert result.outcome is Outcome.OK and "uid59994" in result.isolation.split("+")
+    clean = runner._lease_uid(wait_seconds=0)
+    assert clean is not None and clean.clean  # the check ended with its sweep
+    clean.release()
     # The runner's own fallback, for a launcher that died before its last step.
     stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
     try:
@@ -765,3 +772,26 @@ def test_degraded_mode_polices_disk_and_leftovers_and_says_so(
     assert result.outcome is Outcome.OK and result.stdout == "main exits\n"
     (cleanup,) = result.observed("cleanup", "processes")
     assert cleanup.source == "sandbox" and cleanup.detail.startswith("1 process")
+
+
+@needs_isolation
+def test_refused_exec_and_late_imports_are_observed() -> None:
+    # subprocess and socket are patched only when the program imports them.
+    result = run(
+        """
+        import subprocess
+        try:
+            subprocess.run(["/etc/passwd"])
+        except PermissionError:
+            print("exec refused")
+        print(subprocess.run(["/bin/echo", "allowed"], capture_output=True, text=True).stdout.strip())
+        import socket
+        print(socket.socket(socket.AF_INET, socket.SOCK_STREAM).connect_ex(("127.0.0.1", 9)) != 0)
+        """
+    )
+    assert result.outcome is Outcome.OK, result.stderr
+    assert result.stdout == "exec refused\nallowed\nTrue\n"
+    assert [(o.kind, o.what, o.target) for o in result.observations] == [
+        ("denied", "exec", "/etc/passwd"),
+        ("denied", "network", "127.0.0.1:9"),
+    ]
