@@ -573,17 +573,19 @@ def _inspect_workspace(plan: _Plan, limits: dict[str, Any]) -> None:
 
 
 def _drain(fd: int, buffer: bytearray) -> bool:
-    """Read what is there without blocking; False at end of file."""
-    while True:
+    """Read what is there without blocking, up to the cap; False once there is nothing more to read (end of
+    file, or the cap reached: from then on the program's monitor finds the pipe full and drops its lines)."""
+    for _ in range(16):  # bounded, so that a program that never stops writing cannot hold the launcher here
         try:
-            chunk = os.read(fd, 65536)
+            chunk = os.read(fd, min(65536, _MAX_OBSERVATION_BYTES - len(buffer)))
         except BlockingIOError:
             return True
         if not chunk:
             return False
-        room = _MAX_OBSERVATION_BYTES - len(buffer)
-        if room > 0:
-            buffer += chunk[:room]
+        buffer += chunk
+        if len(buffer) >= _MAX_OBSERVATION_BYTES:
+            return False
+    return True
 
 
 def _program_observations(data: bytes) -> list[dict[str, Any]]:

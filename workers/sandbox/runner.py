@@ -18,7 +18,8 @@ What confines it (see `launcher.py` for how):
   whole run, and the program runs under it with no supplementary groups and no_new_privs. RLIMIT_NPROC counts
   processes per uid, so one check's fork bomb cannot use up another's process limit, and no check can read,
   write or signal another's files or processes even without the layers below. At the end every process of
-  that uid is killed (kill(-1) as the uid), then the uid is released. Leases are `flock`s on files in a
+  that uid is killed (kill(-1) as the uid), then the uid is released; a check whose predecessor under the uid
+  did not end that way (its worker died) starts with the same sweep. Leases are `flock`s on files in a
   root-only directory (/run/crucible-sandbox-uids, else under the temp dir), so separate worker processes on
   one machine never share a uid, and a crashed worker's leases free themselves. The range must be one that
   nothing else on the machine runs as. When the caller is not root there is no uid to give: the program runs

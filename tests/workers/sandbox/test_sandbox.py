@@ -698,6 +698,26 @@ def test_forged_observations_are_labelled_as_the_programs() -> None:
 
 
 @needs_isolation
+def test_flooding_the_observation_pipe_does_not_hold_the_launcher(no_leftovers: None) -> None:
+    limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=10)
+    result = run(
+        """
+        import os
+        junk = b"x" * 4000 + b"\\n"
+        while True:
+            for fd in range(3, 64):
+                try:
+                    os.write(fd, junk)
+                except OSError:
+                    pass
+        """,
+        limits,
+    )
+    # The launcher's own wall-time kill, not the runner's backstop for a launcher that stopped answering.
+    assert result.outcome is Outcome.TIMEOUT and result.detail == "wall time limit 1.5 s exceeded"
+
+
+@needs_isolation
 def test_refusals_are_observed_without_changing_what_the_program_sees() -> None:
     result = run(
         """
