@@ -139,6 +139,13 @@ ATTEMPTS = [
         Outcome.MEMORY,
     ),
     Attempt(
+        "allocate one huge block",
+        "block = bytearray(1 << 40)\n",
+        lambda result, scene: False,
+        ("limit", "memory", None),
+        Outcome.MEMORY,
+    ),
+    Attempt(
         "write a huge file",
         """
         with open("huge.bin", "wb") as fh:
