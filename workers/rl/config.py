@@ -140,6 +140,7 @@ class TrainConfig(_Strict):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     dynamic_sampling: bool | None = Field(
         default=None,
+        validate_default=True,  # the algorithm's default is checked against drop_equal_groups too
         description="Empty: the algorithm's (on for DAPO). Over-sample, leave out groups whose task rewards are all "
         "equal and refill the batch (DAPO P3)",
     )

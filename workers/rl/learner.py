@@ -148,7 +148,9 @@ class Learner:
           sampled sequence, as P1/P2/P5 average over the whole batch), so skipping changes no gradient unless the
           KL is in the loss; DAPO and CISPO average over the tokens of the groups they train on (P3's filter);
         - an empty completion (no sampled token) keeps its reward in its group's mean and std and counts in the
-          per-sequence normalisers; it has no token to carry a gradient, and `empty_completions` counts it.
+          per-sequence normalisers; it has no token to carry a gradient, and `empty_completions` counts it;
+        - an empty batch (dynamic sampling found no group with signal) takes no optimizer step but counts as a
+          step, so checkpoints and the data order stay aligned.
         """
         started = time.perf_counter()
         cfg = self.config
@@ -161,14 +163,14 @@ class Learner:
         kept = [i for i in range(len(samples)) if bool(adv.keep[i]) and samples[i].sampled_tokens > 0]
         metrics.update(
             {
-                "reward_mean": float(rewards.mean()),
+                "reward_mean": float(rewards.mean()) if len(samples) else 0.0,
                 "reward_std": float(rewards.std()) if len(samples) > 1 else 0.0,
                 "advantage_mean": float(adv.advantages[adv.keep].mean()) if bool(adv.keep.any()) else 0.0,
                 "advantage_abs_mean": float(adv.advantages[adv.keep].abs().mean()) if bool(adv.keep.any()) else 0.0,
                 "dropped_groups": float(adv.dropped_groups),
                 "groups": float(adv.num_groups),
                 "empty_completions": float(sum(1 for s in samples if s.sampled_tokens == 0)),
-                "response_length": float(np.mean([s.sampled_tokens for s in samples])),
+                "response_length": float(np.mean([s.sampled_tokens for s in samples])) if len(samples) else 0.0,
             }
         )
         terms = sorted({k for s in samples for k in s.terms})
@@ -261,15 +263,15 @@ class Learner:
             lengths = torch.tensor([s.sampled_tokens for s in samples], dtype=torch.float64)
             penalty = dapo_overlong_penalty(lengths, settings.overlong_max_tokens, settings.overlong_cache_tokens)
             shaped = shaped + penalty
-            metrics["overlong_penalty_mean"] = float(penalty.mean())
-            metrics["overlong_share"] = float((penalty < 0).double().mean())
+            metrics["overlong_penalty_mean"] = float(penalty.mean()) if len(samples) else 0.0
+            metrics["overlong_share"] = float((penalty < 0).double().mean()) if len(samples) else 0.0
         if self.loss_config.kl_in_reward:
             kl, tokens = self._sequence_kl(samples)
             shaped = shaped - self.loss_config.kl_coef * kl
             metrics["kl"] = float(kl.sum()) / max(tokens, 1.0)  # per token, like the loss placement's
-            metrics["kl_penalty_mean"] = float(self.loss_config.kl_coef * kl.mean())
+            metrics["kl_penalty_mean"] = float(self.loss_config.kl_coef * kl.mean()) if len(samples) else 0.0
         if len(metrics):
-            metrics["shaped_reward_mean"] = float(shaped.mean())
+            metrics["shaped_reward_mean"] = float(shaped.mean()) if len(samples) else 0.0
         return shaped, metrics
 
     def _sequence_kl(self, samples: Sequence[Sample]) -> tuple[Tensor, float]:
