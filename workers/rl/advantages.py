@@ -5,9 +5,11 @@ Rollouts arrive as one flat reward vector in which every prompt's completions si
 completion's advantage is its reward minus its group's mean (the GRPO baseline); GRPO (P1) and GSPO (P5) also
 divide by the group's standard deviation, Dr. GRPO (P2) does not.
 
-A group whose rewards are all equal carries no learning signal (every advantage is 0). DAPO (P3) drops such
-groups ("dynamic sampling"); here they are marked in ``keep`` and counted, so the caller can refill the batch or
-log how much of it was wasted.
+A group whose rewards are all equal carries no learning signal (every advantage is 0). Here such groups are
+marked in ``keep`` and counted; the learner skips them without changing how the rest is normalised (GRPO, Dr. GRPO
+and GSPO still count them, as their papers average over the whole batch), and DAPO's dynamic sampling
+(`workers.rl.sampling`) filters and refills before the learner. Which scale each algorithm uses is in
+`workers.rl.algorithms`.
 """
 
 from __future__ import annotations
@@ -112,7 +114,9 @@ def group_advantages(
 
 
 def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO's soft overlong penalty R_length (methods.md P3, eq. 13), to be added to the task reward.
+    """DAPO's soft overlong penalty R_length (methods.md P3, eq. 13), to be added to the task reward. The learner
+    adds it for ``dapo`` runs (`EffectiveSettings.overlong_penalty`) with |y| the episode's sampled tokens and L_max
+    the most the policy can sample in one episode.
 
     Args:
         lengths: completion lengths |y| in tokens, any shape (typically ``[N]``), integer or float.

@@ -124,6 +124,15 @@ def test_the_overlong_penalty_is_zero_then_linear_then_minus_one() -> None:
     assert penalty.is_floating_point()
 
 
+def test_the_overlong_penalty_at_the_boundaries_of_eq_13() -> None:
+    # L_max = 20, L_cache = 5: 0 at |y| = L_max − L_cache = 15, −1/5 one token later, −1 at L_max and beyond.
+    penalty = dapo_overlong_penalty(torch.tensor([15, 16, 19, 20, 21]), max_len=20, cache_len=5)
+    assert penalty.tolist() == pytest.approx([0.0, -0.2, -0.8, -1.0, -1.0], abs=1e-7)
+    # A band as wide as L_max starts at 0 tokens: only the empty completion goes unpenalised.
+    wide = dapo_overlong_penalty(torch.tensor([0, 1, 4]), max_len=4, cache_len=4)
+    assert wide.tolist() == pytest.approx([0.0, -0.25, -1.0], abs=1e-7)
+
+
 def test_the_overlong_penalty_keeps_the_shape_of_its_input() -> None:
     penalty = dapo_overlong_penalty(torch.tensor([[8.0, 12.0], [1.0, 9.0]]), max_len=12, cache_len=4)
 

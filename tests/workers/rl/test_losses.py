@@ -172,6 +172,16 @@ def test_dr_grpo_divides_the_token_sum_by_batch_size_times_max_completion_length
     assert_grid(grad_of(out.loss, data["logp"]), expected)
 
 
+def test_composer_normalises_like_dr_grpo_and_keeps_its_kl_out_of_the_loss() -> None:
+    data = batch()
+    args = (data["logp"], data["old_logp"], data["advantages"], data["mask"])
+
+    composer = policy_loss(*args, LossConfig.defaults("composer", max_completion_length=4))
+    dr_grpo = policy_loss(*args, LossConfig.defaults("dr_grpo", max_completion_length=4))
+
+    assert composer.loss.item() == pytest.approx(dr_grpo.loss.item(), abs=1e-15) and composer.kl == 0.0
+
+
 def test_dapo_divides_the_token_sum_by_the_number_of_valid_tokens_and_clips_higher() -> None:
     data = batch()
     config = LossConfig.defaults("dapo")
@@ -463,6 +473,7 @@ def test_defaults_carry_the_reported_settings_and_a_source() -> None:
     expected = {
         "grpo": (0.2, 0.2, 0.04, "k3"),
         "dr_grpo": (0.2, 0.2, 0.0, "k3"),
+        "composer": (0.2, 0.2, 0.001, "k1"),
         "dapo": (0.2, 0.28, 0.0, "k3"),
         "cispo": (1.0, 4.0, 0.0, "k3"),
         "gspo": (3e-4, 4e-4, 0.0, "k3"),
@@ -513,7 +524,7 @@ def test_defaults_reject_an_unknown_algorithm() -> None:
         LossConfig.defaults("ppo")  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "dapo", "cispo", "gspo"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo", "composer", "dapo", "cispo", "gspo"])
 def test_micro_batch_losses_with_the_batch_normalisers_add_up_to_the_whole_batch(algorithm):
     torch.manual_seed(0)
     logp = (torch.randn(4, 5, dtype=torch.float64) - 2).requires_grad_()
