@@ -14,6 +14,7 @@ file. `ray_client_env()` hands the token to child processes explicitly so that a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -90,6 +91,27 @@ def stop_session(pid: int, timeout: float = 15.0) -> None:
             time.sleep(0.2)
 
 
+def job_driver_pids(run_id: int) -> list[int]:
+    """The Python processes on this machine running a Crucible job for run `run_id` (its Ray job's driver): found
+    by the entrypoint in their command line and the run's ingest URL in their environment. For fault drills."""
+    needle = f"/runs/{run_id}/ingest/".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            if b"-m" not in argv or not any(a.startswith(b"workers.jobs.") for a in argv):
+                continue
+            if b"python" not in Path(argv[0].decode()).name.encode():
+                continue
+            if needle in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return pids
+
+
 # --- processes -----------------------------------------------------------------------------------------------
 @dataclass
 class ProcessGroup:
@@ -156,14 +178,23 @@ class Supervisor:
     STABLE_SECONDS = 60.0
     MAX_BACKOFF = 30.0
 
-    def __init__(self, log: Any = print) -> None:
+    def __init__(self, pid_file: Path | None = None) -> None:
         self.items: dict[str, Supervised] = {}
-        self.log = log
+        self.pid_file = pid_file
 
     def add(self, name: str, start: Any, proc: Any | None = None) -> Any:
         proc = proc if proc is not None else start()
         self.items[name] = Supervised(name=name, start=start, proc=proc)
+        self._write_pids()
         return proc
+
+    def _write_pids(self) -> None:
+        """`var/pids.json`: what runs now, by name (bench/fault_drill.py kills from it)."""
+        if self.pid_file is not None:
+            pids = {name: item.proc.pid for name, item in self.items.items()}
+            tmp = self.pid_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(pids))
+            os.replace(tmp, self.pid_file)
 
     def tick(self, now: float | None = None) -> list[str]:
         """One pass: restart what is due, schedule what just died. Returns what it did, in words."""
@@ -190,6 +221,7 @@ class Supervisor:
                     item.started_at = now
                     said.append(f"{item.name} restarted (restart {item.restarts})")
                     item.due = None
+                    self._write_pids()
                 item.backoff = min(item.backoff * 2, self.MAX_BACKOFF)
         return said
 
@@ -450,7 +482,7 @@ def up() -> int:
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
 
-    supervisor = Supervisor()
+    supervisor = Supervisor(pid_file=var_dir / "pids.json")
     with services(var_dir, supervisor=supervisor) as service_env:
         head = None
         procs = ProcessGroup(var_dir / "log")

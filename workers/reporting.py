@@ -2,7 +2,8 @@
 
 Events are numbered once, when they are created, so a batch that is retried after a timeout carries the same
 sequence numbers and the control plane keeps exactly one copy. Batches flush when they reach `max_events` or
-when `flush_seconds` have passed, so single events need no manual batching by the caller.
+when `flush_seconds` have passed, so single events need no manual batching by the caller. A background thread
+sends them: making an event never waits on the network.
 
 Each event is checked against the wire schema when it is created (a NaN metric raises at the call that made it,
 not minutes later on the server). Sends are serialised: one batch is in flight at a time, in seq order. A batch
@@ -93,6 +94,7 @@ class _Spool:
             self.overflowed += 1
             return
         self._file.write(line)
+        self._file.flush()  # to the OS at once: a SIGKILL right after loses nothing (fsync waits for sync())
         self.size += len(line)
 
     def ack(self, seqs: list[int]) -> None:
@@ -244,6 +246,7 @@ class Reporter:
         spool_dir: Path | None = None,
         max_spool_bytes: int = DEFAULT_MAX_SPOOL_BYTES,
         outage_seconds: float = DEFAULT_OUTAGE_SECONDS,
+        max_pending: int = 200_000,
     ) -> None:
         self.ingest_url = ingest_url
         self._headers = {"Authorization": f"Bearer {token}"}
@@ -260,13 +263,19 @@ class Reporter:
         self._spool = (
             _Spool(spool_dir, ingest_url=ingest_url, token=token, max_bytes=max_spool_bytes) if spool_dir else None
         )
+        self.max_pending = max_pending
         self._closed = threading.Event()
+        self._wake = threading.Event()
         # A background flusher ships a lone event within `flush_seconds` even if the job goes quiet after it.
         self._flusher = threading.Thread(target=self._flush_periodically, name="crucible-reporter", daemon=True)
         self._flusher.start()
 
     def _flush_periodically(self) -> None:
-        while not self._closed.wait(self.flush_seconds):
+        while not self._closed.is_set():
+            self._wake.wait(self.flush_seconds)
+            self._wake.clear()
+            if self._closed.is_set():
+                break
             try:
                 self.flush()
             except IngestError:
@@ -286,13 +295,24 @@ class Reporter:
             self._pending.append(numbered)
             if self._spool is not None:
                 self._spool.add(numbered)
-            due = len(self._pending) >= self.max_events or time.monotonic() - self._last_flush >= self.flush_seconds
-        if due and self._send_lock.acquire(blocking=False):
-            # Send now unless a send is already in flight (a slow or absent control plane): then the flusher
-            # picks these up, and the job goes on instead of waiting on the network.
-            self._send_lock.release()
-            self.flush()
+            backlog = len(self._pending)
+            due = backlog >= self.max_events or time.monotonic() - self._last_flush >= self.flush_seconds
+        if due:
+            # The flusher sends; the job never waits on the network (a control plane that hangs or is away costs
+            # it nothing) until the backlog reaches `max_pending`, the memory bound.
+            self._wake.set()
+        if backlog >= self.max_pending:
+            self._wait_for_backlog()
         return seq
+
+    def _wait_for_backlog(self) -> None:
+        log.warning("%d events wait for the control plane; the job pauses until it takes some", self.max_pending)
+        while not self._closed.is_set():
+            with self._lock:
+                if len(self._pending) < self.max_pending:
+                    return
+            self._wake.set()
+            time.sleep(0.5)
 
     def metric(self, step: int, values: Mapping[str, float]) -> int:
         return self._add("metric", step=step, values=dict(values))
@@ -427,6 +447,7 @@ class Reporter:
         """Deliver everything. While the control plane does not answer, keep trying for `outage_seconds` since
         the last failure began; then raise IngestError, leaving the events in the spool for a later replay."""
         self._closed.set()
+        self._wake.set()
         self._flusher.join()  # it finishes its current send (bounded by the retries), then stops
         deadline = time.monotonic() + self.outage_seconds
         while True:

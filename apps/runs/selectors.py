@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.accounts.models import Capability, User
-from apps.runs.models import ROLLUP_STEPS, Run, RunEvent
+from apps.runs.models import ROLLUP_STEPS, IngestedRange, Run, RunEvent
 from apps.runs.storage import read_storage_uri
 
 
@@ -251,3 +251,29 @@ def find_record(uri: str, trajectory_id: str) -> dict[str, Any] | None:
             if isinstance(record, dict) and str(record.get("id")) == trajectory_id:
                 return record
     return None
+
+
+def event_accounting(run: Run) -> dict[str, Any]:
+    """Did every event the worker numbered arrive exactly once? From the idempotency ledger: how many seqs are
+    stored, the gaps below the highest one, and any seq two ranges both claim (a duplicate; the ledger's design
+    makes it 0). A run whose worker sent its `end` event should have no gap up to that event's seq."""
+    ranges = sorted(IngestedRange.objects.filter(run=run).values_list("lo", "hi"))
+    stored = sum(hi - lo + 1 for lo, hi in ranges)
+    gaps: list[tuple[int, int]] = []
+    duplicates = 0
+    expected = 1
+    for lo, hi in ranges:
+        if lo > expected:
+            gaps.append((expected, lo - 1))
+        elif lo < expected:
+            duplicates += min(hi, expected - 1) - lo + 1
+        expected = max(expected, hi + 1)
+    return {
+        "stored": stored,
+        "last_seq": run.last_seq,
+        "gaps": gaps,
+        "missing": sum(hi - lo + 1 for lo, hi in gaps),
+        "duplicates": duplicates,
+        "late": run.late_events,
+        "ended": run.reported_outcome or None,
+    }

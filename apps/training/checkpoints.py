@@ -3,8 +3,9 @@
 A training job writes each checkpoint to `runs/<id>/checkpoints/step-NNNNNN.pt`, then its checksum beside it
 (`workers.jobs.common.write_checkpoint`), then reports it. When the report is lost (the control plane was down as
 the job died), the file is still there: `recover_checkpoints` registers every checkpoint whose bytes match their
-checksum, so a resume finds it. A file without a checksum, or whose bytes do not match, was cut short and is
-never used.
+checksum and whose checksum names this run (`workers.jobs.common.run_key`), so a resume finds it. A file
+without a checksum, or whose bytes do not match, was cut short and is never used; one with another run's key was
+left by an earlier database whose run had the same id.
 """
 
 from __future__ import annotations
@@ -17,15 +18,16 @@ import re
 from django.core.files.storage import default_storage
 
 from apps.runs.models import Checkpoint, Run, RunKind
+from apps.runs.services import ingest_token_for
 from apps.runs.storage import storage_uri
+from workers.jobs.common import CHECKSUM_SUFFIX, run_key
 
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6,})\.pt$")
-CHECKSUM_SUFFIX = ".sha256"  # workers.jobs.common.CHECKSUM_SUFFIX
 
 
-def _verified(name: str) -> bool:
+def _verified(name: str, key: str) -> bool:
     try:
         with default_storage.open(name + CHECKSUM_SUFFIX, "rb") as handle:
             expected = json.loads(handle.read())
@@ -38,7 +40,8 @@ def _verified(name: str) -> bool:
     except (OSError, ValueError) as exc:
         log.info("checkpoint %s not usable: %s", name, exc)
         return False
-    return bool(digest.hexdigest() == expected.get("sha256") and size == expected.get("bytes"))
+    whole = digest.hexdigest() == expected.get("sha256") and size == expected.get("bytes")
+    return bool(whole and expected.get("run_key") == key)
 
 
 def recover_checkpoints(run: Run) -> list[Checkpoint]:
@@ -49,13 +52,14 @@ def recover_checkpoints(run: Run) -> list[Checkpoint]:
     except (OSError, NotImplementedError):
         return []
     known = set(run.checkpoints.values_list("step", flat=True))
+    key = run_key(ingest_token_for(run))
     recovered = []
     for filename in sorted(files):
         match = CHECKPOINT_NAME.match(filename)
         if not match or int(match.group(1)) in known:
             continue
         name = f"{folder}/{filename}"
-        if not _verified(name):
+        if not _verified(name, key):
             continue
         checkpoint, created = Checkpoint.objects.get_or_create(
             run=run,

@@ -16,6 +16,7 @@ from apps.runs import ray_jobs, services
 from apps.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 from apps.runs.services.lifecycle import explain_ray_failure
 from workers.events import EVENTS_LIST
+from workers.jobs.common import run_key
 
 pytestmark = pytest.mark.django_db
 
@@ -107,12 +108,15 @@ def train_run(users, monkeypatch):  # type: ignore[no-untyped-def]
     shutil.rmtree(default_storage.path(f"runs/{run.pk}"), ignore_errors=True)
 
 
-def _write_checkpoint(run: Run, step: int, *, checksum: bool = True, corrupt: bool = False) -> None:
+def _write_checkpoint(
+    run: Run, step: int, *, checksum: bool = True, corrupt: bool = False, owner: str | None = None
+) -> None:
     blob = f"weights of run {run.pk} at step {step}".encode() * 100
     name = f"runs/{run.pk}/checkpoints/step-{step:06d}.pt"
     default_storage.save(name, ContentFile(blob[:-10] if corrupt else blob))
     if checksum:
-        meta = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)}
+        key = run_key(services.ingest_token_for(run) if owner is None else owner)
+        meta = {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob), "run_key": key}
         default_storage.save(name + ".sha256", ContentFile(json.dumps(meta).encode()))
 
 
@@ -123,6 +127,7 @@ def test_resume_finds_a_checkpoint_whose_report_was_lost_and_skips_a_torn_one(tr
     _write_checkpoint(train_run, 4)  # written whole, its event never arrived
     _write_checkpoint(train_run, 5, corrupt=True)  # cut short by the kill
     _write_checkpoint(train_run, 6, checksum=False)  # the kill came before its checksum
+    _write_checkpoint(train_run, 7, owner="cri_another_database")  # left by an earlier run with the same id
     reply = client_for("operator").post(f"/api/v1/runs/{train_run.pk}/resume/")
     assert reply.status_code == 201, reply.json()
     child = Run.objects.get(pk=reply.json()["id"])

@@ -68,13 +68,21 @@ def write_bytes(uri: str, data: bytes, storage_options: dict[str, Any]) -> None:
 CHECKSUM_SUFFIX = ".sha256"
 
 
+def run_key(ingest_token: str) -> str:
+    """Names the run a file in storage belongs to without storing its secret: a hash of its ingest token, which
+    the control plane can compute too. A storage folder left from an earlier database (run ids start again at 1)
+    never passes for this run's."""
+    return hashlib.sha256(b"crucible-run-key:" + ingest_token.encode()).hexdigest()[:32]
+
+
 def write_checkpoint(uri: str, blob: bytes, storage_options: dict[str, Any]) -> str:
-    """Write a checkpoint, then its checksum beside it (`<uri>.sha256`: JSON with sha256 and bytes). The checksum
-    goes last, so a checkpoint with a matching checksum was written whole: the control plane can resume from it
-    even when the event that announced it never arrived. Returns the sha256."""
+    """Write a checkpoint, then its checksum beside it (`<uri>.sha256`: JSON with sha256, bytes and the run's key).
+    The checksum goes last, so a checkpoint with a matching checksum was written whole: the control plane can
+    resume from it even when the event that announced it never arrived. Returns the sha256."""
     digest = hashlib.sha256(blob).hexdigest()
+    meta = {"sha256": digest, "bytes": len(blob), "run_key": run_key(os.environ.get("CRUCIBLE_INGEST_TOKEN", ""))}
     write_bytes(uri, blob, storage_options)
-    write_bytes(uri + CHECKSUM_SUFFIX, json.dumps({"sha256": digest, "bytes": len(blob)}).encode(), storage_options)
+    write_bytes(uri + CHECKSUM_SUFFIX, json.dumps(meta).encode(), storage_options)
     return digest
 
 
