@@ -40,6 +40,7 @@ os.environ["DATABASE_URL"] = f"{PG}/{DB}"
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 os.environ.setdefault("DJANGO_DEBUG", "0")  # as deployed: no query log, no debug templates
+os.environ.setdefault("DJANGO_HTTPS", "0")  # served over plain http on loopback here
 
 import psycopg  # noqa: E402
 
