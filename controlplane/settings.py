@@ -202,6 +202,21 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Every operation also documents the errors it can give (400/401/403/404, apps/common/schema.py).
+    "DEFAULT_GENERATOR_CLASS": "apps.common.schema.SchemaGenerator",
+    # Request bodies get their own components (FooRequest): a required text field there says it may not be blank.
+    "COMPONENT_SPLIT_REQUEST": True,
+    # One name per choice set: several models have a `status`, and a queue's min_severity is a flag's severity.
+    "ENUM_NAME_OVERRIDES": {
+        "RunStatusEnum": "apps.runs.models.RunStatus",
+        "CheckStatusEnum": "apps.gates.models.CheckStatus",
+        "ItemStatusEnum": "apps.review.models.ItemStatus",
+        "DraftStatusEnum": "apps.review.models.DraftStatus",
+        "DeliveryStatusEnum": "apps.webhooks.models.DeliveryStatus",
+        "SeverityEnum": "apps.review.models.Severity",
+        "RoleEnum": "apps.accounts.models.Role",
+        "CapabilityEnum": "apps.accounts.models.Capability",
+    },
 }
 
 TIME_ZONE = "UTC"

@@ -1,9 +1,10 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from apps.accounts import api as accounts_api
 from apps.benchmarks import api as benchmarks_api
+from apps.common.errors import api_not_found
 from apps.common.routers import ApiRouter
 from apps.datasets import api as datasets_api
 from apps.gates import api as gates_api
@@ -38,6 +39,9 @@ api_v1 = [
     path("docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("redoc/", SpectacularRedocView.as_view(url_name="schema"), name="redoc"),
     path("", include(router.urls)),
+    # Last: a path under /api/v1/ that matched nothing above (a non-integer id) is a JSON 404. Only paths ending in
+    # "/", so one without it still gets APPEND_SLASH's redirect.
+    re_path(r"^[\s\S]*/$", api_not_found),
 ]
 
 # Every app's pages: each pages.py names its namespace (app_name) and full paths; the shell (apps.web) comes last.

@@ -4,9 +4,11 @@ import json
 from typing import Any
 
 from django.db.models import QuerySet
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
+from rest_framework.parsers import JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -14,15 +16,25 @@ from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.benchmarks import selectors, services
 from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, Eval, TaskProvenance
+from apps.common.fields import JSONObjectField
+from apps.common.params import id_field, query_params
 from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.runs.models import Checkpoint, TaskResult
+from workers.envs.registry import ENVIRONMENTS
 
 MAX_TASKS_UPLOAD_BYTES = 64 * 1024 * 1024
 
 
 class BenchmarkSerializer(serializers.ModelSerializer):
     owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
+    environment = serializers.ChoiceField(
+        choices=sorted(ENVIRONMENTS),
+        help_text="Environment the tasks run in (workers.envs.registry)",
+        error_messages={
+            "invalid_choice": f"unknown environment {{input!r}}; choose one of: {', '.join(sorted(ENVIRONMENTS))}"
+        },
+    )
 
     class Meta:
         model = Benchmark
@@ -57,9 +69,11 @@ class BenchmarkVersionSerializer(serializers.ModelSerializer):
 
 
 class VersionCreateSerializer(serializers.Serializer):
+    """What POST /benchmarks/{id}/versions/ reads, from a JSON body (`tasks`) or a multipart form (`file`)."""
+
     tasks = serializers.JSONField(required=False, help_text="A list of task rows (or upload `file`, JSONL)")
     file = serializers.FileField(required=False, help_text="Task rows as JSONL, one per line")
-    env_params = serializers.JSONField(required=False, default=dict)
+    env_params = JSONObjectField(required=False, default=dict)
     provenance = serializers.ChoiceField(choices=TaskProvenance.choices, default=TaskProvenance.HAND_WRITTEN)
     source_ref = serializers.CharField(required=False, allow_blank=True, default="", max_length=300)
     excluded_training_data = serializers.PrimaryKeyRelatedField(
@@ -73,6 +87,22 @@ class VersionCreateSerializer(serializers.Serializer):
         default=None,
         help_text="Search benchmarks: the corpus version whose ready index the tasks search (pinned in env_params)",
     )
+
+
+class VersionJsonSerializer(VersionCreateSerializer):
+    """The JSON body: the task rows inline."""
+
+    tasks = serializers.ListField(  # type: ignore[assignment]
+        child=JSONObjectField(), min_length=1, help_text="The task rows"
+    )
+    file = None  # type: ignore[assignment]
+
+
+class VersionUploadSerializer(VersionCreateSerializer):
+    """The multipart form: the task rows as a JSONL file."""
+
+    tasks = None  # type: ignore[assignment]
+    file = serializers.FileField(help_text="Task rows as JSONL, one per line")
 
 
 def _rows_from_jsonl(data: bytes) -> list[Any]:
@@ -106,7 +136,11 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
             owner=request_user(self.request),
         )
 
-    @action(detail=True, methods=["post"])
+    @extend_schema(
+        request={"application/json": VersionJsonSerializer, "multipart/form-data": VersionUploadSerializer},
+        responses={200: BenchmarkVersionSerializer, 201: BenchmarkVersionSerializer},
+    )
+    @action(detail=True, methods=["post"], parser_classes=[JSONParser, MultiPartParser])
     def versions(self, request: Request, pk: str | None = None) -> Response:
         """Add a version: `tasks` (a JSON list) or `file` (JSONL). The same content as an existing version
         returns that version with 200 instead of 201."""
@@ -127,8 +161,6 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
             tasks = data.get("tasks")
             if not isinstance(tasks, list):
                 raise ValidationError({"tasks": ["send a JSON list of task rows, or upload `file` as JSONL"]})
-        if not isinstance(data["env_params"], dict):
-            raise ValidationError({"env_params": ["must be a JSON object of environment parameters"]})
         version, created = services.benchmark_version_create(
             benchmark=benchmark,
             tasks=tasks,
@@ -159,6 +191,7 @@ class BenchmarkVersionViewSet(viewsets.ReadOnlyModelViewSet):
         .order_by("-created_at")
     )
 
+    @extend_schema(responses=BenchmarkTaskSerializer(many=True))
     @action(detail=True, methods=["get"])
     def tasks(self, request: Request, pk: str | None = None) -> Response:
         version = self.get_object()
@@ -214,6 +247,53 @@ class TaskResultSerializer(serializers.ModelSerializer):
         fields = ["task_id", "samples", "passed", "score", "outcomes", "trajectory_ids"]
 
 
+class EvalFilters(serializers.Serializer):
+    benchmark_version = id_field("Only evals on this benchmark version")
+    checkpoint = id_field("Only evals of this checkpoint")
+    run = id_field("Only the eval of this eval run")
+
+
+@extend_schema_field(
+    {"type": "number", "minimum": 0, "maximum": 0.5, "exclusiveMinimum": True, "exclusiveMaximum": True}
+)
+class AlphaField(serializers.FloatField):
+    """A significance level: strictly between 0 and 0.5 (apps.benchmarks.selectors.eval_compare)."""
+
+
+class CompareQuery(serializers.Serializer):
+    before = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The eval compared from")
+    after = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="The eval compared to")
+    slice_by = serializers.RegexField(
+        r"^((tag|difficulty|source)(,(tag|difficulty|source))*)?$",
+        required=False,
+        default="",
+        allow_blank=True,
+        help_text="Comma-separated slices: tag, difficulty, source",
+    )
+    alpha = AlphaField(required=False, default=0.05, help_text="Significance level of the paired test")
+
+
+class EvalSideSerializer(serializers.Serializer):
+    eval = serializers.IntegerField()
+    model = serializers.CharField()
+    benchmark_version = serializers.IntegerField()
+
+
+class TaskDiffSerializer(serializers.Serializer):
+    task_id = serializers.CharField()
+    before = serializers.FloatField()
+    after = serializers.FloatField()
+    diff = serializers.FloatField()
+
+
+class CompareSerializer(serializers.Serializer):
+    before = EvalSideSerializer()
+    after = EvalSideSerializer()
+    alpha = serializers.FloatField()
+    comparison = serializers.DictField(help_text="workers.evals.stats.compare_paired: overall and per slice")
+    tasks = TaskDiffSerializer(many=True)
+
+
 class EvalViewSet(viewsets.ReadOnlyModelViewSet):
     """Evals: `launch` starts one (or reuses a matching one: 200 instead of 201); reads need `read`."""
 
@@ -222,13 +302,15 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[Eval]:
         qs = Eval.objects.select_related("run", "benchmark_version__benchmark", "checkpoint").order_by("-created_at")
-        for param in ("benchmark_version", "checkpoint", "run"):
-            if value := self.request.query_params.get(param):
-                if not value.isdigit():
-                    raise ValidationError({param: ["must be an id"]})
-                qs = qs.filter(**{f"{param}_id": int(value)})
+        if self.action == "list":
+            qs = qs.filter(**{f"{param}_id": value for param, value in query_params(self.request, EvalFilters).items()})
         return qs
 
+    @extend_schema(parameters=[EvalFilters])
+    def list(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(request=EvalCreateSerializer, responses={200: EvalSerializer, 201: EvalSerializer})
     def create(self, request: Request) -> Response:
         body = EvalCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -237,30 +319,27 @@ class EvalViewSet(viewsets.ReadOnlyModelViewSet):
             EvalSerializer(evaluation).data, status=status.HTTP_201_CREATED if created else status.HTTP_200_OK
         )
 
+    @extend_schema(responses=TaskResultSerializer(many=True))
     @action(detail=True, methods=["get"])
     def tasks(self, request: Request, pk: str | None = None) -> Response:
         evaluation = self.get_object()
         page = self.paginate_queryset(TaskResult.objects.filter(run_id=evaluation.run_id).order_by("task_id"))
         return self.get_paginated_response(TaskResultSerializer(page, many=True).data)
 
+    @extend_schema(parameters=[CompareQuery], responses=CompareSerializer)
     @action(detail=False, methods=["get"])
     def compare(self, request: Request) -> Response:
         """`?before=<eval id>&after=<eval id>&slice_by=tag,difficulty&alpha=0.05`: per-task differences with a
         paired test and confidence intervals, overall and per slice."""
+        query = query_params(request, CompareQuery)
         ids: dict[str, Eval] = {}
         for param in ("before", "after"):
-            value = request.query_params.get(param, "")
-            if not value.isdigit():
-                raise ValidationError({param: ["give an eval id"]})
-            found = self.get_queryset().filter(pk=int(value)).first()
+            found = self.get_queryset().filter(pk=query[param]).first()
             if found is None:
-                raise ValidationError({param: [f"eval {value} does not exist"]})
+                raise ValidationError({param: [f"eval {query[param]} does not exist"]})
             ids[param] = found
-        slice_by = [s for s in request.query_params.get("slice_by", "").split(",") if s]
-        try:
-            alpha = float(request.query_params.get("alpha", "0.05"))
-        except ValueError:
-            raise ValidationError({"alpha": ["must be a number between 0 and 0.5"]})
+        slice_by = [s for s in query["slice_by"].split(",") if s]
+        alpha = query["alpha"]
         comparison = selectors.eval_compare(before=ids["before"], after=ids["after"], slice_by=slice_by, alpha=alpha)
         return Response(comparison)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import HttpRequest, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
 from pydantic import ValidationError as PydanticError
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -56,3 +58,10 @@ def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response 
     elif isinstance(response.data, dict) and "detail" in response.data:
         response.data = {"detail": str(response.data["detail"])}
     return response
+
+
+@csrf_exempt
+def api_not_found(request: HttpRequest, *args: Any, **kwargs: Any) -> JsonResponse:
+    """Any /api/ path that names no route (`/api/v1/datasets/abc/`: an id that is not a number) is a JSON 404
+    like every other API error, not Django's HTML page."""
+    return JsonResponse({"detail": "Not found."}, status=404)

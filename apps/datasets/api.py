@@ -4,6 +4,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
@@ -78,6 +79,8 @@ class DatasetViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: Any) -> None:
         serializer.instance = dataset_create(owner=request_user(self.request), **serializer.validated_data)
 
+    @extend_schema(methods=["GET"], request=None, responses=DatasetVersionSerializer(many=True))
+    @extend_schema(methods=["POST"], request=UploadSerializer, responses={201: DatasetVersionSerializer})
     @action(detail=True, methods=["get", "post"], parser_classes=[MultiPartParser, FormParser])
     def versions(self, request: Request, pk: str | None = None) -> Response:
         """GET lists versions; POST (multipart `file`) validates the whole file and adds the next version.

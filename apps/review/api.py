@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -9,11 +10,15 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.fields import JSONObjectField
+from apps.common.params import id_field, query_params
 from apps.common.routers import AppRouter
 from apps.datasets.models import Dataset
 from apps.review import services
 from apps.review.models import (
     Flag,
+    ItemStatus,
+    Label,
     QueueItem,
     Review,
     ReviewAction,
@@ -22,6 +27,8 @@ from apps.review.models import (
     Severity,
     TaskExclusion,
 )
+from apps.review.services.queues import MIN_LOCK_TIMEOUT_S
+from workers.detectors.registry import detectors
 
 
 class ReviewSerializer(serializers.ModelSerializer):
@@ -105,6 +112,12 @@ class PromoteSerializer(serializers.Serializer):
     task_id = serializers.CharField(max_length=200, required=False, default="", help_text="When the trajectory is gone")
 
 
+class PromotedSerializer(serializers.Serializer):
+    benchmark_version = serializers.IntegerField(help_text="The new version holding the task")
+    benchmark = serializers.CharField()
+    number = serializers.IntegerField()
+
+
 class ExcludeSerializer(serializers.Serializer):
     dataset = serializers.PrimaryKeyRelatedField(
         queryset=Dataset.objects.all(), required=False, default=None, help_text="Default: the run's dataset"
@@ -125,6 +138,7 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
         "exclude": Capability.REVIEW,
     }
 
+    @extend_schema(request=ReviewSerializer, responses={201: ReviewSerializer})
     @action(detail=True, methods=["post"])
     def review(self, request: Request, pk: str | None = None) -> Response:
         body = ReviewSerializer(data=request.data)
@@ -137,12 +151,14 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
         )
         return Response(ReviewSerializer(review).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["post"], url_path="reward-draft", serializer_class=serializers.Serializer)
+    @extend_schema(request=None, responses={201: RewardDraftSerializer})
+    @action(detail=True, methods=["post"], url_path="reward-draft")
     def reward_draft(self, request: Request, pk: str | None = None) -> Response:
         """Draft the run's reward config with a penalty for this detector, left for an operator to accept."""
         draft = services.reward_draft_create(flag=self.get_object(), created_by=request_user(request))
         return Response(RewardDraftSerializer(draft).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=PromoteSerializer, responses={201: PromotedSerializer})
     @action(detail=True, methods=["post"], serializer_class=PromoteSerializer)
     def promote(self, request: Request, pk: str | None = None) -> Response:
         """Append the trajectory's task to a benchmark as a regression case (a new version, provenance review)."""
@@ -159,6 +175,7 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
             status=status.HTTP_201_CREATED,
         )
 
+    @extend_schema(request=ExcludeSerializer, responses={201: TaskExclusionSerializer})
     @action(detail=True, methods=["post"], serializer_class=ExcludeSerializer)
     def exclude(self, request: Request, pk: str | None = None) -> Response:
         """Exclude the trajectory's task from future training on its dataset."""
@@ -171,6 +188,9 @@ class FlagViewSet(viewsets.ReadOnlyModelViewSet):
 class ReviewQueueSerializer(serializers.ModelSerializer):
     created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     min_severity = serializers.ChoiceField(choices=Severity.choices, required=False, default="", allow_blank=True)
+    detector = serializers.ChoiceField(
+        choices=sorted(detectors()), required=False, default="", allow_blank=True, help_text="Blank: any detector"
+    )
 
     class Meta:
         model = ReviewQueue
@@ -188,7 +208,11 @@ class ReviewQueueSerializer(serializers.ModelSerializer):
             "synced_at",
         ]
         read_only_fields = ["created_by", "created_at", "synced_at"]
-        extra_kwargs: dict[str, dict[str, Any]] = {"name": {"validators": []}}
+        extra_kwargs: dict[str, dict[str, Any]] = {
+            "name": {"validators": []},
+            "required_reviews": {"min_value": 1},
+            "lock_timeout_s": {"min_value": MIN_LOCK_TIMEOUT_S},
+        }
 
 
 class QueueItemSerializer(serializers.ModelSerializer):
@@ -203,8 +227,12 @@ class QueueItemSerializer(serializers.ModelSerializer):
 class LabelSerializer(serializers.Serializer):
     # The API field is named `label`; the stubs see it replace Field.label, but the serializer's metaclass takes
     # declared fields off the class, so at run time it does not.
-    label = serializers.CharField(max_length=16)  # type: ignore[assignment]
+    label = serializers.ChoiceField(choices=Label.choices)  # type: ignore[assignment]
     note = serializers.CharField(required=False, default="", allow_blank=True)
+
+
+class SyncedSerializer(serializers.Serializer):
+    added = serializers.IntegerField(help_text="Items queued by this sync")
 
 
 class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
@@ -214,6 +242,7 @@ class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet)
     queryset = ReviewQueue.objects.select_related("created_by").order_by("name")
     capability_map = {"create": Capability.REVIEW, "sync": Capability.REVIEW, "next": Capability.REVIEW}
 
+    @extend_schema(responses={201: ReviewQueueSerializer})
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         body = ReviewQueueSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -230,18 +259,25 @@ class ReviewQueueViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet)
         )
         return Response(ReviewQueueSerializer(queue).data, status=status.HTTP_201_CREATED)
 
-    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    @extend_schema(request=None, responses=SyncedSerializer)
+    @action(detail=True, methods=["post"])
     def sync(self, request: Request, pk: str | None = None) -> Response:
         """Queue the flags that arrived since the last sync."""
         return Response({"added": services.queue_sync(queue=self.get_object())})
 
-    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    @extend_schema(request=None, responses={200: QueueItemSerializer, 204: None})
+    @action(detail=True, methods=["post"])
     def next(self, request: Request, pk: str | None = None) -> Response:
         """Claim and lock the next item you have not reviewed; 204 when none is left for you."""
         item = services.queue_next(queue=self.get_object(), reviewer=request_user(request))
         if item is None:
             return Response(status=status.HTTP_204_NO_CONTENT)
         return Response(QueueItemSerializer(item).data)
+
+
+class ItemFilters(serializers.Serializer):
+    queue = id_field("Only this queue's items")
+    status = serializers.ChoiceField(choices=ItemStatus.choices, required=False, help_text="Only items in this state")
 
 
 class QueueItemViewSet(viewsets.ReadOnlyModelViewSet):
@@ -252,19 +288,31 @@ class QueueItemViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> Any:
         items = QueueItem.objects.select_related("flag", "locked_by").prefetch_related("flag__reviews__reviewer")
-        queue, item_status = self.request.query_params.get("queue", ""), self.request.query_params.get("status")
-        if queue.isdigit():
-            items = items.filter(queue_id=int(queue))
-        if item_status:
-            items = items.filter(status=item_status)
+        if self.action == "list":
+            filters = query_params(self.request, ItemFilters)
+            if "queue" in filters:
+                items = items.filter(queue_id=filters["queue"])
+            if "status" in filters:
+                items = items.filter(status=filters["status"])
         return items.order_by("queue", "status", "-priority", "id")
 
+    @extend_schema(parameters=[ItemFilters])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    @extend_schema(request=LabelSerializer, responses={201: ReviewSerializer})
     @action(detail=True, methods=["post"], serializer_class=LabelSerializer)
     def label(self, request: Request, pk: str | None = None) -> Response:
         body = LabelSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         review = services.item_label(item=self.get_object(), reviewer=request_user(request), **body.validated_data)
         return Response(ReviewSerializer(review).data, status=status.HTTP_201_CREATED)
+
+
+class AcceptSerializer(serializers.Serializer):
+    spec = JSONObjectField(
+        required=False, allow_null=True, default=None, help_text="Your edit of the proposed spec; omit to take it"
+    )
 
 
 class RewardDraftViewSet(viewsets.ReadOnlyModelViewSet):
@@ -274,17 +322,25 @@ class RewardDraftViewSet(viewsets.ReadOnlyModelViewSet):
     queryset = RewardDraft.objects.select_related("created_by", "decided_by").order_by("-created_at")
     capability_map = {"accept": Capability.LAUNCH, "discard": Capability.LAUNCH}
 
-    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    @extend_schema(request=AcceptSerializer, responses=RewardDraftSerializer)
+    @action(detail=True, methods=["post"])
     def accept(self, request: Request, pk: str | None = None) -> Response:
         """Create the next reward config version from the draft, or from `spec` (your edit of it) when given."""
-        spec = request.data.get("spec") if isinstance(request.data, dict) else None
+        body = AcceptSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        spec = body.validated_data.get("spec")
         draft = services.reward_draft_accept(draft=self.get_object(), user=request_user(request), spec=spec)
         return Response(RewardDraftSerializer(draft).data)
 
-    @action(detail=True, methods=["post"], serializer_class=serializers.Serializer)
+    @extend_schema(request=None, responses=RewardDraftSerializer)
+    @action(detail=True, methods=["post"])
     def discard(self, request: Request, pk: str | None = None) -> Response:
         draft = services.reward_draft_discard(draft=self.get_object(), user=request_user(request))
         return Response(RewardDraftSerializer(draft).data)
+
+
+class ActionFilters(serializers.Serializer):
+    flag = id_field("Only what reviews of this flag led to")
 
 
 class ReviewActionViewSet(viewsets.ReadOnlyModelViewSet):
@@ -294,8 +350,13 @@ class ReviewActionViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> Any:
         actions = ReviewAction.objects.select_related("actor").order_by("-created_at", "-id")
-        flag = self.request.query_params.get("flag", "")
-        return actions.filter(flag_id=int(flag)) if flag.isdigit() else actions
+        if self.action == "list" and "flag" in (filters := query_params(self.request, ActionFilters)):
+            actions = actions.filter(flag_id=filters["flag"])
+        return actions
+
+    @extend_schema(parameters=[ActionFilters])
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
 
 
 class TaskExclusionViewSet(viewsets.ReadOnlyModelViewSet):

@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, viewsets
 from rest_framework.decorators import action
 from rest_framework.request import Request
@@ -41,7 +42,7 @@ class RewardVersionSerializer(serializers.ModelSerializer):
 
 class RewardConfigSerializer(serializers.ModelSerializer):
     owner: serializers.StringRelatedField[User] = serializers.StringRelatedField()
-    spec = serializers.JSONField(write_only=True, help_text="The first version's reward spec")
+    spec = serializers.DictField(write_only=True, help_text="The first version's reward spec (workers.rewards.schema)")
     notes = serializers.CharField(write_only=True, required=False, allow_blank=True, default="")
 
     class Meta:
@@ -52,7 +53,7 @@ class RewardConfigSerializer(serializers.ModelSerializer):
 
 
 class NewVersionSerializer(serializers.Serializer):
-    spec = serializers.JSONField()
+    spec = serializers.DictField(help_text="The reward spec (workers.rewards.schema)")
     notes = serializers.CharField(required=False, allow_blank=True, default="")
 
 
@@ -64,6 +65,8 @@ class RewardConfigViewSet(viewsets.ModelViewSet):
     def perform_create(self, serializer: Any) -> None:
         serializer.instance = reward_config_create(owner=request_user(self.request), **serializer.validated_data)
 
+    @extend_schema(methods=["GET"], request=None, responses=RewardVersionSerializer(many=True))
+    @extend_schema(methods=["POST"], request=NewVersionSerializer, responses={201: RewardVersionSerializer})
     @action(detail=True, methods=["get", "post"])
     def versions(self, request: Request, pk: str | None = None) -> Response:
         """GET lists versions; POST {spec, notes} makes the next version (versions are never edited)."""
@@ -78,11 +81,25 @@ class RewardConfigViewSet(viewsets.ModelViewSet):
         return Response(RewardVersionSerializer(version).data, status=201)
 
 
+class SpecChangeSerializer(serializers.Serializer):
+    path = serializers.CharField(help_text="Dotted path in the spec; terms are named by their name or type")
+    change = serializers.ChoiceField(choices=["added", "removed", "changed"])
+    old = serializers.JSONField(allow_null=True)
+    new = serializers.JSONField(allow_null=True)
+
+
+class SpecDiffSerializer(serializers.Serializer):
+    old = serializers.CharField(help_text="The version in the path (config@vN)")
+    new = serializers.CharField(help_text="The `other` version")
+    changes = SpecChangeSerializer(many=True)
+
+
 class RewardVersionViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RewardVersionSerializer
     queryset = RewardConfigVersion.objects.select_related("config", "created_by").prefetch_related("runs")
     capability_map = {"diff": Capability.READ}
 
+    @extend_schema(responses=SpecDiffSerializer)
     @action(detail=True, methods=["get"], url_path="diff/<int:other>")
     def diff(self, request: Request, pk: str | None = None, other: str | None = None) -> Response:
         old = get_object_or_404(RewardConfigVersion, pk=pk)

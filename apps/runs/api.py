@@ -11,10 +11,11 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
 from apps.runs.ingest import ingest_view
-from apps.runs.models import Run, TrajectorySummary
+from apps.runs.models import Run, RunKind, RunStatus, TrajectorySummary
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -72,16 +73,63 @@ class TrajectorySerializer(serializers.ModelSerializer):
         fields = ["trajectory_id", "task_id", "step", "reward", "terms", "num_turns", "error", "storage_uri"]
 
 
+class RunFilters(serializers.Serializer):
+    status = serializers.ChoiceField(choices=RunStatus.choices, required=False, help_text="Only runs in this state")
+    kind = serializers.ChoiceField(choices=RunKind.choices, required=False, help_text="Only runs of this kind")
+
+
+class MetricsQuery(serializers.Serializer):
+    name = serializers.CharField(required=False, max_length=200, help_text="A metric name; none lists the names")
+    max_points = serializers.IntegerField(
+        min_value=10, max_value=5000, default=1000, help_text="At most this many buckets in the series"
+    )
+
+
+class MetricsSerializer(serializers.Serializer):
+    """Without `name`: the metric names. With it: the series, downsampled to buckets (min, mean, max of each)."""
+
+    names = serializers.ListField(child=serializers.CharField(), required=False)
+    name = serializers.CharField(required=False)
+    steps = serializers.ListField(child=serializers.IntegerField(), required=False)
+    mean = serializers.ListField(child=serializers.FloatField(), required=False)
+    min = serializers.ListField(child=serializers.FloatField(), required=False)
+    max = serializers.ListField(child=serializers.FloatField(), required=False)
+    count = serializers.IntegerField(required=False, help_text="Points in the series")
+    last_seq = serializers.IntegerField()
+
+
+class EventsQuery(serializers.Serializer):
+    after_batch = serializers.IntegerField(
+        min_value=0, required=False, help_text="`cursor` (or `next.after_batch`) of the last reply"
+    )
+    after_seq = serializers.IntegerField(min_value=0, required=False, help_text="`next.after_seq` of the last reply")
+
+
+class EventsPositionSerializer(serializers.Serializer):
+    after_batch = serializers.IntegerField()
+    after_seq = serializers.IntegerField()
+
+
+class EventsSerializer(serializers.Serializer):
+    events = serializers.ListField(child=serializers.DictField(), help_text="Each event with its `seq`")
+    next = EventsPositionSerializer(allow_null=True, help_text="Pass back while not null: more events are waiting")
+    cursor = serializers.IntegerField(help_text="Poll with after_batch = this")
+    last_seq = serializers.IntegerField()
+
+
 class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
     capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH}
 
     def get_queryset(self) -> QuerySet[Run]:
         qs = selectors.run_list()
-        for field in ("status", "kind"):
-            if value := self.request.query_params.get(field):
-                qs = qs.filter(**{field: value})
+        if self.action == "list":
+            qs = qs.filter(**query_params(self.request, RunFilters))
         return qs
+
+    @extend_schema(parameters=[RunFilters])
+    def list(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=LaunchRequestSerializer, responses={201: RunSerializer})
     def create(self, request: Request) -> Response:
@@ -101,41 +149,34 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         run = handler.launch(request_user(request), body.validated_data)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses={202: RunSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request: Request, pk: str | None = None) -> Response:
         run = services.run_cancel(run=self.get_object(), user=request_user(request))
         return Response(RunSerializer(run).data, status=status.HTTP_202_ACCEPTED)
 
+    @extend_schema(parameters=[MetricsQuery], responses=MetricsSerializer)
     @action(detail=True, methods=["get"])
     def metrics(self, request: Request, pk: str | None = None) -> Response:
         """`?name=reward_mean&max_points=1000` gives one downsampled series; no name lists the names."""
         run = self.get_object()
-        name = request.query_params.get("name")
+        query = query_params(request, MetricsQuery)
+        name, max_points = query.get("name"), query["max_points"]
         if not name:
             return Response({"names": selectors.metric_names(run_id=run.pk), "last_seq": run.last_seq})
-        try:
-            max_points = int(request.query_params.get("max_points", 1000))
-        except ValueError:
-            raise ValidationError({"max_points": ["must be a whole number between 10 and 5000"]})
         return Response(
             {**selectors.metric_series(run_id=run.pk, name=name, max_points=max_points), "last_seq": run.last_seq}
         )
 
+    @extend_schema(parameters=[EventsQuery], responses=EventsSerializer)
     @action(detail=True, methods=["get"])
     def events(self, request: Request, pk: str | None = None) -> Response:
         """Non-metric events in commit order (metrics: see `metrics`). Start with no parameters; then pass back
         `next` while it is not null, and after that poll with `after_batch` = the `cursor` you were given."""
         run = self.get_object()
-        position: dict[str, int | None] = {"after_batch": 0, "after_seq": None}
-        for param in position:
-            if param not in request.query_params:
-                continue
-            try:
-                position[param] = int(request.query_params[param])
-            except ValueError:
-                raise ValidationError({param: ["must be a whole number (from `next` or `cursor` of the last reply)"]})
+        position = query_params(request, EventsQuery)
         run, events, more = selectors.run_events_after(
-            run_id=run.pk, after_batch=position["after_batch"] or 0, after_seq=position["after_seq"], limit=1000
+            run_id=run.pk, after_batch=position.get("after_batch", 0), after_seq=position.get("after_seq"), limit=1000
         )
         return Response(
             {
@@ -146,6 +187,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
             }
         )
 
+    @extend_schema(responses=TrajectorySerializer(many=True))
     @action(detail=True, methods=["get"])
     def trajectories(self, request: Request, pk: str | None = None) -> Response:
         run = self.get_object()

@@ -18,6 +18,7 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
+from apps.common.params import id_field, query_params
 from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.runs import selectors
@@ -60,11 +61,16 @@ class CorpusIndexSerializer(serializers.ModelSerializer):
 
 class IndexLaunchSerializer(serializers.Serializer):
     corpus_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
-    config = serializers.JSONField(
+    config = serializers.DictField(
         required=False,
         default=dict,
         help_text="workers.search.index.IndexConfig; omitted fields take defaults ({} builds the default index)",
     )
+
+
+class IndexFilters(serializers.Serializer):
+    corpus_version = id_field("Only indexes of this corpus version")
+    status = serializers.ChoiceField(choices=["ready"], required=False, help_text="`ready`: only built indexes")
 
 
 class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
@@ -75,12 +81,18 @@ class CorpusIndexViewSet(viewsets.ReadOnlyModelViewSet):
 
     def get_queryset(self) -> QuerySet[CorpusIndex]:
         qs = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")
-        if corpus_version := self.request.query_params.get("corpus_version"):
-            if corpus_version.isdigit():
-                qs = qs.filter(corpus_version_id=int(corpus_version))
-        if self.request.query_params.get("status") == "ready":
+        if self.action != "list":
+            return qs
+        filters = query_params(self.request, IndexFilters)
+        if "corpus_version" in filters:
+            qs = qs.filter(corpus_version_id=filters["corpus_version"])
+        if filters.get("status") == "ready":
             qs = qs.filter(ready_at__isnull=False)
         return qs
+
+    @extend_schema(parameters=[IndexFilters])
+    def list(self, request: Request, *args: object, **kwargs: object) -> Response:
+        return super().list(request, *args, **kwargs)
 
     @extend_schema(request=IndexLaunchSerializer, responses={200: CorpusIndexSerializer, 201: CorpusIndexSerializer})
     def create(self, request: Request) -> Response:
@@ -105,7 +117,7 @@ class DatagenLaunchSerializer(serializers.Serializer):
     target_dataset = serializers.CharField(
         max_length=100, help_text="Name of the tasks dataset that receives the new version (created if missing)"
     )
-    params = serializers.JSONField(
+    params = serializers.DictField(
         required=False,
         default=dict,
         help_text=(
@@ -113,6 +125,12 @@ class DatagenLaunchSerializer(serializers.Serializer):
             "min_distractors, seed, ...; omitted fields take defaults"
         ),
     )
+
+
+class DatagenDetailSerializer(serializers.Serializer):
+    run = RunSerializer()
+    datagen = serializers.DictField(allow_null=True, help_text="The outcome of registering the generated tasks")
+    report = serializers.DictField(allow_null=True, help_text="The job's verification report; null until written")
 
 
 class DatagenViewSet(viewsets.GenericViewSet):
@@ -126,6 +144,7 @@ class DatagenViewSet(viewsets.GenericViewSet):
         page = self.paginate_queryset(self.get_queryset())
         return self.get_paginated_response(RunSerializer(page, many=True).data)
 
+    @extend_schema(responses=DatagenDetailSerializer)
     def retrieve(self, request: Request, pk: str | None = None) -> Response:
         """The run, the outcome of its registration (`datagen`) and the job's verification report (`report`,
         null until the job has written it)."""
@@ -134,6 +153,7 @@ class DatagenViewSet(viewsets.GenericViewSet):
             {"run": RunSerializer(run).data, "datagen": run.summary.get("datagen"), "report": datagen_report(run)}
         )
 
+    @extend_schema(request=DatagenLaunchSerializer, responses={201: RunSerializer})
     def create(self, request: Request) -> Response:
         body = DatagenLaunchSerializer(data=request.data)
         body.is_valid(raise_exception=True)

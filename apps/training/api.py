@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import ValidationError
@@ -85,6 +86,7 @@ class RunResumeViewSet(viewsets.GenericViewSet):
     serializer_class = RunSerializer
     capability_map = {"resume": Capability.LAUNCH}
 
+    @extend_schema(request=None, responses={201: RunSerializer})
     @action(detail=True, methods=["post"])
     def resume(self, request: Request, pk: str | None = None) -> Response:
         """Continue a stopped or failed training run from its latest checkpoint, as a new run linked to it."""
