@@ -259,37 +259,38 @@ def loss_config(
 class MethodDefaults:
     """The training-level settings a method fixes (beside its `LossConfig`), with where they come from."""
 
+    label: str
+    """The method and its methods.md section, e.g. "Dr. GRPO (P2)"."""
     scale_rewards: AdvantageScale
     dynamic_sampling: bool
     overlong_penalty: bool
     drops_equal_groups: bool
     """The method itself leaves all-equal groups out (DAPO's filter, Context-1's CISPO). The others keep them; we
     skip them anyway when that changes no gradient (see `effective_settings`)."""
-    source: str
+
+    def scale_source(self) -> str:
+        if self.scale_rewards == "group":
+            return f"{self.label}: Â = (r − mean) / std over the group"
+        return f"{self.label}: Â = r − mean, no division by the group std"
+
+    def dynamic_source(self) -> str:
+        if self.dynamic_sampling:
+            return f"{self.label}: over-sample, leave out groups whose rewards are all equal, refill the batch"
+        return f"{self.label} trains on the batch as sampled"
+
+    def overlong_source(self) -> str:
+        if self.overlong_penalty:
+            return f"{self.label} eq. 13: 0 up to L_max − L_cache tokens, then falling linearly to −1 at L_max"
+        return f"{self.label} has no length penalty"
 
 
 METHOD_DEFAULTS: dict[Algorithm, MethodDefaults] = {
-    "grpo": MethodDefaults("group", False, False, False, "GRPO (P1): Â = (r − mean) / std over the group"),
-    "dr_grpo": MethodDefaults("none", False, False, False, "Dr. GRPO (P2): Â = r − mean, no std division"),
-    "composer": MethodDefaults(
-        "none", False, False, False, "Composer 2 (C1): Â = r − mean, no std division, no overlong masking"
-    ),
-    "dapo": MethodDefaults(
-        "group",
-        True,
-        True,
-        True,
-        "DAPO (P3): GRPO's Â; dynamic sampling over-samples, filters all-equal groups and refills the batch; "
-        "soft overlong penalty (eq. 13)",
-    ),
-    "cispo": MethodDefaults(
-        "group",
-        False,
-        False,
-        True,
-        "CISPO (P4) as Context-1 ran it: within-group normalised Â, groups with identical rewards dropped",
-    ),
-    "gspo": MethodDefaults("group", False, False, False, "GSPO (P5): Â = (r − mean) / std over the group"),
+    "grpo": MethodDefaults("GRPO (P1)", "group", False, False, False),
+    "dr_grpo": MethodDefaults("Dr. GRPO (P2)", "none", False, False, False),
+    "composer": MethodDefaults("Composer 2 (C1)", "none", False, False, False),
+    "dapo": MethodDefaults("DAPO (P3)", "group", True, True, True),
+    "cispo": MethodDefaults("CISPO (P4) as Context-1 ran it", "group", False, False, True),
+    "gspo": MethodDefaults("GSPO (P5)", "group", False, False, False),
 }
 
 
@@ -316,6 +317,7 @@ class EffectiveSettings:
         overlong_max_tokens, overlong_cache_tokens: its L_max and L_cache, in sampled tokens per episode.
         episode_token_limit: the most tokens the policy can sample in one episode (max_new_tokens × max_turns).
         loss: the policy loss and its KL.
+        loss_source: where the loss defaults come from (`LossConfig.source`), for the run page.
         rows: every setting with its value and origin, for the run page.
         notes: departures from the method's source, for the run page.
     """
@@ -330,6 +332,7 @@ class EffectiveSettings:
     overlong_cache_tokens: int
     episode_token_limit: int
     loss: LossConfig
+    loss_source: str = ""
     rows: tuple[SettingRow, ...] = ()
     notes: tuple[str, ...] = ()
 
@@ -372,11 +375,11 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
         rows.append(SettingRow(name, _show(chosen), value is not None and value != default, source))
         return chosen
 
-    scale = pick("scale_rewards", config.scale_rewards, method.scale_rewards, method.source)
+    scale = pick("scale_rewards", config.scale_rewards, method.scale_rewards, method.scale_source())
     if scale != method.scale_rewards:
         verb = "divides" if method.scale_rewards == "group" else "does not divide"
         notes.append(f"scale_rewards={scale!r}: {algorithm}'s source {verb} advantages by the group std.")
-    dynamic = pick("dynamic_sampling", config.dynamic_sampling, method.dynamic_sampling, method.source)
+    dynamic = pick("dynamic_sampling", config.dynamic_sampling, method.dynamic_sampling, method.dynamic_source())
     if dynamic:
         pick(
             "dynamic_sampling_max_rounds",
@@ -407,7 +410,7 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
             "drop_equal_groups with the KL in the loss: the skipped groups lose their KL term, which "
             f"{algorithm}'s source applies to every sequence."
         )
-    overlong = pick("overlong_penalty", config.overlong_penalty, method.overlong_penalty, method.source)
+    overlong = pick("overlong_penalty", config.overlong_penalty, method.overlong_penalty, method.overlong_source())
     cache_default = max(1, round(limit * OVERLONG_CACHE_FRACTION))
     cache = cache_default
     if overlong:
@@ -444,7 +447,7 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
         if name in ("kl_estimator", "kl_placement") and loss.kl_coef == 0:
             continue
         value = getattr(loss, name)
-        source = base.source if name != "kl_placement" else _placement_source(loss.kl_estimator)
+        source = _placement_source(loss.kl_estimator) if name == "kl_placement" else LOSS_SETTING_MEANING[name]
         rows.append(SettingRow(f"loss.{name}", _show(value), value != getattr(base, name), source))
     if algorithm in CONSTANT_NORMALISER:
         rows.append(
@@ -472,9 +475,19 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
         overlong_cache_tokens=cache,
         episode_token_limit=limit,
         loss=loss,
+        loss_source=base.source,
         rows=tuple(rows),
         notes=tuple(notes),
     )
+
+
+LOSS_SETTING_MEANING: dict[str, str] = {
+    "epsilon_low": "The ratio's clip floor is 1 − epsilon_low (CISPO: of the importance weight; >= 1: none)",
+    "epsilon_high": "The ratio's clip ceiling is 1 + epsilon_high",
+    "kl_coef": "β, the weight of the KL to the reference policy (0: no KL, no reference copy)",
+    "kl_estimator": "methods.md P6: k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r",
+    "cispo_mask": "P4's unified mask: also drop the tokens PPO's clip would have zeroed",
+}
 
 
 def _placement_source(estimator: KLEstimator) -> str:
