@@ -209,6 +209,8 @@ class Supervisor:
             if item.due is None:
                 item.due = now + item.backoff
                 said.append(f"{item.name} exited with {code}; restarting it in {item.backoff:.0f}s")
+                # What it started in its session (a Celery worker's pool and beat) would outlive it: stop them too.
+                stop_session(item.proc.pid, timeout=5.0)
                 continue
             if now >= item.due:
                 try:
@@ -326,11 +328,20 @@ def start_ray_head(
 
 
 def _jobs_api_answers(address: str) -> bool:
+    """The Jobs API is up. With Ray's token auth on (a token in ~/.ray/auth_token) it answers 401 to a request
+    without the token: up all the same (clients get the token from `ray_client_env`)."""
+    import urllib.error
     import urllib.request
 
+    request = urllib.request.Request(f"{address}/api/version")
+    token = ray_client_env().get("RAY_AUTH_TOKEN")
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(f"{address}/api/version", timeout=1) as response:  # noqa: S310 (loopback)
+        with urllib.request.urlopen(request, timeout=1) as response:  # noqa: S310 (loopback)
             return bool(response.status == 200)
+    except urllib.error.HTTPError as exc:
+        return exc.code in (401, 403)
     except OSError:
         return False
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
+import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
@@ -59,6 +60,8 @@ def _ray() -> Check:
     try:
         with urllib.request.urlopen(f"{address}/api/version", timeout=1) as response:  # noqa: S310 (configured)
             ok = response.status == 200
+    except urllib.error.HTTPError as exc:
+        ok = exc.code in (401, 403)  # token auth on: it answers, and runs authenticate with the token
     except OSError as exc:
         return Check("ray", False, f"the Ray cluster at {address} does not answer ({exc})", "runs cannot start")
     return Check("ray", ok, "the Ray Jobs API answers" if ok else f"Ray at {address} answered badly", "")
