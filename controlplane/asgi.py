@@ -1,4 +1,5 @@
 import os
+from typing import Any
 
 from django.core.asgi import get_asgi_application
 
@@ -16,9 +17,48 @@ from apps.runs.consumers import RunConsumer  # noqa: E402
 
 websocket_urlpatterns = [path("ws/runs/<int:run_id>/", RunConsumer.as_asgi())]
 
+UNDECODABLE = (
+    b'{"detail": "the request could not be read: its path, query string, headers or form body are not valid UTF-8"}'
+)
+
+
+class JsonBadRequest:
+    """Django's ASGI handler answers a request it cannot decode (UnicodeDecodeError while building it) with a bare,
+    bodiless 400 before any view runs. Under /api/ that 400 says what went wrong, as JSON, like every other error
+    the API gives (the schema documents 400 as `{"detail"}`)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] != "http" or not scope.get("path", "").startswith("/api/"):
+            return await self.app(scope, receive, send)
+        held: dict[str, Any] = {}
+
+        async def wrapped(message):  # type: ignore[no-untyped-def]
+            if message["type"] == "http.response.start" and message["status"] == 400:
+                content_type = dict(message.get("headers") or []).get(b"content-type", b"")
+                if not content_type.startswith(b"application/json"):
+                    held["start"] = message
+                    return None
+            if message["type"] == "http.response.body" and "start" in held:
+                start = held.pop("start")
+                if message.get("body") or message.get("more_body"):
+                    await send(start)  # a 400 with a body of its own: leave it as it is
+                    return await send(message)
+                kept = [(k, v) for k, v in start.get("headers") or [] if k not in (b"content-type", b"content-length")]
+                length = str(len(UNDECODABLE)).encode()
+                headers = [*kept, (b"content-type", b"application/json"), (b"content-length", length)]
+                await send({**start, "headers": headers})
+                return await send({"type": "http.response.body", "body": UNDECODABLE})
+            return await send(message)
+
+        return await self.app(scope, receive, wrapped)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "http": JsonBadRequest(ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

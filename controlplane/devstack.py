@@ -512,6 +512,8 @@ def up() -> int:
                 "CRUCIBLE_VAR_DIR": str(var_dir),
                 "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
             }
+            stack = {k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "RAY_ADDRESS", "CRUCIBLE_VAR_DIR")}
+            (var_dir / "stack.json").write_text(json.dumps({**stack, "web": "http://127.0.0.1:8000"}))
             manage = [sys.executable, str(ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
             subprocess.run([*manage, "crucible_demo"], env=env, check=False, cwd=ROOT)

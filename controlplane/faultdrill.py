@@ -90,6 +90,11 @@ def _post(api: httpx.Client, path: str, **kwargs: Any) -> httpx.Response:
     raise TimeoutError(f"the web process did not answer POST {path} for a minute")
 
 
+def _spools(target: Target, run_id: int) -> list[Path]:
+    """This run's spool files (named after its ingest URL; a node's spool dir holds other runs' too)."""
+    return [p for p in target.spool_dir.glob("*.jsonl") if f"-runs-{run_id}-ingest" in p.name]
+
+
 def drill(target: Target, *, dataset_version: int, reward_version: int, steps: int = STEPS) -> dict[str, Any]:
     """Run the drill; returns its figures (and raises only when the stack stops answering altogether)."""
     api = httpx.Client(
@@ -149,7 +154,7 @@ def drill(target: Target, *, dataset_version: int, reward_version: int, steps: i
         os.kill(web, signal.SIGKILL)  # the supervisor restarts it
     target.log(f"web stopped, driver killed just after checkpoint {checkpoint_step} was written")
     parent = until("the run to fail", lambda: _ended(run_id), timeout=120)
-    spooled = [line for p in target.spool_dir.glob("*.jsonl") for line in p.read_text().splitlines()[1:]]
+    spooled = [line for p in _spools(target, run_id) for line in p.read_text().splitlines()[1:]]
     figures.update(
         parent_status=parent.status,
         parent_reason=parent.failure_reason,
@@ -178,7 +183,7 @@ def drill(target: Target, *, dataset_version: int, reward_version: int, steps: i
         parent_steps=sorted(parent_steps),
         child_steps=sorted(child_steps),
         parent_trajectories=parent.trajectories.count(),
-        spool_left=len(list(target.spool_dir.glob("*.jsonl"))),
+        spool_left=len(_spools(target, run_id)),
     )
     return figures
 
