@@ -27,6 +27,7 @@ class GateSerializer(serializers.ModelSerializer):
     rules = serializers.ListField(
         child=JSONObjectField(),
         min_length=1,
+        error_messages={"min_length": 'give at least one rule, e.g. [{{"type": "threshold", ...}}]'},
         help_text="A list of rules (workers.evals.gates): threshold, no_regression, flag_rate, approval",
     )
     benchmark_versions = serializers.PrimaryKeyRelatedField(

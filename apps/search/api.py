@@ -120,6 +120,7 @@ class DatagenLaunchSerializer(serializers.Serializer):
     params = serializers.DictField(
         required=False,
         default=dict,
+        error_messages={"not_a_dict": 'must be a JSON object, e.g. {{"num_tasks": 50}}, not a {input_type}'},
         help_text=(
             "workers.search.synth.SynthParams: generator (template|llm), model, num_tasks, max_hops, distractors, "
             "min_distractors, seed, ...; omitted fields take defaults"
