@@ -250,8 +250,9 @@ class RayHead:
     def pid(self) -> int:
         return self.proc.pid
 
-    def stop(self) -> None:
-        stop_session(self.proc.pid, timeout=20.0)
+    def stop(self, timeout: float = 20.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout` (some Ray processes ignore SIGTERM for 9 s or more)."""
+        stop_session(self.proc.pid, timeout=timeout)
 
 
 def ray_client_env(var_dir: Path | None = None) -> dict[str, str]:

@@ -74,7 +74,7 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         yield {"web": f"http://127.0.0.1:{web_port}", "ws": f"ws://127.0.0.1:{web_port}", "var": var}
     finally:
         procs.stop_all()
-        head.stop()
+        head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
 
 
 async def _watch(url: str, cookie: str, origin: str, timeout: float) -> list[str]:

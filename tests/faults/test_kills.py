@@ -91,7 +91,7 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         thread.join()
         for item in supervisor.items.values():
             devstack.stop_session(item.proc.pid)
-        head.stop()
+        head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
 
 
 def test_every_kill_of_the_issue_in_one_run_loses_nothing_and_the_run_resumes(stack, users):
