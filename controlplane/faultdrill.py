@@ -191,11 +191,13 @@ def drill(target: Target, *, dataset_version: int, reward_version: int, steps: i
 def summary(figures: dict[str, Any]) -> list[str]:
     """The drill's figures as lines a person reads."""
     parent, child = figures["parent_accounting"], figures["child_accounting"]
+    reason = figures["parent_reason"].splitlines() or [""]
+    reason_text = reason[0] if len(reason) == 1 else f"{reason[0]} ... {reason[-1].strip()}"
     return [
         "restarts (SIGKILL -> running again): " + ", ".join(f"{k} {v}s" for k, v in figures["restart_seconds"].items()),
         f"run went on through them: {figures['running_after_restarts']}",
         f"driver killed after checkpoint {figures['checkpoint_step']} (reported: {figures['checkpoint_reported']}); "
-        f"run {figures['parent_status']}: {figures['parent_reason']}",
+        f"run {figures['parent_status']}: {reason_text}",
         f"resume started from step {figures['resumed_from']}; resumed run {figures['child_status']}",
         f"parent events: {parent['stored']} stored of {parent['last_seq']}, missing {parent['missing']}, "
         f"duplicated {parent['duplicates']}, late (replayed from the spool) {parent['late']}",
