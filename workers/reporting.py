@@ -383,17 +383,18 @@ class Reporter:
                     with self._lock:
                         self._pending = batch[start:] + self._pending
                     raise IngestError(str(exc)) from None
-                self._acknowledge(chunk)
+                self._acknowledge(chunk, more=start + self.max_events < len(batch))
             if refused:
                 raise IngestError("; ".join(refused))
 
-    def _acknowledge(self, chunk: list[dict[str, Any]]) -> None:
+    def _acknowledge(self, chunk: list[dict[str, Any]], *, more: bool) -> None:
         """The control plane has these (or refused them for good): mark them in the spool; restart the spool
-        from empty when nothing is pending any more, so it stays the size of the backlog, not of the run."""
+        from empty when nothing is pending any more and no chunk of this batch is still to go (`more`), so it
+        stays the size of the backlog, not of the run."""
         if self._spool is None:
             return
         with self._lock:
-            if self._pending:
+            if self._pending or more:
                 self._spool.ack([event["seq"] for event in chunk])
             else:
                 self._spool.reset()

@@ -174,3 +174,37 @@ def test_a_spool_whose_control_plane_never_came_back_is_removed_after_its_age_li
     server = Server()
     assert replay_spools(tmp_path, client=server.client())["events"] == 0
     assert not stale.exists() and server.requests == 0
+
+
+def test_a_batch_sent_in_chunks_keeps_its_unsent_chunks_in_the_spool(tmp_path):
+    """The first chunk is stored, then the control plane goes away: the rest of the batch must still be on disk
+    (a kill now would otherwise lose it), and a replay sends exactly the rest."""
+    server = Server()
+    calls = {"n": 0}
+
+    def flaky(request: httpx.Request) -> httpx.Response:
+        calls["n"] += 1
+        if calls["n"] > 1:
+            raise httpx.ConnectError("gone")
+        return server(request)
+
+    reporter = Reporter(
+        ingest_url=URL,
+        token="cri_t",
+        client=httpx.Client(transport=httpx.MockTransport(flaky)),
+        flush_seconds=60,
+        retries=0,
+        max_events=2,
+        spool_dir=tmp_path,
+        outage_seconds=0.0,
+    )
+    for i in range(5):
+        reporter.log(f"line {i}")
+    with pytest.raises(IngestError):
+        reporter.flush()
+    assert sorted(server.stored) == [1, 2]
+    with pytest.raises(IngestError):
+        reporter.close()  # gives up at once (outage_seconds=0): the spool stays
+    replayed = Server()
+    assert replay_spools(tmp_path, client=replayed.client())["events"] == 3
+    assert sorted(replayed.stored) == [3, 4, 5]
