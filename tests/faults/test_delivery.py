@@ -39,6 +39,11 @@ class Server:
         return httpx.Client(transport=httpx.MockTransport(self))
 
 
+def _offline(client: httpx.Client, **kwargs) -> Reporter:  # type: ignore[no-untyped-def]
+    """A reporter that gives up a send at the first failure (retries=0) and flushes only when told."""
+    return Reporter(ingest_url=URL, token="cri_t", client=client, flush_seconds=60, retries=0, **kwargs)
+
+
 def test_an_outage_loses_nothing_and_close_waits_for_the_control_plane(tmp_path):
     server = Server()
     server.up = False
@@ -61,15 +66,7 @@ def test_an_outage_loses_nothing_and_close_waits_for_the_control_plane(tmp_path)
 def test_close_gives_up_after_the_outage_window_and_leaves_the_spool_for_a_replay(tmp_path):
     server = Server()
     server.up = False
-    reporter = Reporter(
-        ingest_url=URL,
-        token="cri_t",
-        client=server.client(),
-        flush_seconds=60,
-        retries=0,
-        spool_dir=tmp_path,
-        outage_seconds=0.0,
-    )
+    reporter = _offline(server.client(), spool_dir=tmp_path, outage_seconds=0.0)
     reporter.log("a")
     reporter.log("b")
     with pytest.raises(IngestError):
@@ -136,15 +133,7 @@ def test_a_spool_the_control_plane_refuses_for_good_is_removed(tmp_path):
 def test_the_spool_is_bounded_and_counts_what_it_could_not_hold(tmp_path):
     server = Server()
     server.up = False
-    reporter = Reporter(
-        ingest_url=URL,
-        token="cri_t",
-        client=server.client(),
-        flush_seconds=60,
-        retries=0,
-        spool_dir=tmp_path,
-        max_spool_bytes=600,
-    )
+    reporter = _offline(server.client(), spool_dir=tmp_path, max_spool_bytes=600)
     for i in range(20):
         reporter.log(f"line {i}")
     assert 0 < reporter.spool_overflowed < 20
@@ -188,15 +177,8 @@ def test_a_batch_sent_in_chunks_keeps_its_unsent_chunks_in_the_spool(tmp_path):
             raise httpx.ConnectError("gone")
         return server(request)
 
-    reporter = Reporter(
-        ingest_url=URL,
-        token="cri_t",
-        client=httpx.Client(transport=httpx.MockTransport(flaky)),
-        flush_seconds=60,
-        retries=0,
-        max_events=2,
-        spool_dir=tmp_path,
-        outage_seconds=0.0,
+    reporter = _offline(
+        httpx.Client(transport=httpx.MockTransport(flaky)), max_events=2, spool_dir=tmp_path, outage_seconds=0.0
     )
     for i in range(5):
         reporter.log(f"line {i}")
