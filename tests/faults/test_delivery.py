@@ -47,9 +47,7 @@ def _offline(client: httpx.Client, **kwargs) -> Reporter:  # type: ignore[no-unt
 def test_an_outage_loses_nothing_and_close_waits_for_the_control_plane(tmp_path):
     server = Server()
     server.up = False
-    reporter = Reporter(
-        ingest_url=URL, token="cri_t", client=server.client(), flush_seconds=60, retries=0, spool_dir=tmp_path
-    )
+    reporter = _offline(server.client(), spool_dir=tmp_path)
     for step in range(30):
         reporter.metric(step, {"loss": 1.0 / (step + 1)})
     with pytest.raises(IngestError):
