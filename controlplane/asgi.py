@@ -56,6 +56,33 @@ class JsonBadRequest:
         return await self.app(scope, receive, wrapped)
 
 
+def leave_request_bodies_to_django() -> None:
+    """Twisted, under daphne, parses every multipart/form-data POST body itself before the app sees the request
+    (into `request.args`, which daphne never reads) and answers one it cannot parse (an empty multipart body, say)
+    with a bare 400 with no headers, which no API client can read and the OpenAPI schema cannot describe. It also
+    holds a second copy of every upload in memory while it does so. Twisted's own switch for this,
+    `Request(parsePOSTFormSubmission=False)`, is turned on for daphne's requests here: Django's parsers read the
+    body, and a malformed one gets the API's JSON 400 naming the field. Applied on import of this module, which
+    every server entry point (`daphne`, `manage.py runserver`, the compose file and the image) loads before it
+    serves a request."""
+    try:
+        from daphne.http_protocol import WebRequest
+    except ImportError:  # another ASGI server: nothing parses bodies ahead of the app
+        return
+    if getattr(WebRequest, "leaves_bodies_to_app", False):
+        return
+    parent_init = WebRequest.__init__
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        kwargs.setdefault("parsePOSTFormSubmission", False)
+        parent_init(self, *args, **kwargs)
+
+    WebRequest.__init__ = __init__
+    WebRequest.leaves_bodies_to_app = True
+
+
+leave_request_bodies_to_django()
+
 application = ProtocolTypeRouter(
     {
         "http": JsonBadRequest(ASGIStaticFilesHandler(django_asgi_app)),
