@@ -4,6 +4,11 @@ One trajectory is one JSON object on one line. The fields carry what the Context
 section 3) need: the final answer and output doc ids, the gold references, every doc id seen anywhere in the
 full unpruned trajectory (pruning hides chunks from the model but not from the reward) and the turns, whose
 tool sequence feeds the prune and turn penalties.
+
+Coding-agent episodes (the `coding_agent` environment, issue 17) add optional fields for Composer 2's rewards
+(methods.md section 2): the hidden-test report, the final diff and which files changed and how, the length
+statistics the C4 penalty weighs, and the self-summarisation chain (C3): each summary and the tokens of each
+segment. Records of other environments leave them out.
 """
 
 from __future__ import annotations
@@ -33,6 +38,55 @@ class Turn(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
+class HiddenTestReport(BaseModel):
+    """The hidden tests' verdict on a coding episode's final workspace (run after `finish`, never shown to the
+    policy). `outcomes` maps each test id to "passed", "failed", "error" or "missing"; `fraction` is the share of
+    every hidden test (fail_to_pass and pass_to_pass) that passed, and `resolved` whether all did."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    outcomes: dict[str, str] = Field(default_factory=dict)
+    fail_to_pass_passed: int = Field(default=0, ge=0)
+    fail_to_pass_total: int = Field(default=0, ge=0)
+    pass_to_pass_passed: int = Field(default=0, ge=0)
+    pass_to_pass_total: int = Field(default=0, ge=0)
+    fraction: float | None = Field(default=None, ge=0.0, le=1.0)
+    resolved: bool = False
+    detail: str = ""
+    seconds: float | None = Field(default=None, ge=0.0)
+
+
+class LengthStats(BaseModel):
+    """What a coding episode spent, in tokens of the policy's tokenizer (a 4-characters-per-token estimate when
+    none was bound) and in counts: the inputs of the C4 length penalty (methods.md C4).
+
+    `thinking_tokens`: reply text outside tool-call blocks, in every reply but the final one (and not in
+    summaries); `tool_call_tokens`: the tool-call blocks; `tool_output_tokens`: the environment's tool messages;
+    `final_message_tokens`: the final reply's text (and the `finish` message); `summary_tokens`: the replies
+    given as self-summaries (C3); `tool_calls`: well-formed calls run; `turns`: replies, summaries included."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    thinking_tokens: int = Field(default=0, ge=0)
+    tool_call_tokens: int = Field(default=0, ge=0)
+    tool_output_tokens: int = Field(default=0, ge=0)
+    final_message_tokens: int = Field(default=0, ge=0)
+    summary_tokens: int = Field(default=0, ge=0)
+    tool_calls: int = Field(default=0, ge=0)
+    turns: int = Field(default=0, ge=0)
+
+
+class Summary(BaseModel):
+    """One self-summary (methods.md C3): the reply index (`turn`, 1-based, as `counts.turns` counts replies),
+    its text and its length in tokens."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    turn: int = Field(ge=0)
+    text: str = ""
+    tokens: int = Field(default=0, ge=0)
+
+
 class Trajectory(BaseModel):
     """One stored trajectory (one JSONL line). Unknown fields are ignored so producers may add their own."""
 
@@ -50,6 +104,22 @@ class Trajectory(BaseModel):
     answer_doc_ids: list[str] = Field(default_factory=list, description="Chunks that directly contain the answer")
     tests_passed: float | None = Field(
         default=None, ge=0.0, le=1.0, description="Coding: fraction of the task's tests the final code passed"
+    )
+    hidden_tests: HiddenTestReport | None = Field(
+        default=None, description="Coding agent: the hidden tests' report on the final workspace"
+    )
+    diff: str | None = Field(default=None, description="Coding agent: the final workspace's unified diff")
+    edited_files: list[str] = Field(
+        default_factory=list, description="Coding agent: paths the final diff changes, created or deletes"
+    )
+    files_edited_by_run: list[str] = Field(
+        default_factory=list,
+        description="Coding agent: paths changed by `run` commands (sed -i, echo >, ...) rather than the edit tool",
+    )
+    length_stats: LengthStats | None = Field(default=None, description="Coding agent: the C4 penalty's inputs")
+    summaries: list[Summary] = Field(default_factory=list, description="Self-summaries of the chain (C3)")
+    segments: list[int] = Field(
+        default_factory=list, description="Tokens of each segment of a self-summarised chain (one when none)"
     )
     turns: list[Turn] = Field(default_factory=list)
     error: str | None = Field(default=None, description="Set when the trajectory did not complete")

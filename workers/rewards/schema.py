@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from workers.rewards import terms as formulas
-from workers.trajectories import Trajectory
+from workers.trajectories import Trajectory, Turn
 
 TermKind = Literal["gain", "penalty"]
 
@@ -199,6 +199,149 @@ class PassedTestsTerm(_Term):
         return trajectory.tests_passed or 0.0
 
 
+class HiddenTestsTerm(_Term):
+    """Coding agent outcome reward: the hidden tests run on the final workspace after `finish` (issue 17). "fraction"
+    pays the share of hidden tests that pass; "all_or_nothing" pays 1 only when every one does (SWE-bench's
+    "resolved"). Reads the hidden-test report, or `tests_passed` (the same fraction) when a record has no report."""
+
+    kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"hidden_tests"}), frozenset({"tests_passed"})))
+    type: Literal["hidden_tests"] = "hidden_tests"
+    mode: Literal["fraction", "all_or_nothing"] = Field(
+        default="all_or_nothing",
+        description="'all_or_nothing': 1 only when every hidden test passes; 'fraction': the share that pass",
+    )
+
+    def value(self, trajectory: Trajectory) -> float:
+        report = trajectory.hidden_tests
+        if report is not None and report.fraction is not None:
+            return formulas.hidden_tests_reward(report.fraction, report.resolved, mode=self.mode)
+        return formulas.hidden_tests_reward(trajectory.tests_passed, None, mode=self.mode)
+
+
+def _is_malformed_turn(turn: Turn) -> bool:
+    """A tool message answering a call the environment could not run (the tool-use environments' convention: an
+    "error: ..." tool message without a tool name)."""
+    return turn.role != "assistant" and not turn.tool and turn.content.lstrip().lower().startswith("error")
+
+
+def _is_failed_call_turn(turn: Turn) -> bool:
+    """A tool message for a well-formed call that failed while running ("error: ..." with the tool's name)."""
+    return turn.role != "assistant" and bool(turn.tool) and turn.content.lstrip().lower().startswith("error")
+
+
+class BrokenToolCallsTerm(_Term):
+    """Penalty for broken tool calls (Composer 2 learned to emit them to dodge negative reward): `per_call` per
+    malformed call, plus `per_tool_error` per well-formed call that failed while running (0 by default: an honest
+    agent hits a few), the total capped at `cap`. Counted from the turns."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"turns"}),))
+    type: Literal["broken_tool_calls"] = "broken_tool_calls"
+    per_call: float = Field(default=0.1, ge=0, allow_inf_nan=False, description="Per malformed tool call")
+    per_tool_error: float = Field(
+        default=0.0, ge=0, allow_inf_nan=False, description="Per well-formed call that failed while running"
+    )
+    cap: float = Field(default=0.5, ge=0, allow_inf_nan=False, description="Bound on the whole trajectory's total")
+
+    def value(self, trajectory: Trajectory) -> float:
+        malformed = sum(1 for turn in trajectory.turns if _is_malformed_turn(turn))
+        failed = sum(1 for turn in trajectory.turns if _is_failed_call_turn(turn))
+        return formulas.broken_tool_call_penalty(
+            malformed, failed, per_call=self.per_call, per_tool_error=self.per_tool_error, cap=self.cap
+        )
+
+
+class TodoLeftTerm(_Term):
+    """Penalty for unfinished work left in the final diff (Composer 2: "to-dos created then left unfinished"):
+    `per_line` for each line the diff adds holding TODO, FIXME or XXX (a marked line the diff only carries over
+    does not count), capped at `cap`."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"diff"}),))
+    type: Literal["todo_left"] = "todo_left"
+    per_line: float = Field(default=0.1, ge=0, allow_inf_nan=False, description="Per added TODO/FIXME/XXX line")
+    cap: float = Field(default=0.3, ge=0, allow_inf_nan=False, description="Bound on the whole trajectory's total")
+
+    def value(self, trajectory: Trajectory) -> float:
+        return formulas.todo_penalty(formulas.todo_lines_added(trajectory.diff), per_line=self.per_line, cap=self.cap)
+
+
+class LengthWeights(BaseModel):
+    """The weights of C4's x (methods.md C4): x = Σ weight · quantity over an episode's length statistics. Token
+    weights are per token, count weights per call or reply. The source gives none; the defaults measure x in
+    thousands of tokens of the policy's own writing plus 0.01 per call and per reply, leaving tool output (which
+    the policy does not write) out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    thinking_tokens: float = Field(default=0.001, ge=0, allow_inf_nan=False)
+    tool_call_tokens: float = Field(default=0.001, ge=0, allow_inf_nan=False)
+    tool_output_tokens: float = Field(default=0.0, ge=0, allow_inf_nan=False)
+    final_message_tokens: float = Field(default=0.001, ge=0, allow_inf_nan=False)
+    tool_calls: float = Field(default=0.01, ge=0, allow_inf_nan=False)
+    turns: float = Field(default=0.01, ge=0, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> LengthWeights:
+        if not any(getattr(self, name) > 0 for name in LengthWeights.model_fields):
+            raise ValueError(
+                "every weight is 0, so x and the penalty are always 0; give at least one of "
+                f"{', '.join(LengthWeights.model_fields)} a weight > 0, or remove the term"
+            )
+        return self
+
+
+class LengthPenaltyTerm(_Term):
+    """Composer 2's concave length penalty (methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), the log limit
+    ln(1 + k·x)/k at q = 1, with x the weighted sum of the episode's length statistics (`weights`).
+
+    The source gives no k, q or weights, nor how the penalty meets the reward; ours: subtracted like every penalty,
+    q = 2 so the cost saturates at 1/(k·(q−1)) = 1 (a long episode can never cost more than a solved task earns),
+    k = 1 so the curve bends at about x = 1 (a thousand written tokens). Scale it with the term's `weight`."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"length_stats"}),))
+    type: Literal["length_penalty"] = "length_penalty"
+    k: float = Field(default=1.0, allow_inf_nan=False, description="Curvature scale, > 0: the cost bends near x = 1/k")
+    q: float = Field(
+        default=2.0,
+        allow_inf_nan=False,
+        description="Flattening, >= 0: 0 is linear, 1 logarithmic, above 1 saturating at 1/(k·(q−1))",
+    )
+    weights: LengthWeights = Field(default_factory=LengthWeights)
+
+    @field_validator("k")
+    @classmethod
+    def _k_positive(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"k must be > 0 (C4 divides by k; it sets where the cost bends, x ≈ 1/k), got {value}")
+        return value
+
+    @field_validator("q")
+    @classmethod
+    def _q_non_negative(cls, value: float) -> float:
+        if not value >= 0:
+            raise ValueError(
+                f"q must be >= 0 (0 is a linear cost, larger values flatten it; below 0 it is convex), got {value}"
+            )
+        return value
+
+    def length(self, trajectory: Trajectory) -> float:
+        """C4's x for one trajectory (0 without length statistics)."""
+        stats = trajectory.length_stats
+        if stats is None:
+            return 0.0
+        return sum(
+            float(getattr(self.weights, name)) * float(getattr(stats, name)) for name in LengthWeights.model_fields
+        )
+
+    def value(self, trajectory: Trajectory) -> float:
+        # methods.md C4: C_length{k,q}(x), x = Σ w · (thinking, tool-call, tool-output, final-message tokens,
+        # tool calls, turns)
+        return formulas.concave_length_cost(self.length(trajectory), k=self.k, q=self.q)
+
+
 TERM_CLASSES: tuple[type[_Term], ...] = (
     ExactMatchTerm,
     NormalizedMatchTerm,
@@ -208,6 +351,10 @@ TERM_CLASSES: tuple[type[_Term], ...] = (
     PrunePenaltyTerm,
     TurnPenaltyTerm,
     PassedTestsTerm,
+    HiddenTestsTerm,
+    BrokenToolCallsTerm,
+    TodoLeftTerm,
+    LengthPenaltyTerm,
 )
 """Every term type, in the order UIs list them: the one place a new term class is named."""
 TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
@@ -280,8 +427,16 @@ def _path(parts: tuple[int | str, ...]) -> str:
     return out
 
 
-def _allowed_fields(term: str | None) -> str:
+def _allowed_fields(term: str | None, nested: tuple[int | str, ...] = ()) -> str:
+    """The fields of the object an unknown key was found in: a term's, or a nested model's (length_penalty's
+    `weights`) when `nested` walks into one."""
     model: type[BaseModel] = _CLASS_BY_TYPE[term] if term else RewardSpec
+    for part in nested:
+        info = model.model_fields.get(str(part))
+        annotation = info.annotation if info is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            break
+        model = annotation
     return ", ".join(model.model_fields)
 
 
@@ -295,6 +450,7 @@ def _translate(err: ErrorDetails) -> dict[str, str | None]:
         return {"field": f"terms[{ctx['index']}].name", "term": str(ctx["term"]), "message": err["msg"]}
 
     term: str | None = None
+    nested: tuple[int | str, ...] = ()
     if len(loc) >= 2 and loc[0] == "terms" and isinstance(loc[1], int):
         head = f"terms[{loc[1]}]"
         rest = loc[2:]
@@ -313,6 +469,7 @@ def _translate(err: ErrorDetails) -> dict[str, str | None]:
                 "term": None,
                 "message": f'{head}.type: Field required; add "type" set to one of: {valid}',
             }
+        nested = tuple(rest[:-1])
         field = head + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in rest)
         label = f"{head} ({term})" + field[len(head) :] if term else field
     else:
@@ -323,7 +480,7 @@ def _translate(err: ErrorDetails) -> dict[str, str | None]:
     if kind == "missing":
         hint = "; add it"
     elif kind == "extra_forbidden":
-        hint = f"; remove it (allowed fields: {_allowed_fields(term)})"
+        hint = f"; remove it (allowed fields: {_allowed_fields(term, nested)})"
     elif kind == "too_short" and field == "terms":
         hint = f"; add at least one term (valid types: {valid})"
     elif kind == "model_attributes_type" and term is None and field.startswith("terms["):
@@ -378,6 +535,20 @@ def context1_spec(beta: float = 4.0, floor: float = 0.0) -> RewardSpec:
         ],
         floor=floor,
         cap_at_pre_penalty=True,
+    )
+
+
+def coding_agent_spec(length_weight: float = 0.1) -> RewardSpec:
+    """Composer 2's coding reward as Crucible builds it (methods.md section 2): the hidden tests all-or-nothing,
+    minus broken tool calls, TODOs left in the diff and C4's length cost (weighted `length_weight`: the source gives
+    no scale; at 0.1 a long episode costs at most 0.1 of a solved task's reward)."""
+    return RewardSpec(
+        terms=[
+            HiddenTestsTerm(mode="all_or_nothing"),
+            BrokenToolCallsTerm(),
+            TodoLeftTerm(),
+            LengthPenaltyTerm(weight=length_weight),
+        ]
     )
 
 

@@ -194,3 +194,134 @@ def turn_penalty(turns: int, *, start: int = 64, ramp: int = 64, max_penalty: fl
     fraction = (turns - start) / ramp
     # methods.md X5: p_turn = max_penalty · clip((turns − start) / ramp, 0, 1)
     return max_penalty * min(max(fraction, 0.0), 1.0)
+
+
+# --- Composer 2's coding-agent terms (methods.md section 2: C4 and the auxiliary rewards) -------------------------
+
+TODO_MARKERS: tuple[str, ...] = ("TODO", "FIXME", "XXX")
+"""Markers of unfinished work whose addition the todo_left penalty counts (Composer 2's "to-dos created then left
+unfinished")."""
+
+
+def hidden_tests_reward(fraction: float | None, resolved: bool | None, *, mode: str = "all_or_nothing") -> float:
+    """The hidden-test outcome reward, in [0, 1]: the fraction of hidden tests that passed ("fraction") or 1.0
+    only when every one did ("all_or_nothing"). `resolved` None means it is unknown: then 1.0 iff fraction is 1.
+    No report at all (`fraction` None) is 0.0: tests that never ran are never a pass."""
+    if mode not in ("fraction", "all_or_nothing"):
+        raise ValueError(f"mode must be 'fraction' or 'all_or_nothing', got {mode!r}")
+    if fraction is None:
+        return 0.0
+    _check_fraction("fraction", fraction)
+    if mode == "fraction":
+        return fraction
+    done = resolved if resolved is not None else fraction >= 1.0
+    return 1.0 if done else 0.0
+
+
+def broken_tool_call_penalty(
+    malformed: int, tool_errors: int = 0, *, per_call: float = 0.1, per_tool_error: float = 0.0, cap: float = 0.5
+) -> float:
+    """Penalty (reward units, in [0, cap]) for broken tool calls: `per_call` for each malformed call (one the
+    environment could not parse or run) plus `per_tool_error` for each well-formed call that failed while
+    running, the total capped at `cap`. Composer 2's policy learned to emit broken calls to dodge a negative
+    reward; pricing them closes that door. Defaults: 3 malformed calls -> 0.3; 7 -> 0.7, capped to 0.5."""
+    if malformed < 0 or tool_errors < 0:
+        raise ValueError("malformed and tool_errors must be >= 0")
+    if per_call < 0 or per_tool_error < 0 or cap < 0:
+        raise ValueError("per_call, per_tool_error and cap must all be >= 0")
+    return min(per_call * malformed + per_tool_error * tool_errors, cap)
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+
+
+def diff_changed_lines(diff: str | None) -> dict[str, tuple[list[str], list[str]]]:
+    """The lines a unified diff removes and adds, per file: {path: (removed, added)}, each line without its
+    "-"/"+" prefix. Hunk line counts decide what is content, so an added line that itself starts with "++ " is
+    never taken for a file header. The path is the new side's ("+++ b/path"; the old side's for a deletion)."""
+    changes: dict[str, tuple[list[str], list[str]]] = {}
+    if not diff:
+        return changes
+    path = ""
+    old_left = new_left = 0
+    for line in diff.splitlines():
+        if old_left > 0 or new_left > 0:
+            if line.startswith("-"):
+                changes.setdefault(path, ([], []))[0].append(line[1:])
+                old_left -= 1
+            elif line.startswith("+"):
+                changes.setdefault(path, ([], []))[1].append(line[1:])
+                new_left -= 1
+            elif line.startswith("\\"):
+                pass  # "\ No newline at end of file"
+            else:
+                old_left -= 1
+                new_left -= 1
+            continue
+        hunk = _HUNK.match(line)
+        if hunk:
+            old_left = int(hunk.group(1)) if hunk.group(1) is not None else 1
+            new_left = int(hunk.group(2)) if hunk.group(2) is not None else 1
+        elif line.startswith("--- "):
+            old = line[4:].split("\t")[0].strip()
+            path = old[2:] if old.startswith("a/") else old
+        elif line.startswith("+++ "):
+            new = line[4:].split("\t")[0].strip()
+            if new != "/dev/null":
+                path = new[2:] if new.startswith("b/") else new
+    return changes
+
+
+def todo_lines_added(diff: str | None, markers: Sequence[str] = TODO_MARKERS) -> int:
+    """Lines a unified diff adds that hold a marker (as a whole word, case-sensitive: "TODO", not "todos" or
+    "XXXL"), less those that only carry over a marked line the same file's diff removes (a TODO the agent merely
+    kept on an edited line is not one it created; compared with surrounding whitespace stripped). 0 without a
+    diff."""
+    if not diff or not markers:
+        return 0
+    pattern = re.compile(r"\b(?:" + "|".join(re.escape(m) for m in markers) + r")\b")
+    count = 0
+    for removed, added in diff_changed_lines(diff).values():
+        carried = [line.strip() for line in removed if pattern.search(line)]
+        for line in added:
+            if not pattern.search(line):
+                continue
+            if line.strip() in carried:
+                carried.remove(line.strip())
+            else:
+                count += 1
+    return count
+
+
+def todo_penalty(lines: int, *, per_line: float = 0.1, cap: float = 0.3) -> float:
+    """Penalty (reward units, in [0, cap]) of `per_line` for each added TODO/FIXME/XXX line, capped at `cap`."""
+    if lines < 0:
+        raise ValueError(f"lines must be >= 0, got {lines}")
+    if per_line < 0 or cap < 0:
+        raise ValueError("per_line and cap must be >= 0")
+    return min(per_line * lines, cap)
+
+
+def concave_length_cost(x: float, *, k: float, q: float) -> float:
+    """Composer 2's length cost (methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), for x >= 0.
+
+    `k` > 0 sets where the curve bends (x ≈ 1/k); `q` >= 0 how much it flattens: q = 0 is linear (C = x), q in
+    (0, 1) grows like x^(1−q), q = 1 is the limit ln(1 + k·x)/k and q > 1 saturates at 1/(k·(q−1)). C(0) = 0,
+    C'(0) = 1 and C is increasing and concave for every q > 0. Returned in the units of x.
+
+    Computed as expm1((1−q)·L) / (k·(1−q)) with L = log1p(k·x), which is exact at q = 1 (the log limit, L/k)
+    and keeps its precision as q approaches 1 instead of dividing two vanishing numbers.
+    """
+    if not (math.isfinite(k) and k > 0):
+        raise ValueError(f"k must be a finite number > 0, got {k}")
+    if not (math.isfinite(q) and q >= 0):
+        raise ValueError(f"q must be a finite number >= 0, got {q}")
+    if not (math.isfinite(x) and x >= 0):
+        raise ValueError(f"x must be a finite number >= 0, got {x}")
+    log_term = math.log1p(k * x)
+    exponent = (1.0 - q) * log_term
+    if exponent == 0.0:
+        # methods.md C4 in the limit q -> 1: ln(1 + k·x) / k
+        return log_term / k
+    # methods.md C4: C_length{k,q}(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q))
+    return math.expm1(exponent) / (k * (1.0 - q))

@@ -602,6 +602,10 @@ def test_term_inputs_keeps_its_old_values() -> None:
         "prune_penalty": TermInputs((frozenset({"turns"}),), tools=frozenset({"prune_chunks"})),
         "turn_penalty": TermInputs((frozenset({"turns"}),)),
         "tests_passed": TermInputs((frozenset({"tests_passed"}),)),
+        "hidden_tests": TermInputs((frozenset({"hidden_tests"}), frozenset({"tests_passed"}))),
+        "broken_tool_calls": TermInputs((frozenset({"turns"}),)),
+        "todo_left": TermInputs((frozenset({"diff"}),)),
+        "length_penalty": TermInputs((frozenset({"length_stats"}),)),
     }
 
 

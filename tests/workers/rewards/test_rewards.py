@@ -458,6 +458,10 @@ def test_term_types_lists_every_term() -> None:
         "prune_penalty",
         "turn_penalty",
         "tests_passed",
+        "hidden_tests",
+        "broken_tool_calls",
+        "todo_left",
+        "length_penalty",
     )
 
 
@@ -554,6 +558,10 @@ def test_the_spec_validates_every_term_type_through_the_derived_union() -> None:
         "PrunePenaltyTerm",
         "TurnPenaltyTerm",
         "PassedTestsTerm",
+        "HiddenTestsTerm",
+        "BrokenToolCallsTerm",
+        "TodoLeftTerm",
+        "LengthPenaltyTerm",
     ]
     with pytest.raises(RewardSpecError, match="unknown term type 'nope'; use one of: exact_match"):
         validate_reward_spec({"terms": [{"type": "nope"}]})
