@@ -31,7 +31,15 @@ from workers.envs import CalculatorEnv, Task
 from workers.envs.toolcalls import format_tool_call
 from workers.rl.config import TrainConfig
 
-TRAJECTORY_DETECTORS = ["length_blowup", "malformed_tool_calls", "repetition", "search_once_then_quit"]
+TRAJECTORY_DETECTORS = [
+    "asks_instead_of_acting",
+    "edits_tests",
+    "length_blowup",
+    "malformed_tool_calls",
+    "repetition",
+    "search_once_then_quit",
+    "terminal_only",
+]
 
 
 def _only(name: str, **params: Any) -> DetectorConfig:
@@ -468,10 +476,13 @@ def test_flag_rates_count_flagged_trajectories_and_each_detector() -> None:
     metrics = flag_metrics(per_trajectory)
     assert metrics == {
         "flags/rate": 0.5,
+        "flags/asks_instead_of_acting": 0.0,
+        "flags/edits_tests": 0.0,
         "flags/length_blowup": 0.25,
         "flags/malformed_tool_calls": 0.0,
         "flags/repetition": 0.5,
         "flags/search_once_then_quit": 0.0,
+        "flags/terminal_only": 0.0,
     }
     assert flag_metrics([]) == {}
     assert "flags/repetition" not in flag_metrics([[]], {"repetition": {"enabled": False}})
