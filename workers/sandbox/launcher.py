@@ -65,6 +65,7 @@ _CLONE_NEWNET = 0x40000000
 
 _MS_NOSUID = 1 << 1
 _MS_NODEV = 1 << 2
+_MS_BIND = 1 << 12
 _MS_REC = 1 << 14
 _MS_PRIVATE = 1 << 18
 
@@ -378,9 +379,11 @@ def _handled_rights(abi: int) -> tuple[int, int, int, int]:
     return fs, net, scoped, size
 
 
-def _read_exec_dirs() -> list[str]:
-    """Directories the code may read and execute from: the Python installation and the system libraries."""
+def _read_exec_dirs(extra: list[str] | None = None) -> list[str]:
+    """Directories the code may read and execute from: the Python installation and the system libraries, plus the
+    caller's `python_dirs` (its virtual environment) when it asked for them."""
     candidates = [
+        *(extra or []),
         os.path.join(sys.base_prefix, "lib"),
         os.path.join(sys.base_exec_prefix, "lib"),
         sys.prefix,
@@ -400,7 +403,7 @@ def _read_exec_dirs() -> list[str]:
     return result
 
 
-def _build_ruleset(plan: _Plan, simulate: set[str]) -> None:
+def _build_ruleset(plan: _Plan, simulate: set[str], python_dirs: list[str]) -> None:
     try:
         abi = _landlock_abi(simulate)
     except _Unavailable as exc:
@@ -431,7 +434,7 @@ def _build_ruleset(plan: _Plan, simulate: set[str]) -> None:
         finally:
             os.close(fd)
 
-    for path in _read_exec_dirs():
+    for path in _read_exec_dirs(python_dirs):
         allow(path, _READ_EXEC)
     # Only the dynamic loader's cache from /etc: /etc/passwd, resolv.conf and the rest stay unreadable.
     allow("/etc/ld.so.cache", _FS_READ_FILE)
@@ -452,6 +455,82 @@ def _open_python_roots(plan: _Plan) -> None:
             plan.python_roots[root] = os.open(root, os.O_PATH | os.O_DIRECTORY)
         except OSError:
             continue
+
+
+def _traversable(path: str, uid: int, gid: int) -> bool:
+    """Whether `uid` (with `gid` and no other group) may search the directory `path`."""
+    st = os.stat(path)
+    if st.st_uid == uid:
+        return bool(st.st_mode & 0o100)
+    if st.st_gid == gid:
+        return bool(st.st_mode & 0o010)
+    return bool(st.st_mode & 0o001)
+
+
+def _expose_dirs(plan: _Plan, dirs: list[str]) -> None:
+    """As root: make `dirs` (the caller's interpreter and its environment) reachable by the check's uid.
+
+    Where an ancestor of one is closed to that uid (a pyenv under /root, mode 0700), a small read-only-by-mode tmpfs
+    is mounted over the topmost such ancestor in this mount namespace, holding just the path down to each
+    directory, where the real directory is bind-mounted. Everything else under that ancestor disappears from the
+    sandbox's view (Landlock would refuse it anyway). Best effort: when it cannot be done (no mount namespace, the
+    workspace itself lies under the ancestor, a mount fails) an "isolation" observation says the interpreter may
+    not start as a subprocess, and the run goes on.
+    """
+    if not plan.is_root:
+        return  # the program runs under the caller's own uid, which reaches whatever the caller reaches
+    blocked: dict[str, list[str]] = {}  # topmost closed ancestor -> directories under it
+    for directory in sorted(set(dirs), key=len):
+        if any(directory == d or directory.startswith(d.rstrip("/") + "/") for ds in blocked.values() for d in ds):
+            continue  # inside one already exposed
+        parts = directory.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            ancestor = "/" + "/".join(parts[:depth])
+            try:
+                if not _traversable(ancestor, plan.uid, plan.gid):
+                    blocked.setdefault(ancestor, []).append(directory)
+                    break
+            except OSError:
+                break
+    for ancestor, under in blocked.items():
+        workdir = plan.workdir.rstrip("/") + "/"
+        if not plan.mntns or workdir.startswith(ancestor + "/"):
+            _observe(
+                plan,
+                "isolation",
+                "python",
+                f"{ancestor} is closed to the sandbox uid and could not be opened up (no mount namespace, or the "
+                "workspace lies under it): the interpreter may not start as a subprocess",
+                ancestor,
+            )
+            continue
+        fds = {directory: os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC) for directory in under}
+        try:
+            _check(
+                int(
+                    _libc.mount(
+                        b"tmpfs",
+                        ancestor.encode(),
+                        b"tmpfs",
+                        _MS_NOSUID | _MS_NODEV,
+                        b"size=1m,nr_inodes=4096,mode=0755",
+                    )
+                ),
+                f"mount tmpfs over {ancestor}",
+            )
+            for directory, fd in fds.items():
+                os.makedirs(directory, 0o755, exist_ok=True)
+                _check(
+                    int(
+                        _libc.mount(f"/proc/self/fd/{fd}".encode(), directory.encode(), None, _MS_BIND | _MS_REC, None)
+                    ),
+                    f"bind mount {directory}",
+                )
+        except OSError as exc:
+            _observe(plan, "isolation", "python", f"could not open up {ancestor} to the sandbox uid: {exc}", ancestor)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
 
 
 def _load_monitor() -> types.ModuleType:
@@ -489,9 +568,12 @@ def _prepare(cfg: dict[str, Any]) -> _Plan:
     simulate = set(cfg.get("simulate_unavailable", ()))
     _enter_namespaces(plan, simulate)
     _mount_workspace(plan, cfg["limits"], simulate)
-    _build_ruleset(plan, simulate)
+    python_dirs = [str(path) for path in cfg.get("python_dirs") or []]
+    _build_ruleset(plan, simulate, python_dirs)
     _open_python_roots(plan)
     plan.monitor = _load_monitor()
+    if python_dirs:
+        _expose_dirs(plan, python_dirs)
     plan.setup_r, plan.setup_w = os.pipe()
     plan.life_r, plan.life_w = os.pipe()
     plan.obs_r, plan.obs_w = os.pipe()

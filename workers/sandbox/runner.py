@@ -127,11 +127,12 @@ class SandboxLimits:
     max_output_bytes: int = 64 * 1024  # stdout/stderr kept each; the rest dropped, noted truncated
     max_file_bytes: int = 16 * 1024 * 1024  # RLIMIT_FSIZE
     max_disk_bytes: int = 64 * 1024 * 1024  # the whole workspace (its tmpfs), the caller's files included
+    max_workspace_files: int = _MAX_WORKSPACE_FILES  # inodes of the workspace tmpfs (files and directories)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.wall_seconds) and self.wall_seconds > 0):
             raise ValueError(f"wall_seconds must be a positive number, got {self.wall_seconds!r}")
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_disk_bytes"):
+        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_disk_bytes", "max_workspace_files"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -350,12 +351,19 @@ def run_python(
     code: str,
     *,
     limits: SandboxLimits = SandboxLimits(),  # noqa: B008 - frozen, so one shared default is safe
-    files: dict[str, str] | None = None,
+    files: Mapping[str, str | bytes] | None = None,
     stdin: str = "",
+    python_environment: bool = False,
 ) -> SandboxResult:
     """Run `code` as a Python program in the sandbox and return how it ended.
 
-    `files` maps relative paths to text written next to `main.py` (importable as modules). Raises
+    `files` maps relative paths to text (written as UTF-8) or bytes, written next to `main.py` (importable as
+    modules). With `python_environment`, the program may also start the calling interpreter's environment as a
+    subprocess (its virtual environment's `bin/python`, with the packages installed there, e.g. pytest): the
+    environment's directory becomes readable and executable like the base installation, and, as root, every
+    directory of the installation is made reachable by the check's uid even where an ancestor is closed to it
+    (e.g. a pyenv under /root, mode 0700): a small tmpfs over that ancestor holds bind mounts of the installation
+    alone, in the sandbox's own mount namespace. Raises
     `SandboxUnavailable` in strict mode when namespaces, the workspace tmpfs or Landlock are missing (and for a
     bad CRUCIBLE_SANDBOX_ISOLATION or CRUCIBLE_SANDBOX_UIDS), and `ValueError` for a bad file name; every other
     failure of the sandbox itself is an `Outcome.ERROR` result.
@@ -379,7 +387,7 @@ def run_python(
                 _populate(Path(workdir), code, extra, lease)
             except OSError as exc:
                 return _error(f"could not prepare the sandbox directory: {exc}", started)
-            return _execute(workdir, limits, stdin, mode, started, lease)
+            return _execute(workdir, limits, stdin, mode, started, lease, python_environment)
         finally:
             _remove_tree(workdir)
     finally:
@@ -387,8 +395,8 @@ def run_python(
             lease.release()
 
 
-def _checked_files(files: Mapping[str, str] | None) -> dict[PurePosixPath, str]:
-    checked: dict[PurePosixPath, str] = {}
+def _checked_files(files: Mapping[str, str | bytes] | None) -> dict[PurePosixPath, str | bytes]:
+    checked: dict[PurePosixPath, str | bytes] = {}
     for name, content in (files or {}).items():
         rel = PurePosixPath(name)
         if not rel.parts or rel.is_absolute() or ".." in rel.parts or rel == PurePosixPath("main.py"):
@@ -397,12 +405,18 @@ def _checked_files(files: Mapping[str, str] | None) -> dict[PurePosixPath, str]:
     return checked
 
 
-def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str], lease: _Lease | None) -> None:
+def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str | bytes], lease: _Lease | None) -> None:
     (workdir / "main.py").write_text(code, encoding="utf-8")
+    made: set[PurePosixPath] = set()
     for rel, content in files.items():
         target = workdir.joinpath(*rel.parts)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(content, encoding="utf-8")
+        if rel.parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made.add(rel.parent)
+        if isinstance(content, str):
+            target.write_text(content, encoding="utf-8")
+        else:
+            target.write_bytes(content)
     if lease is not None:
         # The directory (0700 from mkdtemp) and everything in it belong to the check's uid alone.
         for root, dirs, names in os.walk(workdir):
@@ -432,10 +446,22 @@ def _remove_tree(path: str) -> None:
         log.warning("could not remove sandbox directory %s", path)
 
 
+def _python_dirs() -> list[str]:
+    """The calling interpreter's installation and its virtual environment, as real paths."""
+    return list(dict.fromkeys(os.path.realpath(p) for p in (sys.prefix, sys.exec_prefix, sys.base_prefix)))
+
+
 def _build_config(
-    workdir: str, limits: SandboxLimits, mode: str, report_fd: int, uid: int | None = None
+    workdir: str,
+    limits: SandboxLimits,
+    mode: str,
+    report_fd: int,
+    uid: int | None = None,
+    python_environment: bool = False,
 ) -> dict[str, Any]:
     return {
+        # Read and execute below these too, reachable by the check's uid (see run_python's python_environment).
+        "python_dirs": _python_dirs() if python_environment else [],
         "mode": mode,
         "parent_pid": os.getpid(),
         "report_fd": report_fd,
@@ -451,7 +477,7 @@ def _build_config(
             "max_processes": limits.max_processes,
             "max_file_bytes": limits.max_file_bytes,
             "max_disk_bytes": limits.max_disk_bytes,
-            "max_workspace_files": _MAX_WORKSPACE_FILES,
+            "max_workspace_files": limits.max_workspace_files,
             "max_open_files": _MAX_OPEN_FILES,
         },
     }
@@ -519,7 +545,13 @@ def _capture(proc: subprocess.Popen[bytes], report_r: int, limits: SandboxLimits
 
 
 def _execute(
-    workdir: str, limits: SandboxLimits, stdin: str, mode: str, started: float, lease: _Lease | None
+    workdir: str,
+    limits: SandboxLimits,
+    stdin: str,
+    mode: str,
+    started: float,
+    lease: _Lease | None,
+    python_environment: bool = False,
 ) -> SandboxResult:
     report_r, report_w = os.pipe()
     uid = lease.uid if lease is not None else None
@@ -528,7 +560,7 @@ def _execute(
             # A file rather than a pipe: no writer thread, and no deadlock when the program never reads it.
             stdin_file.write(stdin.encode("utf-8"))
             stdin_file.seek(0)
-            config = _build_config(workdir, limits, mode, report_w, uid=uid)
+            config = _build_config(workdir, limits, mode, report_w, uid=uid, python_environment=python_environment)
             # Killing leftovers first costs a fork: needed only after a check that did not end with its sweep.
             config["sweep_before"] = lease is not None and not lease.clean
             try:
