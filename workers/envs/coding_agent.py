@@ -881,7 +881,7 @@ class CodingAgentEnv(ToolUseEnvironment):
             if path not in self._state.edited_by_run:
                 self._state.edited_by_run.append(path)
         outcome = str(getattr(result.outcome, "value", result.outcome))
-        if outcome not in ("ok", "passed", "failed", "exit"):
+        if outcome not in ("ok", "failed"):  # timeout, memory, killed, error: a limit or the sandbox stopped it
             self._state.run_limit_hits += 1
         text = result.as_observation(self.max_output_chars)
         if changed:

@@ -9,11 +9,12 @@ from typing import Any
 from workers.envs.base import Environment
 from workers.envs.calculator import CalculatorEnv
 from workers.envs.coding import CodingEnv
+from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.exact_answer import ExactAnswerEnv
 from workers.envs.search import SearchEnv
 
 ENVIRONMENTS: dict[str, type[Environment]] = {
-    cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, CodingEnv)
+    cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, CodingEnv, CodingAgentEnv)
 }
 """Every environment a run may name."""
 

@@ -36,7 +36,14 @@ from workers.envs.calculator import (
     word_problem_tasks,
 )
 from workers.envs.toolcalls import FORMAT_HINT, ToolParameter, ToolSpec, format_tool_call
-from workers.rewards.schema import TERM_INPUTS, TERM_TYPES, TermInputs, context1_spec, validate_reward_spec
+from workers.rewards.schema import (
+    TERM_INPUTS,
+    TERM_TYPES,
+    TermInputs,
+    coding_agent_spec,
+    context1_spec,
+    validate_reward_spec,
+)
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 
@@ -643,7 +650,7 @@ def test_a_renamed_incompatible_term_is_reported_under_its_name() -> None:
 
 
 def test_make_env_refuses_an_unknown_name_listing_the_choices() -> None:
-    expected = "unknown environment 'swarm'; choose one of: calculator, coding, exact_answer, search"
+    expected = "unknown environment 'swarm'; choose one of: calculator, coding, coding_agent, exact_answer, search"
     with pytest.raises(ValueError, match=re.escape(expected)):
         make_env("swarm")
 
@@ -663,7 +670,13 @@ def test_make_env_refuses_a_parameter_the_environment_does_not_take() -> None:
 
 
 def test_every_registered_environment_has_a_description_and_a_matching_name() -> None:
-    assert [name for name, _ in environment_choices()] == ["calculator", "coding", "exact_answer", "search"]
+    assert [name for name, _ in environment_choices()] == [
+        "calculator",
+        "coding",
+        "coding_agent",
+        "exact_answer",
+        "search",
+    ]
     assert all(description for _, description in environment_choices())
     assert all(cls.name == name for name, cls in ENVIRONMENTS.items())
 
@@ -713,6 +726,7 @@ CONTROL_PLANE_FACTS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "calculator": ("reward", "mean_score", False, _EXACT_MATCH),
     "coding": ("tests_passed", "pass@1", False, {"terms": [{"type": "tests_passed"}]}),
     "search": ("output_recall", "mean_score", True, context1_spec().model_dump(mode="json")),
+    "coding_agent": ("tests_passed", "pass@1", False, coding_agent_spec().model_dump(mode="json")),
 }
 
 

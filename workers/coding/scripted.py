@@ -1,0 +1,485 @@
+"""A coding agent written as code: the SFT teacher for the `coding_agent` environment when no large model is at hand.
+
+Composer 2 was warmed up on a large model's sessions in the same harness. A 135M model on a CPU has no such
+teacher and does not call tools by itself, so RL from it sees reward 0 everywhere. This agent plays the large
+model's part as `workers.search.teacher.ScriptedSearchAgent` does for search: it knows the task's reference patch
+and carries it out through the real tools, so its trajectories show the harness's whole loop (explore, read,
+edit, check, finish) with the environment's real observations, and they are scored with the run's reward.
+
+Its policy, one reply at a time (at most `max_calls_per_reply` calls per reply):
+1. `list_files` of the repository;
+2. `read_file` of every region the patch touches (each hunk with a few lines around it), in original line numbers;
+3. `edit_file` for each hunk, bottom-up within a file (so the line numbers it read stay true above each edit):
+   search = the hunk's old lines (context and removed), replace = its new lines. When the tool answers that the
+   text matches several times, it retries with more of the lines above; a new file is created with an empty
+   search, a deleted or renamed one goes through `run` (`rm`, `mv`);
+4. `run` of the visible tests of the modules it changed (test files named after them), else
+   `python -c "import <module>"`;
+5. `finish` with a short message.
+Asked for a self-summary (`SUMMARY_PROMPT`), it writes one from its own notes and carries on where it was.
+
+    agent = ScriptedCodingAgent.for_row(row)                 # a repo_task/v1 row with a reference_patch
+    record = run_episode(env, agent)                         # env: a reset coding_agent environment
+    samples = scripted_coding_rollout(tokenizer, encode, rows, env_params=..., reward=...)   # for the SFT job
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable, Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import PurePosixPath
+from typing import Any
+
+from workers.coding.patches import FilePatch, parse_patch
+from workers.envs.base import Environment, Message
+from workers.envs.coding_agent import (
+    EDIT_TOOL,
+    ENV_NAME,
+    FINISH_TOOL,
+    LIST_TOOL,
+    READ_TOOL,
+    RUN_TOOL,
+    SUMMARY_PROMPT,
+    is_test_path,
+)
+from workers.envs.toolcalls import format_tool_call
+
+SCRIPTED_CODING_TEACHER = "scripted-coding"
+"""The SFT job's `teacher_model` value that selects this agent (as "scripted-search" selects the search one)."""
+
+READ_MARGIN = 6
+"""Lines read around each hunk (the unified diff's own 3 lines of context, and a few more to extend a search)."""
+MAX_CONTEXT_RETRIES = 3
+TEST_COMMAND = "python -m pytest -q -x -p no:cacheprovider"
+
+_NUMBERED = re.compile(r"^\s*(\d+)\| ?(.*)$")
+_READ_HEADER = re.compile(r"^(\S.*) \(lines \d+-\d+ of \d+\)$")
+_MATCHES = re.compile(r"matches (\d+) times")
+_DEF = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
+
+Observations = list[str]
+
+
+@dataclass
+class _Edit:
+    """One edit_file call the plan makes: a hunk of the reference patch, with the original line where its old
+    text starts (for extending its context upwards)."""
+
+    path: str
+    search: str
+    replace: str
+    first_line: int
+    context_added: int = 0
+
+
+@dataclass
+class _Notes:
+    """What the agent has learned and done, for its messages and its self-summaries."""
+
+    listing: list[str] = field(default_factory=list)
+    known: dict[str, dict[int, str]] = field(default_factory=dict)  # path -> original line number -> text
+    names: dict[str, list[str]] = field(default_factory=dict)  # path -> functions or classes the patch touches
+    edited: list[str] = field(default_factory=list)
+    failed_edits: list[str] = field(default_factory=list)
+    check: str | None = None
+    check_passed: bool | None = None
+
+
+def call(name: str, **arguments: Any) -> str:
+    return format_tool_call(name, arguments)
+
+
+class ScriptedCodingAgent:
+    """Solves one task from its reference patch through the `coding_agent` tools (see the module docstring).
+
+    `reply(messages)` takes the conversation so far (as the environment keeps it) and returns the next reply text;
+    one agent serves one episode."""
+
+    name = SCRIPTED_CODING_TEACHER
+
+    def __init__(self, reference_patch: str, *, instruction: str = "", max_calls_per_reply: int = 4) -> None:
+        self.files: list[FilePatch] = parse_patch(reference_patch)
+        self.instruction = instruction
+        self.max_calls = max(1, max_calls_per_reply)
+        self.notes = _Notes()
+        self._script: Generator[str, Observations, None] | None = None
+        self._pending: Observations | None = None  # observations that came with a summary request
+        self._last = ""
+
+    @classmethod
+    def for_row(cls, row: Mapping[str, Any], *, max_calls_per_reply: int = 4) -> ScriptedCodingAgent:
+        """The agent for a task row; ValueError when it has no reference patch to follow."""
+        patch = row.get("reference_patch")
+        if not isinstance(patch, str) or not patch.strip():
+            raise ValueError(f"task {row.get('id')!r} has no reference_patch; the scripted agent needs one")
+        instruction = str(row.get("instruction") or row.get("prompt") or "")
+        return cls(patch, instruction=instruction, max_calls_per_reply=max_calls_per_reply)
+
+    # --- the conversation --------------------------------------------------------------------------------------
+
+    def reply(self, messages: Sequence[Message]) -> str:
+        if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == SUMMARY_PROMPT:
+            self._pending = _observations_since_reply(messages[:-1])
+            return self.summary()
+        if self._script is None:
+            self._script = self._plan()
+            text = next(self._script)
+        else:
+            observations = self._pending if self._pending is not None else _observations_since_reply(messages)
+            self._pending = None
+            try:
+                text = self._script.send(observations)
+            except StopIteration:
+                text = call(FINISH_TOOL, message=self._finish_message())
+        self._last = text
+        return text
+
+    def summary(self) -> str:
+        """A self-summary from the agent's notes (what a good summary holds: task, findings, changes, next step)."""
+        notes = self.notes
+        parts = [f"Task: {self.instruction.strip() or 'fix the reported problem'}"]
+        touched = [fp.path for fp in self.files]
+        parts.append(f"Files involved: {', '.join(touched)}.")
+        for path, names in notes.names.items():
+            if names:
+                parts.append(f"In {path}, the change concerns {', '.join(f'`{n}`' for n in names)}.")
+        if notes.edited:
+            parts.append(f"Done: edited {', '.join(dict.fromkeys(notes.edited))}.")
+        remaining = [path for path in touched if path not in notes.edited]
+        if remaining:
+            parts.append(f"Left to do: change {', '.join(remaining)}, then check the result and finish.")
+        elif notes.check is None:
+            parts.append("Left to do: check the change by running the tests, then finish.")
+        else:
+            parts.append("Left to do: finish with a short message.")
+        return " ".join(parts)
+
+    # --- the plan --------------------------------------------------------------------------------------------------
+
+    def _plan(self) -> Generator[str, Observations, None]:
+        notes = self.notes
+        observations = yield "Let me look at the repository layout first.\n" + call(LIST_TOOL)
+        for text in observations:
+            notes.listing += _listed_paths(text)
+
+        reads = self._reads()
+        for start in range(0, len(reads), self.max_calls):
+            batch = reads[start : start + self.max_calls]
+            where = ", ".join(dict.fromkeys(path for path, _, _ in batch))
+            observations = yield f"I'll read the code the request is about in {where}.\n" + "\n".join(
+                call(READ_TOOL, path=path, start_line=first, end_line=last) for path, first, last in batch
+            )
+            for text in observations:
+                self._learn(text)
+        self._name_changes()
+
+        yield from self._edit_replies()
+
+        command = self._check_command()
+        notes.check = command
+        observations = yield "Now let me check that the change works.\n" + call(RUN_TOOL, command=command)
+        output = observations[0] if observations else ""
+        notes.check_passed = _command_passed(output)
+        yield call(FINISH_TOOL, message=self._finish_message())
+
+    def _reads(self) -> list[tuple[str, int, int]]:
+        """(path, first, last) windows to read: every modified file's hunks with READ_MARGIN lines around them,
+        overlapping windows merged."""
+        windows: list[tuple[str, int, int]] = []
+        for file_patch in self.files:
+            if file_patch.old_path is None or not file_patch.hunks:
+                continue
+            spans: list[list[int]] = []
+            for hunk in file_patch.hunks:
+                first = max(1, hunk.old_start - READ_MARGIN)
+                last = hunk.old_start + max(hunk.old_count, 1) - 1 + READ_MARGIN
+                if spans and first <= spans[-1][1] + 1:
+                    spans[-1][1] = max(spans[-1][1], last)
+                else:
+                    spans.append([first, last])
+            windows += [(file_patch.old_path, first, last) for first, last in spans]
+        return windows
+
+    def _learn(self, observation: str) -> None:
+        """Keep the numbered lines of a read_file result (original numbering: reads come before any edit)."""
+        lines = observation.splitlines()
+        if not lines:
+            return
+        header = _READ_HEADER.match(lines[0])
+        if header is None:
+            return
+        known = self.notes.known.setdefault(header.group(1), {})
+        for line in lines[1:]:
+            match = _NUMBERED.match(line)
+            if match:
+                known.setdefault(int(match.group(1)), match.group(2))
+
+    def _name_changes(self) -> None:
+        """The functions or classes each hunk sits in (the nearest def/class above it in what was read)."""
+        for file_patch in self.files:
+            known = self.notes.known.get(file_patch.old_path or "", {})
+            names: list[str] = []
+            for hunk in file_patch.hunks:
+                changed = hunk.old_start + _leading_context(hunk)
+                for number in range(changed, 0, -1):
+                    match = _DEF.match(known.get(number, ""))
+                    if match:
+                        if match.group(1) not in names:
+                            names.append(match.group(1))
+                        break
+            self.notes.names[file_patch.path] = names
+
+    def _edit_replies(self) -> Generator[str, Observations, None]:
+        """Replies that carry out the patch; a failed edit (ambiguous search text) is retried with more context."""
+        queue: list[str | _Edit] = []
+        for file_patch in self.files:
+            old, new = file_patch.old_path, file_patch.new_path
+            if new is None and old is not None:
+                queue.append(f"rm {shlex.quote(old)}")
+                continue
+            assert new is not None
+            if old is None:
+                content = "".join(line for hunk in file_patch.hunks for line in hunk.new)
+                queue.append(_Edit(new, "", content, 0))
+                continue
+            if old != new:
+                queue.append(
+                    f"mkdir -p {shlex.quote(str(PurePosixPath(new).parent))} && mv {shlex.quote(old)} "
+                    f"{shlex.quote(new)}"
+                )
+            for hunk in sorted(file_patch.hunks, key=lambda h: h.old_start, reverse=True):
+                edit = _Edit(new, "".join(hunk.old), "".join(hunk.new), hunk.old_start)
+                if not edit.search.strip():
+                    self._widen(edit, old)  # a pure insertion: anchor it on the lines above
+                queue.append(edit)
+        while queue:
+            batch, queue = queue[: self.max_calls], queue[self.max_calls :]
+            paths = list(dict.fromkeys(item.path if isinstance(item, _Edit) else "the file layout" for item in batch))
+            names = [n for path in paths for n in self.notes.names.get(path, [])]
+            what = f"`{'`, `'.join(names)}` in {', '.join(paths)}" if names else ", ".join(paths)
+            calls = [
+                call(EDIT_TOOL, path=item.path, search=item.search, replace=item.replace)
+                if isinstance(item, _Edit)
+                else call(RUN_TOOL, command=item)
+                for item in batch
+            ]
+            observations = yield f"I'll make the change to {what}.\n" + "\n".join(calls)
+            retry: list[str | _Edit] = []
+            for item, result in zip(batch, observations, strict=False):
+                if not isinstance(item, _Edit):
+                    continue
+                if result.startswith("error"):
+                    repeated = _MATCHES.search(result)
+                    if (
+                        repeated
+                        and item.context_added < MAX_CONTEXT_RETRIES * READ_MARGIN
+                        and self._widen(item, item.path)
+                    ):
+                        retry.append(item)
+                    else:
+                        self.notes.failed_edits.append(item.path)
+                else:
+                    self.notes.edited.append(item.path)
+            queue = retry + queue
+
+    def _widen(self, edit: _Edit, original_path: str) -> bool:
+        """Prepend up to 3 more known original lines above the edit to its search and replace text; False when
+        nothing is known above it."""
+        known = self.notes.known.get(original_path, {})
+        added: list[str] = []
+        line = edit.first_line - 1
+        while line >= 1 and len(added) < 3 and line in known:
+            added.insert(0, known[line] + "\n")
+            line -= 1
+        if not added:
+            return False
+        prefix = "".join(added)
+        edit.search, edit.replace = prefix + edit.search, prefix + edit.replace
+        edit.first_line -= len(added)
+        edit.context_added += len(added)
+        return True
+
+    def _check_command(self) -> str:
+        """The visible tests named after the changed modules (`tests/test_<module>.py`), else an import of them."""
+        changed = [fp.path for fp in self.files if fp.new_path is not None and fp.path.endswith(".py")]
+        stems = {PurePosixPath(path).stem for path in changed if not is_test_path(path)}
+        tests = sorted(
+            path
+            for path in self.notes.listing
+            if is_test_path(path)
+            and PurePosixPath(path).name not in ("conftest.py", "__init__.py")
+            and any(PurePosixPath(path).stem in (f"test_{stem}", f"{stem}_test") for stem in stems)
+        )
+        if tests:
+            return f"{TEST_COMMAND} {' '.join(shlex.quote(t) for t in tests[:3])}"
+        modules = [m for m in dict.fromkeys(_module_of(p) for p in changed if not is_test_path(p)) if m]
+        if not modules:
+            return "python -c \"print('no module to import')\""
+        return f'python -c "import {", ".join(modules[:4])}"'
+
+    def _finish_message(self) -> str:
+        notes = self.notes
+        paths = list(dict.fromkeys(notes.edited)) or [fp.path for fp in self.files]
+        names = [n for path in paths for n in notes.names.get(path, [])]
+        subject = f"`{'`, `'.join(names)}` in {', '.join(paths)}" if names else ", ".join(paths)
+        message = f"I changed {subject} to address the request."
+        if notes.failed_edits:
+            message += f" Some edits to {', '.join(dict.fromkeys(notes.failed_edits))} did not apply."
+        if notes.check_passed is True:
+            message += " The check I ran passes."
+        elif notes.check_passed is False:
+            message += " The check I ran still reports a failure."
+        return message
+
+
+# --- reading observations ---------------------------------------------------------------------------------------
+
+
+def _observations_since_reply(messages: Sequence[Message]) -> Observations:
+    """The tool messages after the last assistant reply, in order."""
+    out: Observations = []
+    for message in reversed(messages):
+        if message["role"] == "assistant":
+            break
+        if message["role"] == "tool":
+            out.append(message["content"])
+    return out[::-1]
+
+
+def _listed_paths(observation: str) -> list[str]:
+    """The file paths a list_files result shows (its full-listing form; the entries form has none to take)."""
+    lines = observation.splitlines()
+    if not lines or "file(s) in" not in lines[0]:
+        return []
+    prefix = ""
+    match = re.search(r"file\(s\) in '([^']+)'", lines[0])
+    if match:
+        prefix = match.group(1).rstrip("/") + "/"
+    return [prefix + line.strip() for line in lines[1:] if line.strip() and not line.startswith("[")]
+
+
+def _command_passed(observation: str) -> bool:
+    head = observation.lower()
+    return bool(re.search(r"exit (?:code|status)[: ]+0\b", head)) or (
+        "error" not in head and "failed" not in head and "traceback" not in head
+    )
+
+
+def _leading_context(hunk: Any) -> int:
+    """Lines of leading context before the hunk's first removed or added line."""
+    count = 0
+    for old_line, new_line in zip(hunk.old, hunk.new, strict=False):
+        if old_line != new_line:
+            break
+        count += 1
+    return count
+
+
+def _module_of(path: str) -> str | None:
+    """ "pkg/sub/mod.py" -> "pkg.sub.mod" ("pkg/__init__.py" -> "pkg"); None for a name Python cannot import."""
+    parts = list(PurePosixPath(path).with_suffix("").parts)
+    if parts and parts[-1] == "__init__":
+        parts = parts[:-1]
+    if parts and parts[0] == "src":
+        parts = parts[1:]
+    if not parts or not all(part.isidentifier() for part in parts):
+        return None
+    return ".".join(parts)
+
+
+# --- episodes -----------------------------------------------------------------------------------------------------
+
+
+def run_episode(env: Environment, agent: ScriptedCodingAgent, *, max_replies: int = 200) -> dict[str, Any]:
+    """Play `agent` in `env` (already reset on its task) until the episode ends; returns the trajectory record."""
+    for _ in range(max_replies):
+        result = env.step(agent.reply(env.messages))
+        if result.done:
+            break
+    else:
+        env.abort(f"the scripted agent did not finish within {max_replies} replies")
+    return env.trajectory(f"scripted-{env.task.id}")
+
+
+def scripted_coding_rollout(
+    tokenizer: Any,
+    encode_chat: Callable[[Sequence[Message]], list[int]],
+    task_rows: Sequence[Mapping[str, Any]],
+    *,
+    environment: str = ENV_NAME,
+    env_params: Mapping[str, Any],
+    reward: Mapping[str, Any] | Any,
+    bind: Callable[[Environment], None] | None = None,
+) -> list[Any]:
+    """One scripted episode per task row, as token-level samples (`workers.rl.rollout.Sample`) in the student's
+    tokenizer, laid out exactly as a rollout of the student would be: the agent's replies (each closed with
+    `<|im_end|>`) are the trained tokens, the rest is context; a self-summary closes a segment and the next segment
+    starts from the rewritten conversation. Rows without a reference patch are skipped. The same entry point shape
+    as `workers.search.teacher.scripted_rollout`, for the SFT job."""
+    from workers.envs.registry import make_env
+    from workers.rewards.schema import RewardSpec, validate_reward_spec
+    from workers.rewards.score import score_trajectory
+    from workers.rl.rollout import Sample, chatml_continuation
+    from workers.trajectories import Trajectory
+
+    spec = reward if isinstance(reward, RewardSpec) else validate_reward_spec(dict(reward))
+    samples: list[Sample] = []
+    for group, row in enumerate(task_rows):
+        if not str(row.get("reference_patch") or "").strip():
+            continue
+        env = make_env(environment, **dict(env_params))
+        if bind is not None:
+            bind(env)
+        counter = getattr(env, "bind_token_counter", None)
+        if counter is not None:
+            counter(lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+        env.reset(env.validate_task_row(dict(row)))
+        agent = ScriptedCodingAgent.for_row(row, max_calls_per_reply=int(getattr(env, "max_calls_per_turn", 4)))
+        ids: list[int] = list(encode_chat(env.messages))
+        start = len(ids)
+        mask: list[int] = []
+        prior: list[tuple[list[int], int]] = []
+        while True:
+            text = agent.reply(env.messages)
+            reply = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
+            ids += reply
+            mask += [1] * len(reply)
+            result = env.step(text)
+            if result.done:
+                break
+            if getattr(env, "view_changed", False):
+                prior.append((ids, start))
+                ids = list(encode_chat(env.messages))
+                start = len(ids)
+                continue
+            more = chatml_continuation(
+                tokenizer, result.observation.messages if result.observation else [], closed=True
+            )
+            ids += more
+            mask += [0] * len(more)
+        record = env.trajectory(f"teacher-{env.task.id}")
+        scored = score_trajectory(spec, Trajectory.model_validate(record))
+        counts = record.get("counts", {})
+        samples.append(
+            Sample(
+                task_id=env.task.id,
+                group=group,
+                token_ids=ids,
+                completion_start=start,
+                loss_mask=mask,
+                old_logprobs=[0.0] * len(mask),
+                reward=float(scored.reward),
+                terms=dict(scored.terms),
+                policy_version=0,
+                num_turns=int(counts.get("turns", 0)),
+                malformed_tool_calls=int(counts.get("malformed_tool_calls", 0)),
+                finish_reason="stop",
+                error=record.get("error"),
+                trajectory=record,
+                prior_segments=prior,
+                episode_metrics=env.episode_metrics(record),
+            )
+        )
+    return samples
