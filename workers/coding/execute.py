@@ -8,22 +8,23 @@ How. One `workers.sandbox.run_python` call (namespaces, a size-capped tmpfs, Lan
 whose Python program is a small supervisor, `_PROGRAM` below. Its directory holds:
 
     main.py        the supervisor (PID 1 of the sandbox's PID namespace)
-    command.json   the command, its limits, the extra environment
-    repo/          the workspace's files (plus `extra_files`): the command's working directory
+    command.json   the command, its limits, the extra environment, the manifest of the tree (path, size)
+    tree.bin       the workspace's files (plus `extra_files`) back to back: one file to copy in, not thousands
+    repo/          written from tree.bin by the supervisor: the command's working directory
     home/, tmp/    HOME and TMPDIR, outside repo/ so that caches never count as changes
 
-The supervisor hashes every file under repo/, runs `/bin/sh -c <command>` there (stdin empty; PATH with the
-calling interpreter's environment first, so `python` and `python -m pytest` are the project's interpreter and its
-pytest; PYTHONPATH = repo/ and repo/src/ when present; PYTHONDONTWRITEBYTECODE=1; no network;
+The supervisor writes repo/ (hashing each file as it goes), runs `/bin/sh -c <command>` there (stdin empty; PATH
+with the calling interpreter's environment first, so `python` and `python -m pytest` are the project's interpreter
+and its pytest; PYTHONPATH = repo/ and repo/src/ when present; PYTHONDONTWRITEBYTECODE=1; no network;
 PYTEST_DISABLE_PLUGIN_AUTOLOAD=1, because the pytest plugins installed beside Crucible (pytest-django, hypothesis
 through schemathesis, ...) belong to the control plane, not to the task's repository, and cost seconds a run: a
-command that needs one names it with `-p`), reads its stdout and stderr keeping the head and the tail of each,
-kills it at the wall-time limit, then kills whatever it left running (as PID 1 it can: kill(-1) reaches every
-other process of the namespace; a background process does not hold the call open once the shell has exited),
-hashes the files again and writes one JSON document to its own stdout: the exit status, the output, and the
-changed files (base64), up to `max_changed_bytes` in all. A file that does not fit is listed in `not_applied` and
-left out (an observation says so); `__pycache__/` and `.pytest_cache/` directories, symbolic links and other
-non-regular files are never brought back.
+command that needs one names it with `-p`), reads its stdout and stderr keeping the head and the tail of each, kills
+it at the wall-time limit, then kills whatever it left running (as PID 1 it can: kill(-1) reaches every other
+process of the namespace; a background process does not hold the call open once the shell has exited), hashes again
+the files whose stat changed (any write changes a file's ctime, which no call can set back), and writes one JSON
+document to its own stdout: the exit status, the output, and the changed files (base64), up to `max_changed_bytes`
+in all. A file that does not fit is listed in `not_applied` and left out (an observation says so); `__pycache__/`
+and `.pytest_cache/` directories, symbolic links and other non-regular files are never brought back.
 
 Containment. A fork bomb meets RLIMIT_NPROC (per uid: the check's own), an infinite loop the wall and CPU limits,
 a disk filler the tmpfs (the workspace's size plus `max_disk_bytes`) and the per-file size limit, a memory hog
@@ -181,11 +182,15 @@ def run_command(
     """
     if not command.strip():
         raise ValueError("the command is blank; give a shell command such as 'python -m pytest -q'")
-    files: dict[str, str | bytes] = {f"{_REPO}/{path}": content for path, content in workspace.files().items()}
+    tree: dict[str, bytes] = workspace.files()
     for path, content in (extra_files or {}).items():
-        files[f"{_REPO}/{normalize_path(path)}"] = content
-    repo_bytes = sum(len(content) for content in files.values())
-    directories = {path.rpartition("/")[0] for path in files}
+        tree[normalize_path(path)] = content.encode("utf-8") if isinstance(content, str) else bytes(content)
+    # One file into the sandbox, not thousands: the contents back to back, named and sized in the manifest; the
+    # supervisor writes them out inside the sandbox's tmpfs (writing 5,000 files to the caller's disk first and
+    # having the launcher copy them took seconds).
+    manifest = [(path, len(content)) for path, content in tree.items()]
+    blob = b"".join(tree.values())
+    directories = {path.rpartition("/")[0] for path in tree}
     config = {
         "command": command,
         "wall_seconds": limits.wall_seconds,
@@ -195,8 +200,9 @@ def run_command(
         "max_processes": limits.max_processes,
         "path": _path_entries(),
         "env": dict(env or {}),
+        "manifest": manifest,
     }
-    files["command.json"] = json.dumps(config)
+    files: dict[str, str | bytes] = {"command.json": json.dumps(config), "tree.bin": blob}
     # What comes back on stdout: base64 of both streams' head and tail (UTF-8: up to 4 bytes a character) and of
     # the changed files, plus their names and room for the JSON around them.
     report_bytes = (16 * limits.max_output_chars + limits.max_changed_bytes) * 4 // 3 + 2 * MiB
@@ -206,9 +212,10 @@ def run_command(
         memory_bytes=limits.memory_bytes,
         max_processes=limits.max_processes,
         max_output_bytes=report_bytes,
-        max_file_bytes=max(limits.max_file_bytes, max((len(c) for c in files.values()), default=0)),
-        max_disk_bytes=repo_bytes + 4096 * (len(files) + len(directories)) + limits.max_disk_bytes,
-        max_workspace_files=len(files) + len(directories) + 16 + limits.max_new_files,
+        max_file_bytes=max(limits.max_file_bytes, max((size for _, size in manifest), default=0)),
+        # The tree twice (tree.bin is removed once written out) plus a page a file, then the command's own room.
+        max_disk_bytes=2 * len(blob) + 4096 * (len(tree) + len(directories)) + limits.max_disk_bytes,
+        max_workspace_files=len(tree) + len(directories) + 16 + limits.max_new_files,
     )
     result = run_python(_PROGRAM, limits=sandbox_limits, files=files, python_environment=True)
     command_result = _result(command, result, limits)
@@ -332,11 +339,12 @@ def _merge(observations: list[Observation]) -> tuple[Observation, ...]:
 # The supervisor. Runs inside the sandbox under `python -I -S` with only the standard library, as PID 1 of the
 # sandbox's PID namespace. Reads command.json; writes one JSON line to stdout.
 _PROGRAM = r'''
-import base64, errno, hashlib, json, os, resource, selectors, signal, stat, subprocess, time
+import base64, errno, hashlib, json, os, posix, resource, selectors, signal, stat, subprocess, time
 
 ROOT = os.getcwd()
 REPO = os.path.join(ROOT, "repo")
 SKIP_DIRS = {"__pycache__", ".pytest_cache"}
+WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 FORK_FAILURES = ("fork: retry", "can't fork", "cannot fork", "fork failed", "resource temporarily unavailable")
 with open(os.path.join(ROOT, "command.json"), encoding="utf-8") as fh:
     CFG = json.load(fh)
@@ -347,8 +355,45 @@ def observe(kind, what, detail, target=""):
     found.append({"kind": kind, "what": what, "detail": detail, "target": target, "source": "sandbox"})
 
 
-def scan():
-    """relative path -> (size, sha256) of every regular file under REPO (skipped directories aside)."""
+def unpack_tree():
+    """Write the files of tree.bin (their contents back to back, named and sized by the manifest) under REPO;
+    returns path -> (sha256, stat key) of each."""
+    with open(os.path.join(ROOT, "tree.bin"), "rb") as fh:
+        data = fh.read()
+    os.unlink(os.path.join(ROOT, "tree.bin"))  # its room on the tmpfs goes back to the command
+    os.makedirs(REPO, exist_ok=True)
+    made = set()
+    known = {}
+    offset = 0
+    for rel, size in CFG["manifest"]:
+        content = data[offset : offset + size]
+        offset += size
+        parent = os.path.dirname(rel)
+        if parent and parent not in made:
+            os.makedirs(os.path.join(REPO, parent), exist_ok=True)
+            made.add(parent)
+        # posix.* rather than open(): the sandbox's monitor wraps open() and os.open() to report refusals, which
+        # costs more than the write itself here, and nothing can be refused in our own directory.
+        fd = posix.open(os.path.join(REPO, rel), WRITE_FLAGS, 0o644)
+        try:
+            view = memoryview(content)
+            while view:
+                view = view[posix.write(fd, view) :]
+            key = stat_key(posix.fstat(fd))
+        finally:
+            posix.close(fd)
+        known[rel] = (hashlib.sha256(content).hexdigest(), key)
+    return known
+
+
+def stat_key(st):
+    # Any write changes ctime, which no call can set back: an equal key means equal content.
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+
+
+def scan(known):
+    """relative path -> sha256 of every regular file under REPO (skipped directories aside); a file whose stat
+    matches `known` is not read again."""
     result = {}
     stack = [REPO]
     while stack:
@@ -374,13 +419,14 @@ def scan():
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            rel = os.path.relpath(entry.path, REPO)
+            rel = entry.path[len(REPO) + 1 :]
             try:
                 rel.encode("utf-8")
             except UnicodeEncodeError:
                 observe("limit", "changes", "a file name that is not UTF-8 was not kept", ascii(rel))
                 continue
-            result[rel] = (st.st_size, digest(entry.path))
+            previous = known.get(rel)
+            result[rel] = previous[0] if previous and previous[1] == stat_key(st) else digest(entry.path)
     return result
 
 
@@ -454,7 +500,9 @@ def kill_rest():
 
 
 def main():
-    before = scan()
+    phase_started = time.monotonic()
+    known = unpack_tree()
+    unpack_seconds = time.monotonic() - phase_started
     os.makedirs(os.path.join(ROOT, "home"), exist_ok=True)
     os.makedirs(os.path.join(ROOT, "tmp"), exist_ok=True)
     pythonpath = [REPO] + ([os.path.join(REPO, "src")] if os.path.isdir(os.path.join(REPO, "src")) else [])
@@ -554,13 +602,18 @@ def main():
     for name, capture in streams.items():
         if capture.cut:
             observe("limit", "output", f"{capture.cut} characters of {name} were cut", name)
-    after = scan()
+    phase_started = time.monotonic()
+    after = scan(known)
+    scan_seconds = time.monotonic() - phase_started
     changed, not_applied = {}, []
     budget = int(CFG["max_changed_bytes"])
     for rel in sorted(after):
-        if before.get(rel) == after[rel]:
+        if rel in known and known[rel][0] == after[rel]:
             continue
-        size = after[rel][0]
+        try:
+            size = os.stat(os.path.join(REPO, rel)).st_size
+        except OSError:
+            continue
         if size > budget:
             not_applied.append(rel)
             continue
@@ -575,11 +628,12 @@ def main():
     if not_applied:
         observe("limit", "changes", f"{len(not_applied)} changed file(s) over the {CFG['max_changed_bytes']}-byte "
                 "limit of changes were not kept: " + ", ".join(not_applied[:5]))
-    deleted = sorted(set(before) - set(after))
+    deleted = sorted(set(known) - set(after))
     report = {
         "exit_code": exit_code, "signal": sig, "wall_killed": wall_killed, "cpu_killed": cpu_killed,
         "cpu_seconds": cpu, "seconds": seconds, "changed": changed, "deleted": deleted, "not_applied": not_applied,
         "observations": found,
+        "phases": {"unpack": unpack_seconds, "command": seconds, "scan": scan_seconds},
     }
     for name, capture in streams.items():
         report[name + "_head"] = base64.b64encode(bytes(capture.head)).decode()

@@ -299,7 +299,8 @@ class Workspace:
         """Write each file (None: delete it, if present). Checked first, so a bad path changes nothing."""
         normals = {normalize_path(path): content for path, content in changes.items()}
         trial = self.fork()
-        for path, content in normals.items():
+        # Deletions first: a file may give way to a directory of the same name, or the other way round.
+        for path, content in sorted(normals.items(), key=lambda item: item[1] is not None):
             if content is None:
                 if trial.exists(path):
                     trial.delete(path)

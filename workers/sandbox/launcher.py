@@ -11,7 +11,9 @@ Two processes result:
       |  as root, unless the uid's last check ended cleanly: kill whatever still runs under the check's uid
       |  (a helper that takes that uid and calls kill(-1))
       |  unshare(NEWNET | NEWPID | NEWIPC | NEWNS [| NEWUSER when not root]); mount a size-capped tmpfs over
-      |  the check's directory and copy the caller's files into it; build the Landlock ruleset; fork
+      |  the check's directory and copy the caller's files into it; build the Landlock ruleset; as root, when the
+      |  caller asked for its interpreter (python_dirs) and a directory above it is closed to the check's uid,
+      |  mount a small tmpfs over that directory holding bind mounts of the interpreter's directories alone; fork
       `- child = PID 1 of the new PID namespace
             setsid; close stray fds; rlimits; drop to the check's own uid/gid (or drop capabilities when not
             root); no_new_privs; landlock_restrict_self; install the monitor (monitor.py); run main.py in a

@@ -31,8 +31,10 @@ What confines it (see `launcher.py` for how):
 - its directory is a tmpfs of `max_disk_bytes` (and a bounded number of files) mounted over the private
   directory in its own mount namespace, so the whole workspace is capped, not just each file;
 - Landlock: reads and execution only below the Python installation, /usr, /lib, /lib64, /bin, plus
-  /etc/ld.so.cache, /dev/null and /dev/urandom; full access only to its own directory; no TCP bind/connect;
-  no signals or abstract unix sockets out of its domain (each as far as the kernel's Landlock ABI supports);
+  /etc/ld.so.cache, /dev/null and /dev/urandom (and the caller's virtual environment, for a run that asks to start
+  the project's interpreter: `run_python(..., python_environment=True)`); full access only to its own directory;
+  no TCP bind/connect; no signals or abstract unix sockets out of its domain (each as far as the kernel's Landlock
+  ABI supports);
 - rlimits: CPU time, address space, process count, file size, open files, no core dumps.
 
 The launcher enforces the wall-time limit; this module kills the launcher's whole process group when it overruns

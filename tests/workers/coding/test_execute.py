@@ -102,8 +102,8 @@ def test_a_fork_bomb_is_contained_and_reported(workspace: Workspace) -> None:
 
 
 def test_a_background_process_does_not_hold_the_call_open(workspace: Workspace) -> None:
-    result = run_command(workspace, "sleep 60 & echo started", limits=QUICK)
-    assert result.outcome is Outcome.OK and result.seconds < 3
+    result = run_command(workspace, "sleep 60 & echo started", limits=CommandLimits(wall_seconds=20))
+    assert result.outcome is Outcome.OK and result.seconds < 15  # not held until the wall-time kill
     assert result.observed("cleanup", "processes")
 
 

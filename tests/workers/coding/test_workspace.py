@@ -170,3 +170,15 @@ def test_fork_of_a_large_repository_is_cheap() -> None:
     assert per_fork < 0.005, per_fork  # the target is 50 ms; a fork is microseconds
     assert per_fork * 20 < copy_time or per_fork < 1e-4, (per_fork, copy_time)
     assert forks[-1].read_text("src/pkg0/mod1.py") == "changed\n" and len(copied) == 5000
+
+
+def test_apply_changes_is_all_or_nothing_and_lets_files_and_directories_trade_places(snapshot: Snapshot) -> None:
+    ws = Workspace(snapshot)
+    ws.apply_changes(
+        {"pkg": b"now a file\n", "pkg/__init__.py": None, "pkg/mod.py": None, "README.md/x": b"x", "README.md": None}
+    )
+    assert ws.read_text("pkg") == "now a file\n" and ws.read_text("README.md/x") == "x"
+    before = ws.files()
+    with pytest.raises(ValueError, match="is a file"):
+        ws.apply_changes({"fine.py": b"ok", "pkg/inner.py": b"no: pkg is a file"})
+    assert ws.files() == before
