@@ -144,3 +144,12 @@ def test_a_blank_command_is_refused(workspace: Workspace) -> None:
 def test_bad_limits_are_refused() -> None:
     with pytest.raises(ValueError, match="max_processes"):
         CommandLimits(max_processes=0)
+
+
+def test_a_workspace_past_the_sandboxs_default_file_count_runs_whole() -> None:
+    files = {f"pkg{i % 50}/mod{i}.py": f"x = {i}\n" for i in range(5000)}
+    workspace = Workspace(Snapshot.from_files(files))
+    result = run_command(workspace, "find . -type f | wc -l; cat pkg7/mod4957.py")
+    assert result.outcome is Outcome.OK, result.as_observation()
+    assert result.stdout.split() == ["5000", "x", "=", "4957"]
+    assert result.changed == {}
