@@ -30,10 +30,11 @@ that names no test (it never passes, so the task is refused with the outcomes it
 from __future__ import annotations
 
 import re
-from pathlib import PurePosixPath
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workers.coding.archive import normalize_path
 
 SCHEMA = "repo_task/v1"
 MAX_INSTRUCTION_CHARS = 4000
@@ -54,19 +55,12 @@ class RepoTaskError(ValueError):
 
 
 def check_relative_path(path: str, *, what: str = "path") -> str:
-    """`path` as a normalised relative POSIX path; ValueError naming it when it is absolute, climbs out with '..',
-    or is empty. Backslashes are not separators (a file may be called `a\\b` on POSIX)."""
-    if not isinstance(path, str) or not path or "\x00" in path:
-        raise ValueError(f"{what} {path!r} must be a non-empty relative path")
-    pure = PurePosixPath(path)
-    if pure.is_absolute():
-        raise ValueError(f"{what} {path!r} is absolute; give it relative to the repository root")
-    parts = [part for part in pure.parts if part != "."]
-    if ".." in parts:
-        raise ValueError(f"{what} {path!r} contains '..'; give a path inside the repository")
-    if not parts:
-        raise ValueError(f"{what} {path!r} names no file; give a path relative to the repository root")
-    return "/".join(parts)
+    """`path` as a normalised relative POSIX path (`archive.normalize_path`); ValueError naming `what` and the path
+    when it is empty, absolute or climbs out with '..'."""
+    try:
+        return normalize_path(path)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
 
 
 def node_id_file(node_id: str) -> str:
