@@ -56,6 +56,7 @@ INSTALLED_APPS = [
     "apps.webhooks",
     "apps.review",
     "apps.search",
+    "apps.coding",
     "apps.training",
     "apps.web",
 ]

@@ -4,6 +4,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, Spec
 
 from apps.accounts import api as accounts_api
 from apps.benchmarks import api as benchmarks_api
+from apps.coding import api as coding_api
 from apps.common.errors import api_not_found
 from apps.common.routers import ApiRouter
 from apps.datasets import api as datasets_api
@@ -24,6 +25,7 @@ API_MODULES = [
     runs_api,
     training_api,
     search_api,
+    coding_api,
     benchmarks_api,
     gates_api,
     review_api,
@@ -51,6 +53,7 @@ PAGE_MODULES = [
     "apps.datasets.pages",
     "apps.rewards.pages",
     "apps.search.pages",
+    "apps.coding.pages",
     "apps.benchmarks.pages",
     "apps.gates.pages",
     "apps.review.pages",

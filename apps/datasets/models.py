@@ -9,6 +9,7 @@ class DatasetKind(models.TextChoices):
     CORPUS = "corpus", "Corpus"
     TRAJECTORIES = "trajectories", "Trajectories"
     SESSIONS = "sessions", "Sessions"
+    REPO_TASKS = "repo_tasks", "Repository tasks"
 
 
 class Dataset(models.Model):

@@ -15,6 +15,8 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from workers.coding.task import SCHEMA as REPO_TASK_SCHEMA
+from workers.coding.task import RepoTaskError, parse_repo_task_row
 from workers.search.corpus import (
     ChunkerConfig,
     ChunkerOptionError,
@@ -34,6 +36,7 @@ from workers.trajectories import parse_trajectories_jsonl
 
 ChunkerOption = ChunkerConfig | Mapping[str, Any] | str | None
 CORPUS_SCHEMA = "corpus/v1"
+TASKS_FILE_NAME = "tasks.jsonl"
 
 
 def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, object]]:
@@ -49,6 +52,8 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
     if kind == DatasetKind.CORPUS:
         _, row_count, report = corpus_chunks_from_upload(data=data)
         return row_count, report
+    if kind == DatasetKind.REPO_TASKS:
+        return _repo_task_rows(data)
     # Other kinds get their schemas in later issues; for now any non-empty JSONL of objects is accepted.
     rows = 0
     bad: list[str] = []
@@ -68,6 +73,52 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
     if rows == 0:
         raise ValidationError({"file": ["the file is empty; upload JSONL, one object per line"]})
     return rows, {"rows": rows, "errors": 0, "schema": f"{kind}/jsonl"}
+
+
+def _repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
+    """Stored repository-task rows (schema repo_task/v1, each naming its snapshot by content hash)."""
+    rows = 0
+    bad: list[str] = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        rows += 1
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError("expected a JSON object")
+            parse_repo_task_row(row, index=number)
+        except RepoTaskError as exc:
+            bad.append(str(exc))
+        except (ValueError, UnicodeDecodeError) as exc:
+            bad.append(f"line {number}: {exc}")
+        if len(bad) >= 50:
+            break
+    if bad:
+        raise ValidationError({"file": bad})
+    if rows == 0:
+        raise ValidationError({"file": ["the file holds no repository tasks"]})
+    return rows, {"rows": rows, "errors": 0, "schema": REPO_TASK_SCHEMA}
+
+
+def repo_tasks_version_create(
+    *, dataset: Dataset, data: bytes, created_by: User, notes: str = "", report: Mapping[str, Any] | None = None
+) -> DatasetVersion:
+    """The next version of a repo_tasks dataset from rows an import or generation run verified in the sandbox
+    (apps.coding); `report` (the run's) is kept in the version's validation report."""
+    if dataset.kind != DatasetKind.REPO_TASKS:
+        raise ValidationError({"dataset": [f"{dataset.name} holds {dataset.kind}, not repository tasks"]})
+    dataset_file_check_size(len(data))
+    row_count, checked = _repo_task_rows(data)
+    return _version_store(
+        dataset=dataset,
+        data=data,
+        row_count=row_count,
+        report={**checked, **(report or {})},
+        filename=TASKS_FILE_NAME,
+        created_by=created_by,
+        notes=notes,
+    )
 
 
 @transaction.atomic
@@ -167,6 +218,16 @@ def dataset_version_create(
     are refused as a duplicate.
     """
     dataset_file_check_size(len(data))
+    if dataset.kind == DatasetKind.REPO_TASKS:
+        raise ValidationError(
+            {
+                "file": [
+                    "repository tasks are checked in the sandbox before they are stored: import them with POST "
+                    "/api/v1/repo-tasks/import/ (or the Coding page, or manage.py import_repo_tasks), or generate "
+                    "them with POST /api/v1/repo-tasks/generate/"
+                ]
+            }
+        )
     if dataset.kind == DatasetKind.CORPUS:
         upload_bytes = len(data)
         data, row_count, report = corpus_chunks_from_upload(data=data, chunker=chunker)

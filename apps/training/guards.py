@@ -13,7 +13,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.benchmarks.services import contamination_guard
 from apps.common.errors import pydantic_problems
-from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.datasets.models import DatasetVersion
 from apps.review.services import task_exclusion_guard
 from apps.rewards.models import RewardConfigVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
@@ -55,9 +55,10 @@ def episode_problems(
         problems["config.environment"] = [str(exc)]
         return None
     rows: list[Any] | None = None
-    if dataset_version.dataset.kind != DatasetKind.TASKS:
+    if dataset_version.dataset.kind != env_cls.dataset_kind:
         problems["dataset_version"] = [
-            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; this needs a dataset of kind 'tasks'"
+            f"{dataset_version} is a {dataset_version.dataset.kind} dataset; environment '{environment}' trains on "
+            f"a dataset of kind '{env_cls.dataset_kind}'"
         ]
     else:
         try:

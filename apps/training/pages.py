@@ -146,7 +146,9 @@ def _train_config_from_post(post: Any) -> dict[str, Any]:
 @needs(Capability.LAUNCH)
 @require_http_methods(["GET", "POST"])
 def train_new(request: HttpRequest) -> HttpResponse:
-    versions = DatasetVersion.objects.filter(dataset__kind=DatasetKind.TASKS).select_related("dataset")
+    versions = DatasetVersion.objects.filter(
+        dataset__kind__in=[DatasetKind.TASKS, DatasetKind.REPO_TASKS]
+    ).select_related("dataset")
     corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []

@@ -145,7 +145,9 @@ class Environment(abc.ABC):
       `episode_metrics`;
     - `default_metric`: the headline metric of a new benchmark on this environment ("pass@1", "mean_score");
     - `needs_corpus_index`: whether the environment searches a corpus, so a run or benchmark must name a corpus
-      version whose ready index fills `env_params["index_uri"]`.
+      version whose ready index fills `env_params["index_uri"]`;
+    - `dataset_kind`: the kind of dataset its runs train on ("tasks"; "repo_tasks" for repository tasks, whose rows
+      name a snapshot and hidden tests and are verified in the sandbox before they are stored).
     """
 
     name: ClassVar[str]
@@ -156,6 +158,7 @@ class Environment(abc.ABC):
     score_field: ClassVar[str] = "reward"
     default_metric: ClassVar[str] = "mean_score"
     needs_corpus_index: ClassVar[bool] = False
+    dataset_kind: ClassVar[str] = "tasks"
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:

@@ -150,5 +150,29 @@ class DatagenSpec(JobSpec, SynthParams):
         return SynthParams.model_validate({name: getattr(self, name) for name in SynthParams.model_fields})
 
 
-JOB_SPECS: tuple[type[JobSpec], ...] = (RescoreSpec, TrainSpec, SFTSpec, EvalSpec, BuildIndexSpec, DatagenSpec)
+class RepoImportSpec(JobSpec):
+    """An upload of repository tasks (workers.coding.bundle), every task checked in the sandbox before it is kept."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.repoimport"
+    upload_uri: str
+    output_uri: str
+    report_uri: str
+    snapshot_root: str = Field(description="Folder URI the verified snapshots are written to, as <sha256>.tar.gz")
+    keep_valid: bool = Field(
+        default=False,
+        description="Keep the tasks that pass when others are refused (default: an upload is imported whole or not)",
+    )
+    workers: int = Field(default=2, ge=1, le=16, description="Tasks verified at once (each is a sandboxed test run)")
+    test_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+
+
+JOB_SPECS: tuple[type[JobSpec], ...] = (
+    RescoreSpec,
+    TrainSpec,
+    SFTSpec,
+    EvalSpec,
+    BuildIndexSpec,
+    DatagenSpec,
+    RepoImportSpec,
+)
 """Every job a run can execute (a test checks each names an importable entrypoint that parses it)."""

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.django_db
 
 
 def test_every_run_kind_has_a_handler_and_the_system_check_passes() -> None:
-    assert sorted(h.kind for h in kinds.handlers()) == sorted(RunKind.values)
+    # Every built-in kind has its handler; apps add kinds of their own (apps.coding: repoimport) without RunKind.
+    assert set(RunKind.values) <= {h.kind for h in kinds.handlers()}
+    assert "repoimport" in {h.kind for h in kinds.handlers()}
     assert run_kinds_check(None) == []
     call_command("check")  # the same check through manage.py
 
@@ -97,7 +99,7 @@ def test_a_kind_an_app_adds_needs_no_change_in_runs(users, monkeypatch) -> None:
     )
     run.refresh_from_db()
     assert run.kind == "distill" and RescoreSpec.model_validate(worker_spec(run)).kind == "distill"
-    assert [h.kind for h in kinds.handlers()][-1] == "distill"
+    assert "distill" in [h.kind for h in kinds.handlers()][len(RunKind.values) :]  # after the built-in kinds
 
 
 def test_a_job_the_worker_would_refuse_is_a_400_naming_the_field_and_leaves_no_row(users) -> None:

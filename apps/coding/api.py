@@ -1,0 +1,91 @@
+"""Repository-task API (under /api/v1/): import and generation runs.
+
+POST /api/v1/repo-tasks/import/     multipart: target_dataset, file, notes?, keep_valid?        (operator)
+GET  /api/v1/repo-tasks/            import and generation runs                                   (viewer)
+GET  /api/v1/repo-tasks/<run id>/   the run, the outcome of its registration and the job's report
+"""
+
+from __future__ import annotations
+
+from django.db.models import QuerySet
+from django.shortcuts import get_object_or_404
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
+from apps.coding.services import CODEGEN, REPOIMPORT, job_report, repo_import_launch
+from apps.common.routers import AppRouter
+from apps.datasets.services import dataset_file_check_size
+from apps.runs import selectors
+from apps.runs.api import RunSerializer
+from apps.runs.models import Run
+
+
+class ImportSerializer(serializers.Serializer):
+    target_dataset = serializers.CharField(
+        max_length=100, help_text="The repo_tasks dataset that receives the verified tasks (created if missing)"
+    )
+    file = serializers.FileField(
+        help_text="JSONL of tasks with inline repositories, or a zip/tar.gz bundle with tasks.jsonl (see the README)"
+    )
+    notes = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
+    keep_valid = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="Store the tasks that pass when others are refused (default: all or nothing)",
+    )
+
+
+class RepoTaskRunSerializer(serializers.Serializer):
+    run = RunSerializer()
+    repo_tasks = serializers.DictField(allow_null=True, help_text="The outcome of registering the kept tasks")
+    report = serializers.DictField(allow_null=True, help_text="The job's report; null until it is written")
+
+
+class RepoTaskRunViewSet(viewsets.GenericViewSet):
+    """Reads need `read`; importing and generating need `launch` (operators and admins)."""
+
+    serializer_class = RunSerializer
+    capability_map = {"import_tasks": Capability.LAUNCH}
+
+    def get_queryset(self) -> QuerySet[Run]:
+        return selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN])
+
+    def list(self, request: Request) -> Response:
+        page = self.paginate_queryset(self.get_queryset())
+        return self.get_paginated_response(RunSerializer(page, many=True).data)
+
+    @extend_schema(responses=RepoTaskRunSerializer)
+    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+        run = get_object_or_404(self.get_queryset(), pk=pk)
+        return Response(
+            {"run": RunSerializer(run).data, "repo_tasks": run.summary.get("repo_tasks"), "report": job_report(run)}
+        )
+
+    @extend_schema(request=ImportSerializer, responses={201: RunSerializer})
+    @action(detail=False, methods=["post"], url_path="import", parser_classes=[MultiPartParser, FormParser])
+    def import_tasks(self, request: Request) -> Response:
+        """Check the upload now (a malformed file is a 400 listing every problem), then verify every task in the
+        sandbox in an import run; the verified tasks become the next version of `target_dataset`."""
+        body = ImportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        handle = body.validated_data["file"]
+        dataset_file_check_size(handle.size)
+        run = repo_import_launch(
+            target_dataset=body.validated_data["target_dataset"],
+            data=handle.read(),
+            filename=handle.name or "upload",
+            notes=body.validated_data["notes"],
+            keep_valid=body.validated_data["keep_valid"],
+            user=request_user(request),
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
+router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
+router.register("repo-tasks", RepoTaskRunViewSet, basename="repo-tasks")

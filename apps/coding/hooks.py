@@ -1,0 +1,12 @@
+"""Registered when the app registry is ready (apps.common autodiscovers every app's `hooks` module): the run kinds
+this app owns, importing repository tasks and generating them (apps.runs.kinds)."""
+
+from __future__ import annotations
+
+from apps.coding.services import REPOIMPORT, repo_tasks_finalize
+from apps.runs import kinds
+from workers.jobs.specs import RepoImportSpec
+
+kinds.register(
+    kinds.RunKindHandler(kind=REPOIMPORT, app="coding", job_spec=RepoImportSpec, on_succeeded=repo_tasks_finalize)
+)

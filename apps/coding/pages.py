@@ -1,0 +1,109 @@
+"""Coding pages (under /coding/, namespace "coding"): repository-task import and generation runs, a form for each,
+and one run's report (kept and refused or dropped tasks by reason, the suite's statistics beside CursorBench's);
+progress streams on the run's own page."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import path
+from django.views.decorators.http import require_http_methods
+from rest_framework.exceptions import ValidationError
+
+from apps.accounts.decorators import needs
+from apps.accounts.models import Capability
+from apps.accounts.permissions import request_user
+from apps.coding.services import CODEGEN, REPOIMPORT, job_report, repo_import_launch
+from apps.common.errors import validation_messages
+from apps.datasets.models import DatasetKind, DatasetVersion
+from apps.runs import selectors
+
+SAMPLE_TASKS = 10
+
+
+@needs(Capability.READ)
+def index(request: HttpRequest) -> HttpResponse:
+    runs = selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN])[:100]
+    suites = (
+        DatasetVersion.objects.filter(dataset__kind=DatasetKind.REPO_TASKS)
+        .select_related("dataset")
+        .order_by("dataset__name", "-number")[:50]
+    )
+    return render(request, "coding/index.html", {"runs": runs, "suites": suites})
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def import_new(request: HttpRequest) -> HttpResponse:
+    errors: list[str] = []
+    values: dict[str, str] = {}
+    if request.method == "POST":
+        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        upload = request.FILES.get("file")
+        if upload is None:
+            errors.append("file: choose a JSONL file or a zip/tar.gz bundle of tasks")
+        else:
+            try:
+                run = repo_import_launch(
+                    target_dataset=request.POST.get("target_dataset", "").strip(),
+                    data=upload.read(),
+                    filename=upload.name or "upload",
+                    notes=request.POST.get("notes", ""),
+                    keep_valid=request.POST.get("keep_valid") == "on",
+                    user=request_user(request),
+                )
+            except ValidationError as exc:
+                errors = validation_messages(exc)
+            else:
+                return redirect("coding:run", run_id=run.pk)
+    return render(request, "coding/import_new.html", {"errors": errors, "values": values})
+
+
+def _sample_rows(version: DatasetVersion) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    with version.file.open("rb") as handle:
+        for line in handle:
+            if line.strip():
+                rows.append(json.loads(line))
+            if len(rows) >= SAMPLE_TASKS:
+                break
+    return rows
+
+
+@needs(Capability.READ)
+def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
+    run = get_object_or_404(selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN]), pk=run_id)
+    report = job_report(run)
+    outcome = (run.summary or {}).get("repo_tasks") or {}
+    version = None
+    if outcome.get("version"):
+        version = DatasetVersion.objects.select_related("dataset").filter(pk=outcome["version"]).first()
+    dropped: list[tuple[str, int]] = []
+    if report is not None:
+        dropped = sorted((report.get("dropped") or {}).items(), key=lambda item: -item[1])
+    return render(
+        request,
+        "coding/run.html",
+        {
+            "run": run,
+            "report": report,
+            "outcome": outcome,
+            "version": version,
+            "samples": _sample_rows(version) if version is not None else [],
+            "dropped": dropped,
+            "statistics": (report or {}).get("statistics"),
+        },
+    )
+
+
+urlpatterns = [
+    path("coding/", index, name="index"),
+    path("coding/import/", import_new, name="import"),
+    path("coding/runs/<int:run_id>/", run_detail, name="run"),
+]
+
+
+app_name = "coding"

@@ -1,0 +1,239 @@
+"""Repository-task import in the control plane: the upload checked at launch (API, page, manage.py), the import job
+on exactly the input the control plane hands over (real sandbox), and finalize (all or nothing, idempotent)."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from apps.coding.services import job_outputs, repo_import_launch, repo_tasks_finalize
+from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from apps.datasets.services import dataset_create, dataset_version_create
+from apps.runs.models import Run, RunStatus
+from apps.runs.services import worker_spec
+from workers.jobs.repoimport import import_tasks
+from workers.jobs.specs import RepoImportSpec
+
+pytestmark = pytest.mark.django_db
+
+MODULE = "def clamp(x, lo, hi):\n    return max(lo, x)\n"
+FIXED = "def clamp(x, lo, hi):\n    return max(lo, min(x, hi))\n"
+PATCH = (
+    "--- a/mathx.py\n+++ b/mathx.py\n@@ -1,2 +1,2 @@\n def clamp(x, lo, hi):\n"
+    "-    return max(lo, x)\n+    return max(lo, min(x, hi))\n"
+)
+HIDDEN = (
+    "from mathx import clamp\n\n\ndef test_upper():\n    assert clamp(5, 0, 3) == 3\n\n\n"
+    "def test_inside():\n    assert clamp(2, 0, 3) == 2\n"
+)
+
+
+def task_row(task_id: str = "clamp-upper", **changes: Any) -> dict[str, Any]:
+    """A task as a person writes it by hand (the README's example)."""
+    row: dict[str, Any] = {
+        "id": task_id,
+        "instruction": "clamp() lets values above the maximum through. Fix it.",
+        "repo": {"files": {"mathx.py": MODULE}},
+        "hidden_tests": {
+            "files": {"tests/test_clamp.py": HIDDEN},
+            "fail_to_pass": ["tests/test_clamp.py::test_upper"],
+            "pass_to_pass": ["tests/test_clamp.py::test_inside"],
+        },
+        "reference_patch": PATCH,
+        "provenance": {"kind": "imported", "ids": {"ticket": "ENG-12"}},
+    }
+    row.update(changes)
+    return row
+
+
+def jsonl(*rows: dict[str, Any]) -> bytes:
+    return "".join(json.dumps(row) + "\n" for row in rows).encode()
+
+
+@pytest.fixture(autouse=True)
+def _storage(settings, tmp_path):  # type: ignore[no-untyped-def]
+    settings.MEDIA_ROOT = tmp_path
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+
+
+@pytest.fixture
+def queued(monkeypatch):  # type: ignore[no-untyped-def]
+    runs: list[int] = []
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", runs.append)
+    return runs
+
+
+def upload(client_for, data: bytes, role: str = "operator", name: str = "tasks.jsonl", **fields: Any):  # type: ignore[no-untyped-def]
+    body = {"target_dataset": "mathx-tasks", "file": io.BytesIO(data), **fields}
+    body["file"].name = name
+    return client_for(role).post("/api/v1/repo-tasks/import/", body, format="multipart")
+
+
+def run_the_job(run: Run) -> dict[str, Any]:
+    """What Ray does with the run: the job on exactly the input the control plane hands over, then success."""
+    report = import_tasks(RepoImportSpec.model_validate(worker_spec(run)))
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    return report
+
+
+# --- launch: the upload is checked at once, and a bad one creates nothing -------------------------------------------
+
+
+def test_an_operator_imports_a_hand_written_task_and_it_is_verified_and_stored(client_for, queued):  # type: ignore[no-untyped-def]
+    response = upload(client_for, jsonl(task_row()))
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert run.kind == "repoimport" and run.progress_total == 1 and run.spec["upload"]["tasks"] == 1
+    report = run_the_job(run)
+    assert report["kept"] == 1 and report["refused"] == []
+    repo_tasks_finalize(run_id=run.pk)
+    run.refresh_from_db()
+    version = DatasetVersion.objects.get(pk=run.summary["repo_tasks"]["version"])
+    assert version.dataset.kind == DatasetKind.REPO_TASKS and version.row_count == 1
+    row = json.loads(version.file.read())
+    assert row["id"] == "clamp-upper" and row["family"] == "imported"
+    assert row["snapshot"]["uri"].endswith(f"{row['snapshot']['sha256']}.tar.gz")
+    with tarfile.open(row["snapshot"]["uri"].removeprefix("file://")) as archive:
+        assert archive.getnames() == ["mathx.py"]  # the hidden tests are not in the snapshot
+    assert version.validation_report["statistics"]["tasks"] == 1
+    # Finalize again: nothing changes.
+    repo_tasks_finalize(run_id=run.pk)
+    assert DatasetVersion.objects.filter(dataset=version.dataset).count() == 1
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (b"{not json\n", "line 1: invalid JSON"),
+        (b"", "empty"),
+        (b"\n\n", "holds no task rows"),
+        (jsonl(task_row(), task_row()), "repeats line 1"),
+        (jsonl(task_row(instruction="  ")), "instruction"),
+        (jsonl(task_row(repo={"files": {"../escape.py": "x = 1\n"}})), ".."),
+        (jsonl(task_row(repo={"files": {"/etc/passwd": "x"}})), "absolute"),
+        (jsonl({k: v for k, v in task_row().items() if k != "hidden_tests"}), "hidden_tests"),
+        (jsonl(task_row(hidden_tests={"files": {}, "fail_to_pass": []})), "fail_to_pass"),
+    ],
+)
+def test_a_malformed_upload_is_a_400_naming_the_line_and_field_and_creates_nothing(client_for, queued, data, words):  # type: ignore[no-untyped-def]
+    response = upload(client_for, data)
+    assert response.status_code == 400, response.content
+    assert words in json.dumps(response.json()), response.json()
+    assert not Run.objects.exists() and not Dataset.objects.exists() and queued == []
+
+
+def test_a_bundle_with_a_path_leaving_the_tree_is_refused(client_for, queued):  # type: ignore[no-untyped-def]
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, content in (("tasks.jsonl", jsonl(task_row())), ("../evil.py", b"x = 1\n")):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            archive.addfile(info, io.BytesIO(content))
+    response = upload(client_for, buffer.getvalue(), name="bundle.tar.gz")
+    assert response.status_code == 400 and ".." in json.dumps(response.json()), response.content
+    assert not Run.objects.exists()
+
+
+def test_a_target_dataset_of_another_kind_is_a_400(client_for, users, queued):  # type: ignore[no-untyped-def]
+    dataset_create(name="mathx-tasks", kind=DatasetKind.TASKS, owner=users["operator"])
+    response = upload(client_for, jsonl(task_row()))
+    assert response.status_code == 400 and "target_dataset" in response.json()["fields"]
+
+
+def test_a_viewer_may_read_import_runs_but_not_import(client_for, queued):  # type: ignore[no-untyped-def]
+    assert upload(client_for, jsonl(task_row()), role="viewer").status_code == 403
+    assert client_for("viewer").get("/api/v1/repo-tasks/").status_code == 200
+    assert not Run.objects.exists()
+
+
+def test_repository_tasks_cannot_be_uploaded_as_a_plain_dataset_version(users):  # type: ignore[no-untyped-def]
+    from rest_framework.exceptions import ValidationError
+
+    dataset = dataset_create(name="raw", kind=DatasetKind.REPO_TASKS, owner=users["operator"])
+    with pytest.raises(ValidationError, match="repo-tasks/import"):
+        dataset_version_create(
+            dataset=dataset, data=jsonl(task_row()), filename="t.jsonl", created_by=users["operator"]
+        )
+
+
+# --- the sandbox check and all-or-nothing --------------------------------------------------------------------------
+
+
+def test_a_vacuous_task_and_a_patch_that_does_not_apply_are_refused_with_the_reason_and_nothing_is_stored(
+    users, queued
+):  # type: ignore[no-untyped-def]
+    # test_inside already passes on the snapshot: the task asks for nothing.
+    vacuous = task_row(
+        "vacuous",
+        hidden_tests={"files": {"tests/test_clamp.py": HIDDEN}, "fail_to_pass": ["tests/test_clamp.py::test_inside"]},
+    )
+    broken = task_row("broken-patch", reference_patch=PATCH.replace("max(lo, x)", "max(hi, x)"))
+    run = repo_import_launch(
+        target_dataset="mathx-tasks",
+        data=jsonl(task_row(), vacuous, broken),
+        filename="t.jsonl",
+        user=users["operator"],
+    )
+    report = run_the_job(run)
+    reasons = {item["id"]: item["reason"] for item in report["refused"]}
+    assert report["kept"] == 1 and set(reasons) == {"vacuous", "broken-patch"}
+    assert "pass" in reasons["vacuous"] and "test_inside" in reasons["vacuous"]
+    assert "apply" in reasons["broken-patch"]
+    repo_tasks_finalize(run_id=run.pk)
+    run.refresh_from_db()
+    assert run.summary["repo_tasks"]["version"] is None and "nothing was stored" in run.summary["repo_tasks"]["outcome"]
+    assert not Dataset.objects.filter(name="mathx-tasks").exists()
+
+
+def test_keep_valid_stores_the_tasks_that_pass(users, queued):  # type: ignore[no-untyped-def]
+    vacuous = task_row("vacuous", repo={"files": {"mathx.py": FIXED}})  # the patch no longer applies
+    run = repo_import_launch(
+        target_dataset="mathx-tasks",
+        data=jsonl(task_row(), vacuous),
+        filename="t.jsonl",
+        user=users["operator"],
+        keep_valid=True,
+    )
+    run_the_job(run)
+    repo_tasks_finalize(run_id=run.pk)
+    run.refresh_from_db()
+    version = DatasetVersion.objects.get(pk=run.summary["repo_tasks"]["version"])
+    assert version.row_count == 1 and run.summary["repo_tasks"]["refused"] == 1
+
+
+def test_manage_py_imports_here_and_refuses_a_bad_file_naming_the_line(users, tmp_path):  # type: ignore[no-untyped-def]
+    good = tmp_path / "good.jsonl"
+    good.write_bytes(jsonl(task_row()))
+    out = io.StringIO()
+    call_command("import_repo_tasks", str(good), "--dataset", "cli-tasks", "--owner", "operator-user", stdout=out)
+    assert '"kept": 1' in out.getvalue()
+    assert DatasetVersion.objects.get(dataset__name="cli-tasks").row_count == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"id": "x"}\n')
+    with pytest.raises(CommandError, match="line 1"):
+        call_command("import_repo_tasks", str(bad), "--dataset", "cli-tasks", "--owner", "operator-user", stdout=out)
+    assert DatasetVersion.objects.filter(dataset__name="cli-tasks").count() == 1
+
+
+def test_the_pages_show_the_runs_the_form_and_the_report(client, users, queued):  # type: ignore[no-untyped-def]
+    run = repo_import_launch(
+        target_dataset="mathx-tasks", data=jsonl(task_row()), filename="t.jsonl", user=users["operator"]
+    )
+    run_the_job(run)
+    repo_tasks_finalize(run_id=run.pk)
+    client.force_login(users["viewer"])
+    assert "run " + str(run.pk) in client.get("/coding/").content.decode()
+    page = client.get(f"/coding/runs/{run.pk}/").content.decode()
+    assert "Suite statistics" in page and "clamp-upper" in page and "CursorBench" in page
+    assert client.get("/coding/import/").status_code == 403  # a viewer cannot launch
+    client.force_login(users["operator"])
+    assert client.get("/coding/import/").status_code == 200
+    assert job_outputs(run)["report"].endswith("report.json")
