@@ -100,9 +100,15 @@ DEFAULT_SYSTEM_PROMPT = (
 ARTIFACT_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"})
 ARTIFACT_SUFFIXES = (".pyc", ".pyo")
 
+STORAGE_OPTIONS: dict[str, Any] = {}
+"""fsspec options for reading task snapshots from object storage; the jobs set them, as for search's index
+(`search.STORAGE_OPTIONS`): train, evaluate and sft must update this dict too."""
+
 MAX_LINE_CHARS = 400
 """read_file and search_code cut longer lines (minified files would otherwise fill the output)."""
 MAX_SEARCH_FILE_BYTES = 1_000_000
+MAX_DIFF_CHARS = 256_000
+"""The trajectory keeps at most this much of the final diff (a cut is marked); `edited_files` lists every file."""
 SEARCH_TIMEOUT_S = 1.0
 
 
@@ -207,6 +213,7 @@ class CodingAgentEnv(ToolUseEnvironment):
     )
     score_field: ClassVar[str] = "tests_passed"
     default_metric: ClassVar[str] = "pass@1"
+    dataset_kind: ClassVar[str] = "repo_tasks"
     tools: ClassVar[tuple[ToolSpec, ...]] = (
         ToolSpec(
             LIST_TOOL,
@@ -420,7 +427,7 @@ class CodingAgentEnv(ToolUseEnvironment):
         if isinstance(repo, Mapping):
             snapshot = _inline_snapshot(repo_task.snapshot.sha256, repo["files"])
         else:
-            snapshot = Snapshot.load(repo_task.snapshot)
+            snapshot = Snapshot.load(repo_task.snapshot, storage_options=STORAGE_OPTIONS or None)
         messages = super().reset(task)
         self._repo_task = repo_task
         self._snapshot = snapshot
@@ -592,7 +599,10 @@ class CodingAgentEnv(ToolUseEnvironment):
             self._state.finish_reason = "aborted"
         self._state.segments.append(self._view_tokens())
         if self._workspace is not None:
-            self._state.diff = self._workspace.diff()
+            diff = self._workspace.diff()
+            if len(diff) > MAX_DIFF_CHARS:
+                diff = diff[:MAX_DIFF_CHARS] + f"\n[... diff cut: {len(diff) - MAX_DIFF_CHARS:,} more characters]\n"
+            self._state.diff = diff
             self._state.edited_files = sorted(p for p in self._workspace.changed_paths() if not is_artifact_path(p))
             error = self._run_hidden_tests() or error
         super()._finish(answer=answer, error=error)
@@ -802,7 +812,7 @@ class CodingAgentEnv(ToolUseEnvironment):
         if not exists and self._is_dir(path):
             raise ToolError(f"'{path}' is a directory; give a file path")
         if not search:
-            if exists:
+            if exists and self._text_of(path):
                 raise ToolError(
                     f"{path} already exists; an empty search only creates a new file. To change it, put the exact "
                     "text to replace in search"
@@ -810,6 +820,8 @@ class CodingAgentEnv(ToolUseEnvironment):
             self.workspace.write_text(path, replace)
             self._note_edit(path)
             lines = replace.count("\n") + (1 if replace and not replace.endswith("\n") else 0)
+            if exists:  # an empty file: filling it is an edit
+                return f"wrote {lines} lines into the empty file {path}", {"path": path, "edit": "modified"}
             return f"created {path} ({lines} lines)", {"path": path, "edit": "created"}
         if not exists:
             raise ToolError(

@@ -7,12 +7,15 @@ The repository is a tiny package written here: `calc.ops.add` subtracts instead 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from workers.coding.archive import content_hash, pack
 from workers.coding.patches import make_patch
-from workers.coding.workspace import Snapshot, Workspace
+from workers.coding.task import RepoTask
+from workers.coding.workspace import Snapshot, SnapshotError, Workspace
 from workers.envs.base import EpisodeStateError, TaskFieldError, check_reward_compatible
 from workers.envs.coding_agent import SUMMARY_HEADER, SUMMARY_PROMPT, CodingAgentEnv
 from workers.envs.registry import ENVIRONMENTS, make_env
@@ -96,6 +99,28 @@ def test_task_rows_need_a_snapshot_or_inline_files_and_hidden_tests() -> None:
     with pytest.raises(TaskFieldError, match="hidden_tests.fail_to_pass") as bad:
         CodingAgentEnv.validate_task_row({**_row(), "hidden_tests": {**HIDDEN, "fail_to_pass": []}})
     assert bad.value.field == "hidden_tests.fail_to_pass"
+
+
+def test_a_stored_task_row_loads_its_snapshot_from_storage_checked_by_hash(tmp_path: Path) -> None:
+    archive = tmp_path / "snapshot.tar.gz"
+    archive.write_bytes(pack(REPO))
+    row = _row()
+    del row["repo"]
+    task = RepoTask(
+        id="calc-add",
+        instruction=row["prompt"],
+        snapshot={"sha256": content_hash(REPO), "uri": str(archive), "file_count": len(REPO)},
+        hidden_tests=HIDDEN,
+        reference_patch=row["reference_patch"],
+        family="repair",
+    ).to_row()
+    env = make_env("coding_agent", summary_threshold_tokens=0)
+    assert isinstance(env, CodingAgentEnv)
+    env.reset(env.validate_task_row(task))
+    assert env.workspace.read_text("calc/ops.py") == OPS and env.trajectory_fields()["family"] == "repair"
+    stale = {**task, "snapshot": {**task["snapshot"], "sha256": "0" * 64}}
+    with pytest.raises(SnapshotError, match="not the 0000"):
+        env.reset(env.validate_task_row(stale))
 
 
 def test_bad_parameters_are_refused_naming_them() -> None:
