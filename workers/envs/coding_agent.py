@@ -663,13 +663,13 @@ class CodingAgentEnv(ToolUseEnvironment):
         raise ToolError(f"unknown tool '{call.name}'")  # parse_tool_calls lets no other name through
 
     def _path(self, raw: str, *, allow_root: bool = False) -> str:
-        from workers.coding.task import check_relative_path
+        from workers.coding.archive import normalize_path
 
         text = raw.strip()
         if allow_root and text in ("", ".", "./", "/"):
             return ""
         try:
-            return check_relative_path(text.rstrip("/") if allow_root else text, what="path")
+            return normalize_path(text)
         except ValueError as exc:
             raise ToolError(f"{exc} (paths are relative to the repository root, e.g. 'src/pkg/module.py')") from None
 
