@@ -87,6 +87,16 @@ class VersionCreateSerializer(serializers.Serializer):
         default=None,
         help_text="Search benchmarks: the corpus version whose ready index the tasks search (pinned in env_params)",
     )
+    dataset_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text=(
+            "Take the task rows from this tasks or repo_tasks dataset version (e.g. the test part of a split) instead "
+            "of `tasks` or `file`; the version is added to the training data the benchmark must never see"
+        ),
+    )
 
 
 class VersionJsonSerializer(VersionCreateSerializer):
@@ -149,9 +159,15 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
         body.is_valid(raise_exception=True)
         data = body.validated_data
         upload = data.get("file")
-        if upload is not None and data.get("tasks") is not None:
-            raise ValidationError({"tasks": ["send either `tasks` or `file`, not both"]})
-        if upload is not None:
+        source = data.get("dataset_version")
+        given = [name for name in ("tasks", "file", "dataset_version") if data.get(name) is not None]
+        if len(given) > 1:
+            raise ValidationError({given[1]: [f"send one of `tasks`, `file` or `dataset_version`, not {given}"]})
+        excluded = list(data["excluded_training_data"])
+        if source is not None:
+            tasks = services.benchmark_rows_from_dataset(source)
+            excluded = [*excluded, source] if source not in excluded else excluded
+        elif upload is not None:
             if upload.size > MAX_TASKS_UPLOAD_BYTES:
                 raise ValidationError(
                     {"file": [f"{upload.size} bytes is over the {MAX_TASKS_UPLOAD_BYTES}-byte limit"]}
@@ -168,7 +184,7 @@ class BenchmarkViewSet(viewsets.ModelViewSet):
             env_params=data["env_params"],
             provenance=data["provenance"],
             source_ref=data["source_ref"],
-            excluded_training_data=data["excluded_training_data"],
+            excluded_training_data=excluded,
             notes=data["notes"],
             corpus_version=data["corpus_version"],
         )

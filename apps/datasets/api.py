@@ -11,11 +11,16 @@ from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from apps.accounts.models import User
+from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.common.routers import AppRouter
 from apps.datasets.models import Dataset, DatasetVersion
-from apps.datasets.services import dataset_create, dataset_file_check_size, dataset_version_create
+from apps.datasets.services import (
+    dataset_create,
+    dataset_file_check_size,
+    dataset_version_create,
+    dataset_version_split,
+)
 
 
 class DatasetVersionSerializer(serializers.ModelSerializer):
@@ -107,9 +112,43 @@ class DatasetViewSet(viewsets.ModelViewSet):
         return Response(DatasetVersionSerializer(version).data, status=201)
 
 
+class SplitSerializer(serializers.Serializer):
+    test_fraction = serializers.FloatField(
+        default=0.2, min_value=0.01, max_value=0.99, help_text="Share of the rows held out for testing"
+    )
+    seed = serializers.IntegerField(default=0, min_value=0, help_text="The same seed gives the same split")
+    train_dataset = serializers.CharField(
+        required=False, default="", allow_blank=True, max_length=100, help_text="Default: <dataset>-train"
+    )
+    test_dataset = serializers.CharField(
+        required=False, default="", allow_blank=True, max_length=100, help_text="Default: <dataset>-test"
+    )
+
+
+class SplitResultSerializer(serializers.Serializer):
+    train = DatasetVersionSerializer()
+    test = DatasetVersionSerializer()
+
+
 class DatasetVersionViewSet(viewsets.ReadOnlyModelViewSet):
+    """Reads need `read`; a split (which writes two versions) needs `launch`."""
+
     serializer_class = DatasetVersionSerializer
     queryset = DatasetVersion.objects.select_related("dataset", "created_by").order_by("-created_at")
+    capability_map = {"split": Capability.LAUNCH}
+
+    @extend_schema(request=SplitSerializer, responses={201: SplitResultSerializer})
+    @action(detail=True, methods=["post"], parser_classes=[JSONParser])
+    def split(self, request: Request, pk: str | None = None) -> Response:
+        """Split a tasks or repo_tasks version into a train part and a held-out test part, each the next version of
+        its own dataset (deterministic in `seed`; repository tasks are split within each family)."""
+        version = self.get_object()
+        body = SplitSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        train, test = dataset_version_split(version=version, created_by=request_user(request), **body.validated_data)
+        return Response(
+            {"train": DatasetVersionSerializer(train).data, "test": DatasetVersionSerializer(test).data}, status=201
+        )
 
 
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root

@@ -15,6 +15,7 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from workers.coding.stats import suite_statistics
 from workers.coding.task import SCHEMA as REPO_TASK_SCHEMA
 from workers.coding.task import RepoTaskError, parse_repo_task_row
 from workers.search.corpus import (
@@ -76,13 +77,13 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
 
 
 def _repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
-    """Stored repository-task rows (schema repo_task/v1, each naming its snapshot by content hash)."""
-    rows = 0
+    """Stored repository-task rows (schema repo_task/v1, each naming its snapshot by content hash); the report
+    carries the suite's statistics (workers.coding.stats)."""
+    parsed: list[dict[str, Any]] = []
     bad: list[str] = []
     for number, line in enumerate(data.splitlines(), start=1):
         if not line.strip():
             continue
-        rows += 1
         try:
             row = json.loads(line)
             if not isinstance(row, dict):
@@ -92,13 +93,16 @@ def _repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
             bad.append(str(exc))
         except (ValueError, UnicodeDecodeError) as exc:
             bad.append(f"line {number}: {exc}")
+        else:
+            parsed.append(row)
         if len(bad) >= 50:
             break
     if bad:
         raise ValidationError({"file": bad})
-    if rows == 0:
+    if not parsed:
         raise ValidationError({"file": ["the file holds no repository tasks"]})
-    return rows, {"rows": rows, "errors": 0, "schema": REPO_TASK_SCHEMA}
+    report = {"rows": len(parsed), "errors": 0, "schema": REPO_TASK_SCHEMA, "statistics": suite_statistics(parsed)}
+    return len(parsed), report
 
 
 def repo_tasks_version_create(
@@ -114,7 +118,7 @@ def repo_tasks_version_create(
         dataset=dataset,
         data=data,
         row_count=row_count,
-        report={**checked, **(report or {})},
+        report={**(report or {}), **checked},
         filename=TASKS_FILE_NAME,
         created_by=created_by,
         notes=notes,
@@ -343,3 +347,89 @@ def corpus_chunk_sample(*, version: DatasetVersion, limit: int = 20) -> list[Chu
     except OSError:
         return []  # the page still shows the report when the file is unreachable
     return list(iter_chunks_jsonl(head))
+
+
+def _read_rows(version: DatasetVersion) -> list[dict[str, Any]]:
+    with version.file.open("rb") as handle:
+        return [json.loads(line) for line in handle.read().splitlines() if line.strip()]
+
+
+def _split_key(seed: int, row: Mapping[str, Any]) -> str:
+    return hashlib.sha256(f"{seed}:{row.get('id')}".encode()).hexdigest()
+
+
+def dataset_version_split(
+    *,
+    version: DatasetVersion,
+    test_fraction: float,
+    seed: int,
+    created_by: User,
+    train_dataset: str = "",
+    test_dataset: str = "",
+) -> tuple[DatasetVersion, DatasetVersion]:
+    """Split a tasks or repo_tasks version into a train and a held-out test version (each the next version of its
+    own dataset, `<name>-train` and `<name>-test` unless named; created if missing). Deterministic in `seed`; rows
+    are split within each `family` (repository tasks) so both parts hold every family. Rows are copied as they are:
+    a repository task was verified in the sandbox when its version was stored."""
+    if version.dataset.kind not in (DatasetKind.TASKS, DatasetKind.REPO_TASKS):
+        raise ValidationError({"version": [f"{version} holds {version.dataset.kind}; only task datasets are split"]})
+    if not 0 < test_fraction < 1:
+        raise ValidationError({"test_fraction": ["give a fraction between 0 and 1 (exclusive), e.g. 0.2"]})
+    rows = _read_rows(version)
+    if len(rows) < 2:
+        raise ValidationError({"version": [f"{version} holds {len(rows)} row(s); a split needs at least 2"]})
+    strata: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        strata.setdefault(str(row.get("family") or ""), []).append(row)
+    test_ids: set[str] = set()
+    for members in strata.values():
+        members.sort(key=lambda row: _split_key(seed, row))
+        test_ids.update(str(row.get("id")) for row in members[: round(len(members) * test_fraction)])
+    ordered = sorted(rows, key=lambda row: _split_key(seed, row))
+    if not test_ids:
+        test_ids.add(str(ordered[0].get("id")))
+    if len(test_ids) == len(rows):
+        test_ids.discard(str(ordered[-1].get("id")))
+    names = {
+        "train": train_dataset or f"{version.dataset.name}-train",
+        "test": test_dataset or f"{version.dataset.name}-test",
+    }
+    problems: dict[str, list[str]] = {}
+    for part, name in names.items():
+        field = f"{part}_dataset"
+        if not SLUG.fullmatch(name) or len(name) > 100:
+            problems[field] = ["use 1-100 letters, digits, '-' or '_'"]
+        elif (existing := Dataset.objects.filter(name=name).first()) is not None:
+            if existing.kind != version.dataset.kind:
+                problems[field] = [f"{name!r} is a {existing.kind} dataset; name a {version.dataset.kind} dataset"]
+            elif existing.pk == version.dataset_id:
+                problems[field] = ["name a dataset other than the one being split"]
+    if names["train"] == names["test"]:
+        problems["test_dataset"] = ["the train and test parts need different datasets"]
+    if problems:
+        raise ValidationError(problems)
+    made: dict[str, DatasetVersion] = {}
+    with transaction.atomic():
+        for part, name in names.items():
+            chosen = [row for row in rows if (str(row.get("id")) in test_ids) == (part == "test")]
+            data = "".join(json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in chosen).encode()
+            dataset = Dataset.objects.filter(name=name).first() or dataset_create(
+                name=name, kind=version.dataset.kind, owner=created_by, description=f"The {part} part of {version}"
+            )
+            notes = f"{part} part of {version}: {len(chosen)} of {len(rows)} rows"
+            notes += f" (test fraction {test_fraction}, seed {seed})"
+            split = {"split_of": version.pk, "part": part, "seed": seed, "test_fraction": test_fraction}
+            same = DatasetVersion.objects.filter(dataset=dataset, content_hash=hashlib.sha256(data).hexdigest()).first()
+            if same is not None:
+                made[part] = same
+            elif dataset.kind == DatasetKind.REPO_TASKS:
+                made[part] = repo_tasks_version_create(
+                    dataset=dataset, data=data, created_by=created_by, notes=notes, report={"split": split}
+                )
+            else:
+                made[part] = dataset_version_create(
+                    dataset=dataset, data=data, filename=f"{part}.jsonl", created_by=created_by, notes=notes
+                )
+                made[part].validation_report = {**made[part].validation_report, "split": split}
+                made[part].save(update_fields=["validation_report"])
+    return made["train"], made["test"]

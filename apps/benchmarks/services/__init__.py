@@ -4,6 +4,7 @@ from apps.benchmarks.services.benchmarks import (
     MAX_TASKS_PER_VERSION,
     benchmark_create,
     benchmark_import_humaneval,
+    benchmark_rows_from_dataset,
     benchmark_version_create,
     benchmark_version_hash,
 )
@@ -14,6 +15,7 @@ __all__ = [
     "MAX_TASKS_PER_VERSION",
     "benchmark_create",
     "benchmark_import_humaneval",
+    "benchmark_rows_from_dataset",
     "benchmark_version_create",
     "benchmark_version_hash",
     "contamination_guard",

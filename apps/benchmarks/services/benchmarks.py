@@ -19,7 +19,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
 from apps.benchmarks.models import Benchmark, BenchmarkTask, BenchmarkVersion, TaskProvenance
-from apps.datasets.models import DatasetVersion
+from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.base import TaskFieldError
 from workers.envs.registry import ENVIRONMENTS, get_environment, make_env
@@ -194,6 +194,20 @@ def benchmark_version_create(
             batch_size=2000,
         )
     return version, True
+
+
+def benchmark_rows_from_dataset(version: DatasetVersion) -> list[dict[str, Any]]:
+    """The task rows of a tasks or repo_tasks dataset version, for a benchmark version (its environment checks them
+    as any rows)."""
+    if version.dataset.kind not in (DatasetKind.TASKS, DatasetKind.REPO_TASKS):
+        raise ValidationError(
+            {"dataset_version": [f"{version} holds {version.dataset.kind}; a benchmark takes task rows"]}
+        )
+    with version.file.open("rb") as handle:
+        rows = [json.loads(line) for line in handle.read().splitlines() if line.strip()]
+    if len(rows) > MAX_TASKS_PER_VERSION:
+        raise ValidationError({"dataset_version": [f"{len(rows)} rows is over the limit of {MAX_TASKS_PER_VERSION}"]})
+    return rows
 
 
 def benchmark_import_humaneval(*, owner: User, name: str = "humaneval", limit: int | None = None) -> BenchmarkVersion:
