@@ -85,7 +85,7 @@ def _task_problems(environment: str, tasks: Sequence[Any]) -> list[str]:
                 for name, value, limit in (
                     ("id", task.id, 200),
                     ("difficulty", str(task.metadata.get("difficulty") or ""), 32),
-                    ("source", str(task.metadata.get("source") or ""), 300),
+                    ("source", _source_ref(task.metadata.get("source")), 300),
                 )
                 if len(value) > limit
             ]
@@ -132,6 +132,27 @@ def _version_params(
     if problems:
         raise ValidationError({"tasks": problems})
     return params
+
+
+def _source_ref(source: object) -> str:
+    """Where a task came from, as text: a string as it is; an object (a repository task's source) as its
+    library, module and function."""
+    if isinstance(source, Mapping):
+        parts = [str(source[key]) for key in ("library", "version", "module", "function") if source.get(key)]
+        return " ".join(parts)[:300]
+    return str(source or "")
+
+
+def _task_tags(row: Mapping[str, Any]) -> list[str]:
+    """A task's tags for slicing evals: its own `tags`, plus `family:<family>` and `source:<library>` for rows that
+    carry them (repository tasks), so a comparison slices by family and by source with `slice_by=tag`."""
+    tags = [str(tag) for tag in row.get("tags") or []]
+    if isinstance(row.get("family"), str) and row["family"]:
+        tags.append(f"family:{row['family']}")
+    source = row.get("source")
+    if isinstance(source, Mapping) and (library := source.get("library")):
+        tags.append(f"source:{library}")
+    return tags
 
 
 def benchmark_version_create(
@@ -184,10 +205,10 @@ def benchmark_version_create(
                     version=version,
                     task_id=row["id"],
                     payload=row,
-                    tags=[str(tag) for tag in row.get("tags") or []],
+                    tags=_task_tags(row),
                     difficulty=str(row.get("difficulty") or ""),
                     provenance=provenance,
-                    source_ref=source_ref or str(row.get("source") or ""),
+                    source_ref=source_ref or _source_ref(row.get("source")),
                 )
                 for row in rows
             ],

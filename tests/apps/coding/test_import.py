@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.core.management import CommandError, call_command
 
+from apps.benchmarks.models import BenchmarkTask
 from apps.coding.services import job_outputs, repo_import_launch, repo_tasks_finalize
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_version_create
@@ -237,3 +238,28 @@ def test_the_pages_show_the_runs_the_form_and_the_report(client, users, queued):
     client.force_login(users["operator"])
     assert client.get("/coding/import/").status_code == 200
     assert job_outputs(run)["report"].endswith("report.json")
+
+
+def test_an_imported_suite_splits_into_a_held_out_coding_benchmark_sliced_by_family_and_source(
+    client_for, users, queued
+):  # type: ignore[no-untyped-def]
+    rows = [task_row(f"clamp-{n}", source={"library": "mathx", "function": "clamp"}) for n in range(2)]
+    run = repo_import_launch(
+        target_dataset="mathx-tasks", data=jsonl(*rows), filename="t.jsonl", user=users["operator"]
+    )
+    run_the_job(run)
+    repo_tasks_finalize(run_id=run.pk)
+    run.refresh_from_db()
+    api = client_for("operator")
+    split = api.post(f"/api/v1/dataset-versions/{run.summary['repo_tasks']['version']}/split/", {}, format="json")
+    assert split.status_code == 201, split.content
+    test_part = split.json()["test"]
+    assert test_part["row_count"] == 1 and test_part["validation_report"]["statistics"]["tasks"] == 1
+    benchmark = api.post("/api/v1/benchmarks/", {"name": "mathx-bench", "environment": "coding_agent"}, format="json")
+    assert benchmark.json()["metric"] == "pass@1" and benchmark.json()["score_field"] == "tests_passed"
+    made = api.post(
+        f"/api/v1/benchmarks/{benchmark.json()['id']}/versions/", {"dataset_version": test_part["id"]}, format="json"
+    )
+    assert made.status_code == 201, made.content
+    task = BenchmarkTask.objects.get(version_id=made.json()["id"])
+    assert {"family:imported", "source:mathx"} <= set(task.tags) and task.source_ref == "mathx clamp"
