@@ -1,0 +1,862 @@
+"""The repository-task generator (issue 17 §1): tasks from real libraries' source distributions and their own tests.
+
+    params = CodegenParams(sources=["toolz"], max_tasks=10, seed=0)
+    result = generate_tasks(params, on_progress=lambda checked, kept, dropped: ...)
+    result.tasks        # [RepoTask], verified; snapshot.uri left empty (the job names where each archive goes)
+    result.snapshots    # {sha256: canonical tar.gz bytes}, one per distinct snapshot
+    result.report       # JSON-able: kept and dropped candidates by reason, per source, family and operator; stats
+
+How, in the manner of SWE-smith (repair) and Commit0 (implement):
+
+1. Each library is a vendored sdist under `sources/` (`manifest.json` names the file, its sha256, its licence, the
+   files that may be mutated and the test files). It is unpacked with `archive.unpack(strip_top=True)` and its
+   whole test suite runs twice in the sandbox on the pristine tree; the tests that passed both times are the
+   baseline (cached per process by the tree's content hash). A test that fails in the sandbox (toolz's
+   multiprocessing test: no /dev/shm there) or passes only sometimes is never used.
+2. Candidates. Every function and method of the mutable files (`mutations.find_functions`). *repair*: up to
+   `mutations_per_function` single-site mutations per function (`mutations.repair_mutations`, distinct operators
+   first), plus, for a share of them, a mutation of two functions of one file at once. *implement*: the body
+   after the docstring replaced by `raise NotImplementedError` (functions with a docstring only: it is where the
+   instruction comes from). Each library's and family's list is shuffled by the seed, then the lists are
+   interleaved, so a small `max_tasks` still spreads over sources and families.
+3. Check (`workers` candidates at a time, each a sandboxed pytest run, so threads are enough): the mutated tree's
+   related tests run (the test files named after the module or that mention the function, or its class for a
+   method; all of them when none does, or with `test_scope="all"`). The baseline tests that no longer pass are
+   fail_to_pass; none: dropped, "tests do not catch it". The test files holding them are the hidden tests, removed
+   from the snapshot the agent gets; pass_to_pass is a seeded sample of up to `max_pass_to_pass` tests of those
+   files that still pass. The reference patch is the diff that restores the original. The instruction is written
+   by `instructions.write_instruction` from the failing tests' names and pytest's crash messages, never their
+   source.
+4. Every kept task goes through `verify.verify_task` (its hidden tests fail on the snapshot and pass with the
+   reference patch): a second, independent run. A fail_to_pass test that passes there is "flaky (passes on rerun)".
+
+Drop reasons (the report's keys): "mutation does not parse", "equivalent (no code change)", "duplicate" (the same
+mutated file as an earlier candidate), "function already has a task" (`max_tasks_per_function`), "tests do not
+catch it", "too broad" (more than `max_fail_to_pass` tests fail), "too slow" (the test run hit its time limit),
+"test run failed" (no report came back from the sandbox), "flaky (passes on rerun)", "verification failed".
+
+Determinism: candidates are enumerated and shuffled from (sources, params, seed) alone, checked concurrently but
+consumed in queue order, and the run stops at the first `max_tasks` kept in that order, so the same inputs give
+the same tasks, rows and report (timings aside) whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import logging
+import random
+import re
+import statistics
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from workers.coding.archive import content_hash, pack, unpack
+from workers.coding.execute import CommandLimits, CommandResult, run_command
+from workers.coding.instructions import InstructionFacts, write_instruction
+from workers.coding.mutations import (
+    REPAIR_OPERATORS,
+    FunctionInfo,
+    Mutation,
+    changes_code,
+    combine,
+    find_functions,
+    implement_mutation,
+    repair_mutations,
+)
+from workers.coding.patches import make_patch
+from workers.coding.stats import suite_statistics
+from workers.coding.task import DEFAULT_TEST_COMMAND, HiddenTests, RepoTask, SnapshotRef, node_id_file
+from workers.coding.verify import verify_task
+from workers.coding.workspace import Snapshot, Workspace
+from workers.sandbox import Outcome
+
+log = logging.getLogger("crucible.codegen")
+
+SOURCES_DIR = Path(__file__).with_name("sources")
+MANIFEST = "manifest.json"
+REPORT_SCHEMA = "codegen_report/v1"
+Family = Literal["repair", "implement"]
+FAMILIES: tuple[Family, ...] = ("repair", "implement")
+DEFAULT_SOURCES = ("toolz", "isodate", "cachetools", "webcolors")
+
+# Drop reasons, in the order the checks meet them.
+NO_PARSE = "mutation does not parse"
+EQUIVALENT = "equivalent (no code change)"
+DUPLICATE = "duplicate"
+FUNCTION_TAKEN = "function already has a task"
+NOT_CAUGHT = "tests do not catch it"
+TOO_BROAD = "too broad"
+TOO_SLOW = "too slow"
+RUN_FAILED = "test run failed"
+FLAKY = "flaky (passes on rerun)"
+VERIFY_FAILED = "verification failed"
+DROP_REASONS = (
+    NO_PARSE,
+    EQUIVALENT,
+    DUPLICATE,
+    FUNCTION_TAKEN,
+    NOT_CAUGHT,
+    TOO_BROAD,
+    TOO_SLOW,
+    RUN_FAILED,
+    FLAKY,
+    VERIFY_FAILED,
+)
+
+_PLUGIN = "crucible_codegen_report"
+_PLUGIN_DIR = ".crucible_codegen"
+_REPORT = f"{_PLUGIN_DIR}/report.jsonl"
+
+
+class CodegenParams(BaseModel):
+    """What a user chooses for one generation run (the codegen job spec adds its outputs)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sources: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_SOURCES),
+        min_length=1,
+        description="Vendored libraries to mutate (workers/coding/sources/manifest.json)",
+    )
+    families: list[Family] = Field(default_factory=lambda: list(FAMILIES), min_length=1)
+    operators: list[str] = Field(
+        default_factory=lambda: list(REPAIR_OPERATORS), min_length=1, description="Repair mutation operators"
+    )
+    max_tasks: int = Field(default=60, ge=1, le=10_000, description="Tasks to keep")
+    max_candidates: int = Field(default=400, ge=1, le=100_000, description="Candidates to check at most")
+    seed: int = Field(default=0, ge=0)
+    mutations_per_function: int = Field(default=2, ge=1, le=50, description="repair candidates per function")
+    multi_function_share: float = Field(
+        default=0.15, ge=0.0, le=1.0, description="Share of repair candidates that mutate two functions of a file"
+    )
+    max_tasks_per_function: int = Field(default=1, ge=1, le=100, description="Kept tasks per function and family")
+    max_fail_to_pass: int = Field(default=40, ge=1, le=10_000, description="More failing tests: dropped, too broad")
+    max_pass_to_pass: int = Field(default=20, ge=0, le=1000)
+    test_scope: Literal["related", "all"] = Field(
+        default="related", description="related: the test files that name the module or function; all: the suite"
+    )
+    test_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="Per sandboxed test run")
+    workers: int = Field(default=2, ge=1, le=64, description="Candidates checked at once")
+
+    @field_validator("sources")
+    @classmethod
+    def _known_sources(cls, names: list[str]) -> list[str]:
+        known = vendored_sources()
+        unknown = [name for name in names if name not in known]
+        if unknown:
+            raise ValueError(f"unknown source(s) {unknown}; vendored: {', '.join(sorted(known))}")
+        return list(dict.fromkeys(names))
+
+    @field_validator("operators")
+    @classmethod
+    def _known_operators(cls, names: list[str]) -> list[str]:
+        unknown = sorted(set(names) - set(REPAIR_OPERATORS))
+        if unknown:
+            raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(REPAIR_OPERATORS)}")
+        return list(dict.fromkeys(names))
+
+    def limits(self) -> CommandLimits:
+        return CommandLimits(wall_seconds=self.test_timeout_seconds, cpu_seconds=int(self.test_timeout_seconds) + 1)
+
+
+# --- sources ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LibrarySource:
+    """One vendored sdist, as `sources/manifest.json` describes it."""
+
+    name: str
+    version: str
+    filename: str
+    sha256: str  # of the .tar.gz as published
+    license: str
+    url: str
+    mutable: tuple[str, ...]  # globs of the files whose functions are mutated
+    tests: tuple[str, ...]  # globs of the test files
+
+
+def vendored_sources(directory: Path = SOURCES_DIR) -> dict[str, LibrarySource]:
+    """The manifest's libraries by name."""
+    manifest = json.loads((directory / MANIFEST).read_text())
+    return {
+        entry["name"]: LibrarySource(
+            name=entry["name"],
+            version=entry["version"],
+            filename=entry["filename"],
+            sha256=entry["sha256"],
+            license=entry["license"],
+            url=entry["url"],
+            mutable=tuple(entry["mutable"]),
+            tests=tuple(entry["tests"]),
+        )
+        for entry in manifest["sources"]
+    }
+
+
+@dataclass
+class Library:
+    """An unpacked library: its files, which of them are tests and which may be mutated."""
+
+    source: LibrarySource
+    files: dict[str, bytes]
+    test_files: list[str]
+    mutable_files: list[str]
+    snapshot: Snapshot = field(repr=False)
+
+    def text(self, path: str) -> str:
+        return self.files[path].decode("utf-8")
+
+
+def _matches(path: str, globs: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(path, pattern) for pattern in globs)
+
+
+def load_library(name: str, directory: Path = SOURCES_DIR) -> Library:
+    """Unpack a vendored sdist after checking its sha256 against the manifest (ValueError when it differs)."""
+    source = vendored_sources(directory)[name]
+    data = (directory / source.filename).read_bytes()
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != source.sha256:
+        raise ValueError(f"{source.filename} has sha256 {digest}, not the manifest's {source.sha256}")
+    files = unpack(data, strip_top=True)
+    tests = sorted(p for p in files if _matches(p, source.tests))
+    mutable = sorted(p for p in files if p.endswith(".py") and _matches(p, source.mutable) and p not in tests)
+    return Library(source, files, tests, mutable, Snapshot.from_files(files))
+
+
+# --- test runs -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TestRun:
+    """One sandboxed pytest run: an outcome per test that ran, and pytest's crash message of those that failed."""
+
+    __test__ = False  # not a pytest test class
+
+    outcomes: dict[str, str]  # node id -> passed | failed | error | skipped
+    messages: dict[str, str]  # node id -> crash message (failed or error)
+    collect_errors: dict[str, str]  # test file -> message
+    timed_out: bool
+    ok: bool  # a report came back
+    seconds: float
+    detail: str = ""
+
+    @property
+    def passed(self) -> set[str]:
+        return {node for node, outcome in self.outcomes.items() if outcome == "passed"}
+
+
+def run_tests(workspace: Workspace, test_files: Sequence[str], limits: CommandLimits) -> TestRun:
+    """Run the test files (pytest with our reporting plugin) against a copy of the workspace in the sandbox."""
+    started = time.monotonic()
+    command = f"{DEFAULT_TEST_COMMAND} {' '.join(test_files)} -p {_PLUGIN}"
+    result = run_command(
+        workspace,
+        command,
+        limits=limits,
+        extra_files={f"{_PLUGIN_DIR}/{_PLUGIN}.py": _PLUGIN_SOURCE},
+        apply_changes=False,
+        env={"PYTHONPATH": _PLUGIN_DIR, "CRUCIBLE_CODEGEN_REPORT": _REPORT},
+    )
+    return _read_run(result, time.monotonic() - started)
+
+
+def _read_run(result: CommandResult, seconds: float) -> TestRun:
+    data = result.changed.get(_REPORT) or b""
+    outcomes: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    collect_errors: dict[str, str] = {}
+    finished = False
+    for line in data.decode("utf-8", "replace").splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(item, dict):
+            continue
+        if "collect_error" in item:
+            collect_errors[str(item["collect_error"])] = str(item.get("message", ""))
+        elif "exitstatus" in item:
+            finished = True
+        elif "node" in item:
+            node, when, outcome = str(item["node"]), item.get("when"), item.get("outcome")
+            if outcome == "failed":
+                messages.setdefault(node, str(item.get("message", "")))
+            if when == "setup":
+                outcomes[node] = "error" if outcome == "failed" else ("skipped" if outcome == "skipped" else "set up")
+            elif when == "call":
+                outcomes[node] = str(outcome) if outcome in ("passed", "failed", "skipped") else "failed"
+            elif when == "teardown" and outcome == "failed":
+                outcomes[node] = "error"
+    outcomes = {node: ("failed" if outcome == "set up" else outcome) for node, outcome in outcomes.items()}
+    timed_out = result.outcome is Outcome.TIMEOUT
+    detail = "" if finished else f"pytest did not finish: {result.detail or result.outcome.value}"
+    if not data and not timed_out:
+        last = next((x for x in reversed(result.stderr.splitlines() + result.stdout.splitlines()) if x), "")
+        detail = f"no report from the test run ({result.detail}): {last[:300]}"
+    return TestRun(outcomes, messages, collect_errors, timed_out, bool(data), seconds, detail)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The tests that pass on the pristine library (twice), by file, and how long the suite took."""
+
+    passing: frozenset[str]
+    by_file: dict[str, list[str]]
+    seconds: float
+    unstable: int  # tests that passed in one run and not the other
+    failing: int  # tests that never passed in the sandbox
+
+
+_baselines: dict[tuple[str, str], Baseline] = {}
+_baselines_lock = threading.Lock()
+
+
+def baseline(library: Library, limits: CommandLimits) -> Baseline:
+    """Run the whole suite twice on the pristine tree; cached per process by the tree's content hash."""
+    key = (library.snapshot.sha256, ",".join(library.test_files))
+    with _baselines_lock:
+        if key in _baselines:
+            return _baselines[key]
+    runs = [run_tests(Workspace(library.snapshot), library.test_files, limits) for _ in range(2)]
+    for run in runs:
+        if not run.ok or run.timed_out:
+            raise RuntimeError(f"the pristine {library.source.name} test suite did not run: {run.detail}")
+    passing = runs[0].passed & runs[1].passed
+    seen = set(runs[0].outcomes) | set(runs[1].outcomes)
+    by_file: dict[str, list[str]] = {}
+    for node in sorted(passing):
+        by_file.setdefault(node_id_file(node), []).append(node)
+    result = Baseline(
+        passing=frozenset(passing),
+        by_file=by_file,
+        seconds=max(run.seconds for run in runs),
+        unstable=len((runs[0].passed | runs[1].passed) - passing),
+        failing=len(seen - (runs[0].passed | runs[1].passed)),
+    )
+    with _baselines_lock:
+        _baselines[key] = result
+    return result
+
+
+# --- candidates ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One mutated tree to check: a mutation of one file of one library."""
+
+    id: str
+    library: str
+    family: str
+    mutation: Mutation
+    functions: tuple[FunctionInfo, ...]
+
+    @property
+    def key(self) -> str:
+        """What `max_tasks_per_function` counts: the family and the function(s)."""
+        return f"{self.library}:{self.family}:{self.mutation.path}:{self.mutation.function}"
+
+
+def _candidate_id(library: str, family: str, mutation: Mutation) -> str:
+    digest = hashlib.sha256(
+        json.dumps([mutation.path, [(e.start, e.end, e.text) for e in mutation.edits]]).encode()
+    ).hexdigest()
+    name = re.sub(r"[^a-z0-9]+", "-", mutation.function.lower()).strip("-")
+    return f"{library}-{family}-{name}-{digest[:8]}"
+
+
+def _pick_repairs(mutations: list[Mutation], count: int, rng: random.Random) -> list[Mutation]:
+    """Up to `count` mutations, distinct operators first, chosen by `rng`."""
+    shuffled = list(mutations)
+    rng.shuffle(shuffled)
+    picked: list[Mutation] = []
+    operators: set[str] = set()
+    for mutation in shuffled:
+        if mutation.operator not in operators:
+            picked.append(mutation)
+            operators.add(mutation.operator)
+        if len(picked) == count:
+            return picked
+    for mutation in shuffled:
+        if len(picked) == count:
+            break
+        if mutation not in picked:
+            picked.append(mutation)
+    return picked
+
+
+def library_candidates(library: Library, params: CodegenParams) -> dict[str, list[Candidate]]:
+    """Every candidate of one library by family, each list shuffled by the seed."""
+    name = library.source.name
+    by_family: dict[str, list[Candidate]] = {family: [] for family in params.families}
+    for path in library.mutable_files:
+        source = library.text(path)
+        functions = find_functions(path, source)
+        rng = random.Random(f"{params.seed}:{name}:{path}")
+        singles: list[tuple[FunctionInfo, Mutation]] = []
+        for function in functions:
+            if "repair" in by_family:
+                options = repair_mutations(source, function, params.operators)
+                for mutation in _pick_repairs(options, params.mutations_per_function, rng):
+                    singles.append((function, mutation))
+                    by_family["repair"].append(
+                        Candidate(_candidate_id(name, "repair", mutation), name, "repair", mutation, (function,))
+                    )
+            if "implement" in by_family and function.docstring:
+                gutted = implement_mutation(source, function)
+                if gutted is not None:
+                    by_family["implement"].append(
+                        Candidate(_candidate_id(name, "implement", gutted), name, "implement", gutted, (function,))
+                    )
+        pairs = int(params.multi_function_share * len(singles)) if len(singles) > 1 else 0
+        for _ in range(pairs):
+            both = sorted(rng.sample(singles, 2), key=lambda pair: pair[1].line)
+            if both[0][0].qualname == both[1][0].qualname:
+                continue
+            merged = combine([mutation for _, mutation in both])
+            functions_of_pair = tuple(function for function, _ in both)
+            by_family["repair"].append(
+                Candidate(_candidate_id(name, "repair", merged), name, "repair", merged, functions_of_pair)
+            )
+    for family, candidates in by_family.items():
+        random.Random(f"{params.seed}:{name}:{family}").shuffle(candidates)
+    return by_family
+
+
+def candidate_queue(libraries: Sequence[Library], params: CodegenParams) -> list[Candidate]:
+    """All candidates, the (library, family) lists interleaved one at a time so that any prefix is balanced."""
+    lists = [
+        candidates for library in libraries for candidates in library_candidates(library, params).values() if candidates
+    ]
+    queue: list[Candidate] = []
+    for index in range(max((len(c) for c in lists), default=0)):
+        queue.extend(candidates[index] for candidates in lists if index < len(candidates))
+    return queue
+
+
+def related_test_files(library: Library, candidate: Candidate, scope: str, runnable: Sequence[str]) -> list[str]:
+    """The test files worth running for a candidate: those named after its module (test_<stem>.py) and those that
+    name the function (or, for a method, its class) as a word; all runnable ones when none does."""
+    if scope == "all":
+        return list(runnable)
+    stems = {PurePosixPath(candidate.mutation.path).stem.lstrip("_")}
+    words = {f.class_name if f.class_name else f.name for f in candidate.functions}
+    found = []
+    for path in runnable:
+        stem = PurePosixPath(path).stem
+        if any(stem == f"test_{s}" or stem.startswith(f"test_{s}_") for s in stems):
+            found.append(path)
+            continue
+        text = library.text(path)
+        if any(re.search(rf"\b{re.escape(word)}\b", text) for word in words):
+            found.append(path)
+    return found or list(runnable)
+
+
+# --- checking one candidate ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class CandidateOutcome:
+    """What became of one candidate: kept (with its task and snapshot archive) or dropped with a reason."""
+
+    candidate: Candidate
+    reason: str | None  # None: kept
+    detail: str = ""
+    task: RepoTask | None = None
+    archive: bytes | None = None
+    fail_to_pass: int = 0
+    seconds: float = 0.0
+
+    def entry(self) -> dict[str, Any]:
+        """The report's line for this candidate."""
+        mutation = self.candidate.mutation
+        return {
+            "id": self.candidate.id,
+            "library": self.candidate.library,
+            "family": self.candidate.family,
+            "operator": mutation.operator,
+            "path": mutation.path,
+            "function": mutation.function,
+            "line": mutation.line,
+            "mutation": mutation.detail,
+            "outcome": "kept" if self.reason is None else self.reason,
+            "detail": self.detail,
+            "fail_to_pass": self.fail_to_pass,
+            "task_id": self.task.id if self.task is not None else None,
+            "seconds": round(self.seconds, 2),
+        }
+
+
+def check_candidate(library: Library, base: Baseline, candidate: Candidate, params: CodegenParams) -> CandidateOutcome:
+    """Run the library's related tests on the mutated tree; build, verify and return the task if they catch it."""
+    started = time.monotonic()
+
+    def dropped(reason: str, detail: str = "", fail_to_pass: int = 0) -> CandidateOutcome:
+        return CandidateOutcome(
+            candidate, reason, detail, fail_to_pass=fail_to_pass, seconds=time.monotonic() - started
+        )
+
+    path = candidate.mutation.path
+    original = library.text(path)
+    try:
+        mutated = candidate.mutation.apply(original)
+    except ValueError as exc:
+        return dropped(NO_PARSE, str(exc))
+    if not changes_code(original, mutated):
+        try:
+            compile(mutated, path, "exec")
+        except (SyntaxError, ValueError) as exc:
+            return dropped(NO_PARSE, f"{type(exc).__name__}: {exc}")
+        return dropped(EQUIVALENT, "the mutated file has the same syntax tree")
+    runnable = sorted(base.by_file)
+    scope = related_test_files(library, candidate, params.test_scope, runnable)
+    workspace = Workspace(library.snapshot)
+    workspace.write_text(path, mutated)
+    limits = params.limits()
+    run = run_tests(workspace, scope, limits)
+    if run.timed_out:
+        return dropped(TOO_SLOW, f"the tests ran past {params.test_timeout_seconds:g} s")
+    if not run.ok:
+        return dropped(RUN_FAILED, run.detail)
+    expected = [node for file in scope for node in base.by_file.get(file, [])]
+    failing = [node for node in expected if run.outcomes.get(node) != "passed"]
+    if not failing:
+        return dropped(NOT_CAUGHT, f"{len(expected)} tests in {len(scope)} file(s) still pass")
+    if len(failing) > params.max_fail_to_pass:
+        return dropped(TOO_BROAD, f"{len(failing)} tests fail (limit {params.max_fail_to_pass})", len(failing))
+    task, snapshot = build_task(library, candidate, mutated, failing, run, base, params)
+    verification = verify_task(task, snapshot, limits=limits)
+    if not verification.ok:
+        reason = FLAKY if verification.reason.startswith("vacuous") else VERIFY_FAILED
+        return dropped(reason, verification.reason[:500], len(failing))
+    return CandidateOutcome(
+        candidate,
+        None,
+        f"{len(failing)} failing, {len(task.hidden_tests.pass_to_pass)} kept passing",
+        task=task,
+        archive=pack(snapshot.files),
+        fail_to_pass=len(failing),
+        seconds=time.monotonic() - started,
+    )
+
+
+def build_task(
+    library: Library,
+    candidate: Candidate,
+    mutated: str,
+    failing: list[str],
+    run: TestRun,
+    base: Baseline,
+    params: CodegenParams,
+) -> tuple[RepoTask, Snapshot]:
+    """The task for a caught candidate: its snapshot (the mutated tree less the hidden test files), hidden tests,
+    reference patch and instruction."""
+    source = library.source
+    path = candidate.mutation.path
+    hidden_paths = sorted({node_id_file(node) for node in failing})
+    hidden = {p: library.text(p) for p in hidden_paths}
+    still_passing = [
+        node
+        for p in hidden_paths
+        for node in base.by_file.get(p, [])
+        if node not in failing and run.outcomes.get(node) == "passed"
+    ]
+    rng = random.Random(f"{params.seed}:{candidate.id}:pass_to_pass")
+    pass_to_pass = sorted(rng.sample(still_passing, min(params.max_pass_to_pass, len(still_passing))))
+    files = {p: content for p, content in library.files.items() if p not in hidden}
+    files[path] = mutated.encode("utf-8")
+    snapshot = Snapshot.from_files(files)
+    reference = make_patch({path: mutated}, {path: library.text(path)})
+    first = candidate.functions[0]
+    facts = InstructionFacts(
+        family=candidate.family,
+        function=first.qualname,
+        path=path,
+        failing_tests=failing,
+        messages=[run.messages.get(node) or run.collect_errors.get(node_id_file(node), "") for node in failing],
+        docstring=first.docstring,
+        library=source.name,
+        functions=tuple(f.qualname for f in candidate.functions),
+    )
+    task = RepoTask(
+        id=candidate.id,
+        instruction=write_instruction(facts, seed=params.seed, key=candidate.id, hidden_files=hidden),
+        snapshot=SnapshotRef(sha256=snapshot.sha256, file_count=len(snapshot), size_bytes=snapshot.size_bytes),
+        hidden_tests=HiddenTests(
+            files=hidden, command=DEFAULT_TEST_COMMAND, fail_to_pass=failing, pass_to_pass=pass_to_pass
+        ),
+        reference_patch=reference,
+        family=candidate.family,  # type: ignore[arg-type]
+        source={
+            "library": source.name,
+            "version": source.version,
+            "sdist_sha256": source.sha256,
+            "path": path,
+            "function": candidate.mutation.function,
+            "operator": candidate.mutation.operator,
+            "mutation": candidate.mutation.detail,
+            "line": candidate.mutation.line,
+        },
+        provenance={
+            "kind": "generated",
+            "ids": {"generator": "workers.coding.generate", "seed": str(params.seed), "candidate": candidate.id},
+        },
+    )
+    return task, snapshot
+
+
+# --- the run ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerationResult:
+    tasks: list[RepoTask]
+    snapshots: dict[str, bytes]  # sha256 (content hash of the files) -> canonical tar.gz
+    report: dict[str, Any]
+
+
+ProgressCallback = Callable[[int, int, Mapping[str, int]], None]  # checked, kept, dropped by reason
+
+
+def generate_tasks(
+    params: CodegenParams,
+    *,
+    sources_dir: Path = SOURCES_DIR,
+    on_progress: ProgressCallback | None = None,
+    say: Callable[[str], None] | None = None,
+) -> GenerationResult:
+    """Generate up to `params.max_tasks` verified tasks (see the module docstring); deterministic in (sources,
+    params), timings aside."""
+    started = time.monotonic()
+    tell = say or log.info
+    libraries = [load_library(name, sources_dir) for name in params.sources]
+    limits = params.limits()
+    baselines: dict[str, Baseline] = {}
+    sources_report: dict[str, dict[str, Any]] = {}
+    for library in libraries:
+        base = baseline(library, limits)
+        baselines[library.source.name] = base
+        functions = sum(len(find_functions(p, library.text(p))) for p in library.mutable_files)
+        sources_report[library.source.name] = {
+            "version": library.source.version,
+            "sdist": library.source.filename,
+            "sdist_sha256": library.source.sha256,
+            "license": library.source.license,
+            "files": len(library.files),
+            "mutable_files": library.mutable_files,
+            "test_files": len(base.by_file),
+            "functions": functions,
+            "baseline": {
+                "passing": len(base.passing),
+                "unstable": base.unstable,
+                "failing_in_sandbox": base.failing,
+                "seconds": round(base.seconds, 2),
+            },
+        }
+        tell(
+            f"{library.source.name} {library.source.version}: {len(base.passing)} tests pass in the sandbox "
+            f"({base.seconds:.1f} s), {functions} functions in {len(library.mutable_files)} files"
+        )
+    queue = deque(candidate_queue(libraries, params))
+    total_candidates = len(queue)
+    tell(f"{total_candidates} candidates; checking up to {params.max_candidates}, {params.workers} at a time")
+    by_name = {library.source.name: library for library in libraries}
+
+    outcomes: list[CandidateOutcome] = []
+    kept_keys: Counter[str] = Counter()
+    seen_trees: set[str] = set()
+    dropped: Counter[str] = Counter()
+    kept: list[CandidateOutcome] = []
+    stopped = "candidates exhausted"
+
+    # (candidate, its check or None when it is not run, the reason decided at submission)
+    in_flight: deque[tuple[Candidate, Future[CandidateOutcome] | None, str | None]] = deque()
+    drawn = 0
+    with ThreadPoolExecutor(max_workers=params.workers, thread_name_prefix="codegen") as pool:
+
+        def submit_more() -> None:
+            nonlocal drawn
+            while queue and len(in_flight) < params.workers * 2 and drawn < params.max_candidates:
+                candidate = queue.popleft()
+                drawn += 1
+                library = by_name[candidate.library]
+                try:
+                    tree = content_hash(
+                        {candidate.mutation.path: candidate.mutation.apply(library.text(candidate.mutation.path))}
+                    )
+                except ValueError:
+                    tree = candidate.id
+                if tree in seen_trees:
+                    in_flight.append((candidate, None, DUPLICATE))
+                    continue
+                seen_trees.add(tree)
+                if kept_keys[candidate.key] >= params.max_tasks_per_function:
+                    in_flight.append((candidate, None, FUNCTION_TAKEN))  # known now; decided again below
+                    continue
+                future = pool.submit(check_candidate, library, baselines[candidate.library], candidate, params)
+                in_flight.append((candidate, future, None))
+
+        submit_more()
+        while in_flight:
+            candidate, future, reason = in_flight.popleft()
+            # Decided in queue order: a function that got its task from an earlier candidate takes no more, whether
+            # or not this one's check had already started.
+            if reason is None and kept_keys[candidate.key] >= params.max_tasks_per_function:
+                reason = FUNCTION_TAKEN
+            if reason is not None or future is None:
+                if future is not None:
+                    future.cancel()
+                detail = (
+                    "an earlier candidate made the same file" if reason == DUPLICATE else candidate.mutation.function
+                )
+                outcome = CandidateOutcome(candidate, reason or FUNCTION_TAKEN, detail)
+            else:
+                outcome = future.result()
+            outcomes.append(outcome)
+            if outcome.reason is None:
+                kept.append(outcome)
+                kept_keys[candidate.key] += 1
+            else:
+                dropped[outcome.reason] += 1
+            if on_progress is not None:
+                on_progress(len(outcomes), len(kept), dict(dropped))
+            if len(kept) >= params.max_tasks:
+                stopped = "target reached"
+                for _, rest, _ in in_flight:
+                    if rest is not None:
+                        rest.cancel()
+                in_flight.clear()
+                break
+            submit_more()
+        if stopped != "target reached" and drawn >= params.max_candidates and queue:
+            stopped = "candidate limit reached"
+
+    tasks = [outcome.task for outcome in kept if outcome.task is not None]
+    snapshots = {
+        outcome.task.snapshot.sha256: outcome.archive
+        for outcome in kept
+        if outcome.task is not None and outcome.archive is not None
+    }
+    seconds = time.monotonic() - started
+    report = build_report(params, sources_report, outcomes, tasks, total_candidates, stopped, seconds)
+    return GenerationResult(tasks, snapshots, report)
+
+
+def _breakdown(outcomes: Iterable[CandidateOutcome], key: Callable[[CandidateOutcome], str]) -> dict[str, Any]:
+    groups: dict[str, dict[str, Any]] = {}
+    for outcome in outcomes:
+        group = groups.setdefault(key(outcome), {"candidates": 0, "kept": 0, "dropped": {}})
+        group["candidates"] += 1
+        if outcome.reason is None:
+            group["kept"] += 1
+        else:
+            group["dropped"][outcome.reason] = group["dropped"].get(outcome.reason, 0) + 1
+    return dict(sorted(groups.items()))
+
+
+def build_report(
+    params: CodegenParams,
+    sources: dict[str, dict[str, Any]],
+    outcomes: list[CandidateOutcome],
+    tasks: list[RepoTask],
+    total_candidates: int,
+    stopped: str,
+    seconds: float,
+) -> dict[str, Any]:
+    """The generation report (schema "codegen_report/v1"); see workers.jobs.codegen for its layout."""
+    dropped = Counter(o.reason for o in outcomes if o.reason is not None)
+    checked = [o for o in outcomes if o.reason not in (DUPLICATE, FUNCTION_TAKEN)]
+    run_seconds = [o.seconds for o in checked if o.seconds > 0]
+    stats = suite_statistics(task.to_row() for task in tasks)
+    return {
+        "schema": REPORT_SCHEMA,
+        "kind": "generate",
+        "params": params.model_dump(mode="json"),
+        "sources": sources,
+        "target": params.max_tasks,
+        "available_candidates": total_candidates,
+        "candidates": len(outcomes),
+        "kept": len(tasks),
+        "dropped": {reason: dropped[reason] for reason in DROP_REASONS if dropped[reason]},
+        "per_source": _breakdown(outcomes, lambda o: o.candidate.library),
+        "per_family": _breakdown(outcomes, lambda o: o.candidate.family),
+        "per_operator": _breakdown(outcomes, lambda o: o.candidate.mutation.operator),
+        "statistics": stats,
+        "stopped": stopped,
+        "seconds": round(seconds, 1),
+        "candidates_per_minute": round(60 * len(outcomes) / seconds, 1) if seconds > 0 else None,
+        "median_check_seconds": round(statistics.median(run_seconds), 2) if run_seconds else None,
+        "checked": [o.entry() for o in outcomes],
+    }
+
+
+# The pytest plugin imported by `-p crucible_codegen_report` inside the sandbox: one JSON line per test phase (with
+# pytest's one-line crash message for a failure) and per collection error. Standard library and pytest only.
+_PLUGIN_SOURCE = r'''
+"""Report every test's outcome for Crucible's task generator (see workers/coding/generate.py)."""
+import json
+import os
+
+_out = open(os.environ["CRUCIBLE_CODEGEN_REPORT"], "a", encoding="utf-8")
+_names = {}
+_state = {}
+
+
+def _write(item):
+    _out.write(json.dumps(item) + "\n")
+    _out.flush()
+
+
+def _relative(path, config):
+    return os.path.relpath(str(path), str(config.invocation_params.dir)).replace(os.sep, "/")
+
+
+def _message(report):
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None:
+        return str(crash.message)[:1000]
+    return str(report.longrepr or "")[-1000:]
+
+
+def pytest_configure(config):
+    _state["config"] = config
+
+
+def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
+        _names[item.nodeid] = _relative(item.path, config) + ("::" + rest if rest else "")
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        config = _state.get("config")
+        path = report.nodeid.split("::", 1)[0]
+        if config is not None and path:
+            path = _relative(os.path.join(str(config.rootpath), path), config)
+        _write({"collect_error": path, "message": _message(report)})
+
+
+def pytest_runtest_logreport(report):
+    item = {"node": _names.get(report.nodeid, report.nodeid), "when": report.when, "outcome": report.outcome}
+    if report.failed:
+        item["message"] = _message(report)
+    _write(item)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    _write({"exitstatus": int(exitstatus)})
+'''
