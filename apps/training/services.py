@@ -32,7 +32,8 @@ from workers.envs.registry import get_environment
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import model_name_problems
 
-SCRIPTED_TEACHERS = ("scripted-search",)
+SCRIPTED_TEACHERS = {"scripted-search": "search", "scripted-coding": "coding_agent"}
+"""Agents written as code that the SFT warm-up takes as its teacher, with the environment each one plays."""
 """Teachers that are programs, not models (workers.search.teacher): no model check for them."""
 
 
@@ -171,8 +172,14 @@ def run_launch_sft(
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
     for field, name in (("teacher_model", parsed.teacher_model), ("base_model", parsed.base_model)):
-        if found := model_name_problems(name, allow=SCRIPTED_TEACHERS if field == "teacher_model" else ()):
+        if found := model_name_problems(name, allow=tuple(SCRIPTED_TEACHERS) if field == "teacher_model" else ()):
             problems[f"config.{field}"] = found
+    plays = SCRIPTED_TEACHERS.get(parsed.teacher_model)
+    if plays is not None and plays != parsed.environment:
+        problems["config.teacher_model"] = [
+            f"{parsed.teacher_model!r} is an agent for environment {plays!r}, not {parsed.environment!r}; pick the "
+            "scripted agent of this environment or a model"
+        ]
     episode_problems(
         problems,
         environment=parsed.environment,

@@ -25,7 +25,7 @@ import abc
 import math
 import re
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, ClassVar, Literal, TypedDict
@@ -147,7 +147,10 @@ class Environment(abc.ABC):
     - `needs_corpus_index`: whether the environment searches a corpus, so a run or benchmark must name a corpus
       version whose ready index fills `env_params["index_uri"]`;
     - `dataset_kind`: the kind of dataset its runs train on ("tasks"; "repo_tasks" for repository tasks, whose rows
-      name a snapshot and hidden tests and are verified in the sandbox before they are stored).
+      name a snapshot and hidden tests and are verified in the sandbox before they are stored);
+    - `default_algorithm`: the RL algorithm (a name in `workers.rl.algorithms.ALGORITHMS`) a training run on this
+      environment uses when it names none, e.g. "composer" for the coding agent (Composer 2's C1/C2); None keeps
+      the trainer's own default (grpo). A run that names an algorithm keeps it (`workers.rl.config.TrainConfig`).
     """
 
     name: ClassVar[str]
@@ -159,12 +162,20 @@ class Environment(abc.ABC):
     default_metric: ClassVar[str] = "mean_score"
     needs_corpus_index: ClassVar[bool] = False
     dataset_kind: ClassVar[str] = "tasks"
+    default_algorithm: ClassVar[str | None] = None
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:
         """The reward spec (JSON) an eval's episodes are scored with. Trajectory pages show it; pass or fail is
         the benchmark's `score_field`. By default the answer must match a gold answer exactly."""
         return {"terms": [{"type": "exact_match"}]}
+
+    @classmethod
+    def select_for_sft(cls, records: Sequence[Mapping[str, Any]]) -> tuple[list[int], dict[str, Any]] | None:
+        """Which teacher episodes the SFT warm-up keeps, for an environment with a rule of its own: (indices of the
+        kept records, a report {"generated", "kept", "dropped": {reason: count}}). None (the default): the SFT job's
+        configurable filter decides (Context-1's rejection sampling, workers.search.rejection)."""
+        return None
 
     @classmethod
     def referenced_chunk_ids(cls, row: Mapping[str, Any]) -> set[str]:

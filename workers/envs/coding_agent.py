@@ -214,6 +214,8 @@ class CodingAgentEnv(ToolUseEnvironment):
     score_field: ClassVar[str] = "tests_passed"
     default_metric: ClassVar[str] = "pass@1"
     dataset_kind: ClassVar[str] = "repo_tasks"
+    # Composer 2's choices (methods.md C1, C2): no std division, no length normalisation, k1 KL.
+    default_algorithm: ClassVar[str | None] = "composer"
     tools: ClassVar[tuple[ToolSpec, ...]] = (
         ToolSpec(
             LIST_TOOL,
@@ -358,12 +360,40 @@ class CodingAgentEnv(ToolUseEnvironment):
         `tests_passed`."""
         return coding_agent_spec().model_dump(mode="json")
 
+    @classmethod
+    def select_for_sft(cls, records: Sequence[Mapping[str, Any]]) -> tuple[list[int], dict[str, Any]]:
+        """The SFT warm-up keeps the teacher's episodes that solved their task (every hidden test passed) without an
+        error or a malformed tool call, once per (task, final diff): Context-1's recall filter has nothing to read
+        in a coding episode. Counts every drop by reason."""
+        kept: list[int] = []
+        dropped = {"error": 0, "malformed": 0, "unresolved": 0, "duplicate": 0}
+        seen: set[tuple[str, str]] = set()
+        for index, record in enumerate(records):
+            counts = record.get("counts") or {}
+            report = record.get("hidden_tests") or {}
+            key = (str(record.get("task_id")), str(record.get("diff") or ""))
+            if record.get("error"):
+                dropped["error"] += 1
+            elif int(counts.get("malformed_tool_calls", 0)) > 0:
+                dropped["malformed"] += 1
+            elif not report.get("resolved"):
+                dropped["unresolved"] += 1
+            elif key in seen:
+                dropped["duplicate"] += 1
+            else:
+                seen.add(key)
+                kept.append(index)
+        return kept, {"generated": len(records), "kept": len(kept), "dropped": dropped, "rule": "resolved"}
+
     # --- tasks ----------------------------------------------------------------------------------------------------
 
     @classmethod
     def validate_task_row(cls, row: object, *, index: int | None = None) -> Task:
         """A repo_task/v1 row (`workers.coding.task`), or a hand-written one whose repository is inline:
-        `{"repo": {"files": {path: text}}}` instead of `snapshot` (its family defaults to "imported")."""
+        `{"repo": {"files": {path: text}}}` instead of `snapshot` (its family defaults to "imported"). The
+        instruction may be spelled `instruction` (the import format) or `prompt` (the generic task row)."""
+        if isinstance(row, dict) and row.get("prompt") is None and isinstance(row.get("instruction"), str):
+            row = {**row, "prompt": row["instruction"]}
         task = super().validate_task_row(row, index=index)
         cls._parse_repo_task(task.metadata | {"id": task.id, "instruction": _prompt_text(task)}, index=index)
         return task

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import inspect
 import random
+from collections.abc import Mapping
 from typing import Any
 
+from workers.envs import coding_agent, search
 from workers.envs.base import Environment
 from workers.envs.calculator import CalculatorEnv
 from workers.envs.coding import CodingEnv
@@ -17,6 +19,13 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
     cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, CodingEnv, CodingAgentEnv)
 }
 """Every environment a run may name."""
+
+
+def configure_storage(options: Mapping[str, Any]) -> None:
+    """Hand the job's storage options (fsspec: credentials, endpoint) to the environments that read from object
+    storage themselves: search loads its index, coding_agent its repository snapshots. A job calls this once."""
+    search.STORAGE_OPTIONS.update(options)
+    coding_agent.STORAGE_OPTIONS.update(options)
 
 
 def environment_choices() -> list[tuple[str, str]]:

@@ -102,13 +102,12 @@ def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
 
 
 def run(spec: EvalSpec) -> dict[str, Any]:
-    from workers.envs import search
-    from workers.envs.registry import get_environment
+    from workers.envs.registry import configure_storage, get_environment
     from workers.jobs.train import _trajectory_summary
     from workers.rl.rollout import RolloutWorker
 
     config, opts = spec.config, spec.storage_options
-    search.STORAGE_OPTIONS.update(opts)
+    configure_storage(opts)
     started = time.perf_counter()
     with reporter_for(spec) as reporter:
         env_cls = get_environment(config.environment)

@@ -77,29 +77,41 @@ def generate(
 ) -> list[Any]:
     """Phase 1: the teacher's episodes on `rows` (`rollouts_per_task` each), as samples in the student's tokens.
     `progress(tasks_done)` after each batch; `bind(env)` prepares scripted-teacher environments."""
+    from workers.coding.scripted import SCRIPTED_CODING_TEACHER, scripted_coding_rollout
     from workers.models import make_backend
     from workers.models.registry import resolve_base_model
     from workers.rl.rollout import RolloutWorker
     from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent, scripted_rollout
 
     samples: list[Any] = []
-    if config.teacher_model == SCRIPTED_TEACHER:
+    if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_CODING_TEACHER):
         from transformers import AutoTokenizer
 
         from workers.models.base import encode_chat
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
         for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
-            samples += scripted_rollout(
-                ScriptedSearchAgent(),
-                tokenizer,
-                lambda messages: encode_chat(tokenizer, messages),
-                rows,
-                environment=config.environment,
-                env_params=config.env_params,
-                reward=reward,
-                bind=bind,
-            )
+            if config.teacher_model == SCRIPTED_TEACHER:
+                samples += scripted_rollout(
+                    ScriptedSearchAgent(),
+                    tokenizer,
+                    lambda messages: encode_chat(tokenizer, messages),
+                    rows,
+                    environment=config.environment,
+                    env_params=config.env_params,
+                    reward=reward,
+                    bind=bind,
+                )
+            else:
+                samples += scripted_coding_rollout(
+                    tokenizer,
+                    lambda messages: encode_chat(tokenizer, messages),
+                    rows,
+                    environment=config.environment,
+                    env_params=config.env_params,
+                    reward=reward,
+                    bind=bind,
+                )
             if progress is not None:
                 progress(len(rows))
         return samples
@@ -128,15 +140,14 @@ def run(spec: SFTSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workers.envs import search
-    from workers.envs.registry import get_environment
+    from workers.envs.registry import configure_storage, get_environment
     from workers.jobs.train import _trajectory_summary
     from workers.models.registry import resolve_base_model
     from workers.search.metrics import mean_metrics
     from workers.search.rejection import select_trajectories
 
     config, opts = spec.config, spec.storage_options
-    search.STORAGE_OPTIONS.update(opts)
+    configure_storage(opts)
     torch.manual_seed(config.seed)
     with reporter_for(spec) as reporter:
         env_cls = get_environment(config.environment)
@@ -155,14 +166,18 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         generation_seconds = time.perf_counter() - started
         records = [s.trajectory for s in samples]
         teacher_metrics = mean_metrics(s.episode_metrics for s in samples)
-        selected = select_trajectories(records, config.filter)
-        report = selected.report(len(records))
+        own_rule = env_cls.select_for_sft(records)
+        if own_rule is not None:  # the environment's own rule (coding: solved episodes)
+            kept_indices, report = own_rule
+        else:
+            selected = select_trajectories(records, config.filter)
+            kept_indices, report = selected.kept, selected.report(len(records))
         report["teacher_metrics"] = teacher_metrics
         reporter.summary({"sft_filter": report})
-        reporter.log(f"generated {len(records)} trajectories in {generation_seconds:.0f}s; kept {len(selected.kept)}")
+        reporter.log(f"generated {len(records)} trajectories in {generation_seconds:.0f}s; kept {len(kept_indices)}")
         for sample in samples:
             reporter.trajectory(**_trajectory_summary(sample, 0))
-        kept = [samples[i] for i in selected.kept]
+        kept = [samples[i] for i in kept_indices]
         write_bytes(
             f"{spec.output_prefix}/sft/kept.jsonl",
             "".join(json.dumps(s.trajectory) + "\n" for s in kept).encode(),

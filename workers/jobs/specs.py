@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.coding.generate import CodegenParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.rl.config import SamplingConfig, TrainConfig
 from workers.search.index import IndexConfig
@@ -75,7 +76,10 @@ class SFTConfig(BaseModel):
     teacher_model: str = Field(
         default="smollm2-135m-instruct",
         min_length=1,
-        description="Generates the trajectories: a model, or 'scripted-search' (workers.search.teacher) for search",
+        description=(
+            "Generates the trajectories: a model, or a scripted agent: 'scripted-search' (workers.search.teacher) "
+            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent"
+        ),
     )
     base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
     environment: str = Field(default="search", min_length=1)
@@ -166,6 +170,18 @@ class RepoImportSpec(JobSpec):
     test_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
 
 
+class CodegenSpec(JobSpec, CodegenParams):
+    """Repository tasks generated from vendored libraries (workers.coding.generate), each verified in the sandbox."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.codegen"
+    output_uri: str
+    report_uri: str
+    snapshot_root: str = Field(description="Folder URI the kept tasks' snapshots are written to, as <sha256>.tar.gz")
+
+    def params(self) -> CodegenParams:
+        return CodegenParams.model_validate({name: getattr(self, name) for name in CodegenParams.model_fields})
+
+
 JOB_SPECS: tuple[type[JobSpec], ...] = (
     RescoreSpec,
     TrainSpec,
@@ -174,5 +190,6 @@ JOB_SPECS: tuple[type[JobSpec], ...] = (
     BuildIndexSpec,
     DatagenSpec,
     RepoImportSpec,
+    CodegenSpec,
 )
 """Every job a run can execute (a test checks each names an importable entrypoint that parses it)."""

@@ -62,3 +62,27 @@ def test_fine_tuning_raises_the_likelihood_of_the_sampled_tokens_and_not_of_the_
     # The sampled tokens became likelier; the observation tokens were never targets.
     assert (after[trained] - before[trained]).mean() > 1.0
     assert (after[~trained] - before[~trained]).mean() < (after[trained] - before[trained]).mean() / 4
+
+
+def test_the_scripted_coding_teacher_solves_a_task_and_the_environment_keeps_only_solved_episodes_once() -> None:
+    """Phase 1 with `teacher_model: scripted-coding`: the agent's episodes in the student's tokens, then the
+    coding environment's own SFT rule (solved, no error, no malformed call, once per task and diff)."""
+    from tests.apps.coding.test_import import task_row
+    from workers.envs.coding_agent import CodingAgentEnv
+    from workers.jobs.sft import generate
+    from workers.rewards.schema import coding_agent_spec
+
+    config = SFTConfig(
+        teacher_model="scripted-coding",
+        base_model=TINY_LLAMA,
+        environment="coding_agent",
+        env_params={"max_turns": 12},
+        rollouts_per_task=2,
+    )
+    unsolvable = task_row("no-patch", reference_patch=None)  # the agent skips a task it has no patch for
+    samples = generate(config, [task_row(), unsolvable], coding_agent_spec().model_dump(mode="json"))
+    assert [s.task_id for s in samples] == ["clamp-upper", "clamp-upper"]
+    assert all(s.reward > 0.5 and sum(s.loss_mask) > 0 for s in samples)
+    broken = {**samples[0].trajectory, "hidden_tests": {"resolved": False}, "diff": "x"}
+    kept, report = CodingAgentEnv.select_for_sft([s.trajectory for s in samples] + [broken])
+    assert kept == [0] and report["dropped"] == {"error": 0, "malformed": 0, "unresolved": 1, "duplicate": 1}
