@@ -32,8 +32,9 @@ How, in the manner of SWE-smith (repair) and Commit0 (implement):
 
 Drop reasons (the report's keys): "mutation does not parse", "equivalent (no code change)", "duplicate" (the same
 mutated file as an earlier candidate), "function already has a task" (`max_tasks_per_function`), "tests do not
-catch it", "too broad" (more than `max_fail_to_pass` tests fail), "too slow" (the test run hit its time limit),
-"test run failed" (no report came back from the sandbox), "flaky (passes on rerun)", "verification failed".
+catch it", "too broad" (more than `max_fail_to_pass` test functions fail, a parametrized one counting once), "too
+slow" (the test run hit its time limit), "test run failed" (no report came back from the sandbox), "flaky (passes
+on rerun)", "verification failed".
 
 Determinism: candidates are enumerated and shuffled from (sources, params, seed) alone, checked concurrently but
 consumed in queue order, and the run stops at the first `max_tasks` kept in that order, so the same inputs give
@@ -140,7 +141,9 @@ class CodegenParams(BaseModel):
         default=0.15, ge=0.0, le=1.0, description="Share of repair candidates that mutate two functions of a file"
     )
     max_tasks_per_function: int = Field(default=1, ge=1, le=100, description="Kept tasks per function and family")
-    max_fail_to_pass: int = Field(default=40, ge=1, le=10_000, description="More failing tests: dropped, too broad")
+    max_fail_to_pass: int = Field(
+        default=30, ge=1, le=10_000, description="More failing test functions: dropped as too broad"
+    )
     max_pass_to_pass: int = Field(default=20, ge=0, le=1000)
     test_scope: Literal["related", "all"] = Field(
         default="related", description="related: the test files that name the module or function; all: the suite"
@@ -479,6 +482,7 @@ class CandidateOutcome:
     archive: bytes | None = None
     fail_to_pass: int = 0
     seconds: float = 0.0
+    timings: dict[str, float] = field(default_factory=dict)  # seconds of the test run and of the verification
 
     def entry(self) -> dict[str, Any]:
         """The report's line for this candidate."""
@@ -497,6 +501,7 @@ class CandidateOutcome:
             "fail_to_pass": self.fail_to_pass,
             "task_id": self.task.id if self.task is not None else None,
             "seconds": round(self.seconds, 2),
+            "timings": {name: round(value, 2) for name, value in self.timings.items()},
         }
 
 
@@ -504,10 +509,11 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
     """Run the library's related tests on the mutated tree; build, verify and return the task if they catch it."""
     started = time.monotonic()
 
+    timings: dict[str, float] = {}
+
     def dropped(reason: str, detail: str = "", fail_to_pass: int = 0) -> CandidateOutcome:
-        return CandidateOutcome(
-            candidate, reason, detail, fail_to_pass=fail_to_pass, seconds=time.monotonic() - started
-        )
+        elapsed = time.monotonic() - started
+        return CandidateOutcome(candidate, reason, detail, fail_to_pass=fail_to_pass, seconds=elapsed, timings=timings)
 
     path = candidate.mutation.path
     original = library.text(path)
@@ -527,6 +533,7 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
     workspace.write_text(path, mutated)
     limits = params.limits()
     run = run_tests(workspace, scope, limits)
+    timings["tests"] = run.seconds
     if run.timed_out:
         return dropped(TOO_SLOW, f"the tests ran past {params.test_timeout_seconds:g} s")
     if not run.ok:
@@ -535,10 +542,14 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
     failing = [node for node in expected if run.outcomes.get(node) != "passed"]
     if not failing:
         return dropped(NOT_CAUGHT, f"{len(expected)} tests in {len(scope)} file(s) still pass")
-    if len(failing) > params.max_fail_to_pass:
-        return dropped(TOO_BROAD, f"{len(failing)} tests fail (limit {params.max_fail_to_pass})", len(failing))
+    broken = {node.split("[", 1)[0] for node in failing}  # test functions: a parametrized one counts once
+    if len(broken) > params.max_fail_to_pass:
+        detail = f"{len(broken)} test functions fail ({len(failing)} tests; limit {params.max_fail_to_pass})"
+        return dropped(TOO_BROAD, detail, len(failing))
     task, snapshot = build_task(library, candidate, mutated, failing, run, base, params)
+    verifying = time.monotonic()
     verification = verify_task(task, snapshot, limits=limits)
+    timings["verify"] = time.monotonic() - verifying
     if not verification.ok:
         reason = FLAKY if verification.reason.startswith("vacuous") else VERIFY_FAILED
         return dropped(reason, verification.reason[:500], len(failing))
@@ -550,6 +561,7 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
         archive=pack(snapshot.files),
         fail_to_pass=len(failing),
         seconds=time.monotonic() - started,
+        timings=timings,
     )
 
 

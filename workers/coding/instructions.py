@@ -82,8 +82,8 @@ def docstring_summary(docstring: str | None) -> str:
             continue
         paragraph.append(stripped)
     text = " ".join(paragraph)
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)  # reST roles first: :class:`tuple` -> tuple
     text = re.sub(r"``?([^`]+)``?", r"\1", text)
-    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", text)
     match = re.match(r"(.+?[.!?])(\s|$)", text)
     sentence = (match.group(1) if match else text).strip()
     if len(sentence) > _MAX_SUMMARY_CHARS:

@@ -1,0 +1,155 @@
+"""The repository-task generator on a vendored library, in the real sandbox: what it keeps verifies on its own,
+what it drops says why, and the same seed gives the same tasks."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from workers.coding.generate import (
+    DROP_REASONS,
+    EQUIVALENT,
+    NO_PARSE,
+    NOT_CAUGHT,
+    Candidate,
+    CodegenParams,
+    GenerationResult,
+    baseline,
+    candidate_queue,
+    check_candidate,
+    generate_tasks,
+    load_library,
+    related_test_files,
+)
+from workers.coding.instructions import leaked_lines
+from workers.coding.mutations import Edit, Mutation, find_functions, repair_mutations
+from workers.coding.patches import apply_patch
+from workers.coding.task import node_id_file, parse_repo_task_row
+from workers.coding.verify import verify_task
+from workers.coding.workspace import Snapshot, Workspace
+
+# webcolors: the quickest suite of the vendored four (about a second in the sandbox).
+SMALL = {"sources": ["webcolors"], "max_tasks": 2, "max_candidates": 5, "seed": 2, "workers": 2}
+
+
+@pytest.fixture(scope="module")
+def small_run() -> GenerationResult:
+    return generate_tasks(CodegenParams(**SMALL))
+
+
+def _without_timings(report: dict[str, Any]) -> dict[str, Any]:
+    timing = ("seconds", "candidates_per_minute", "median_check_seconds")
+    kept = {k: v for k, v in report.items() if k not in (*timing, "checked", "sources", "params")}
+    kept["params"] = {k: v for k, v in report["params"].items() if k != "workers"}
+    kept["checked"] = [
+        {k: v for k, v in entry.items() if k not in ("seconds", "timings")} for entry in report["checked"]
+    ]
+    return kept
+
+
+def test_kept_tasks_verify_on_their_own_and_never_show_the_hidden_tests(small_run: GenerationResult) -> None:
+    assert 1 <= len(small_run.tasks) <= SMALL["max_tasks"]
+    for task in small_run.tasks:
+        parse_repo_task_row(task.to_row())  # a valid repo_task/v1 row
+        snapshot = Snapshot.from_archive(small_run.snapshots[task.snapshot.sha256])
+        assert snapshot.sha256 == task.snapshot.sha256 and len(snapshot) == task.snapshot.file_count
+        for path in task.hidden_tests.files:
+            assert path not in snapshot  # the agent never sees them
+        assert {node_id_file(n) for n in task.hidden_tests.fail_to_pass} <= set(task.hidden_tests.files)
+        assert len(task.hidden_tests.pass_to_pass) <= 20
+        assert leaked_lines(task.instruction, task.hidden_tests.files) == []
+        assert task.source["library"] == "webcolors" and task.provenance["kind"] == "generated"
+        # The reference patch restores the library's file exactly.
+        library = load_library("webcolors")
+        patched = Workspace(snapshot)
+        [path] = apply_patch(patched, task.reference_patch or "")
+        assert patched.read_text(path) == library.text(path)
+        # An independent check, as the import path does it: fails on the snapshot, passes with the patch.
+        verification = verify_task(task, snapshot)
+        assert verification.ok, verification.reason
+
+
+def test_the_report_accounts_for_every_candidate(small_run: GenerationResult) -> None:
+    report = small_run.report
+    assert report["schema"] == "codegen_report/v1" and report["kept"] == len(small_run.tasks)
+    outcomes = Counter(entry["outcome"] for entry in report["checked"])
+    assert len(report["checked"]) == report["candidates"] <= SMALL["max_candidates"]
+    assert outcomes["kept"] == report["kept"]
+    assert {k: v for k, v in outcomes.items() if k != "kept"} == report["dropped"]
+    assert set(report["dropped"]) <= set(DROP_REASONS)
+    assert report["stopped"] in ("target reached", "candidate limit reached", "candidates exhausted")
+    assert report["per_source"]["webcolors"]["candidates"] == report["candidates"]
+    assert sum(group["kept"] for group in report["per_family"].values()) == report["kept"]
+    baseline_info = report["sources"]["webcolors"]["baseline"]
+    assert baseline_info["passing"] > 400 and baseline_info["unstable"] == 0
+    stats = report["statistics"]
+    assert stats["tasks"] == report["kept"] and stats["cursorbench"]["median_lines_changed"] == 181
+    assert stats["median_lines_changed"] >= 1 and stats["median_instruction_chars"] > 20
+    assert report["candidates_per_minute"] > 0
+
+
+def test_the_same_seed_gives_the_same_tasks_whatever_the_workers(small_run: GenerationResult) -> None:
+    again = generate_tasks(CodegenParams(**{**SMALL, "workers": 1}))
+    assert [t.to_row() for t in again.tasks] == [t.to_row() for t in small_run.tasks]
+    assert _without_timings(again.report) == _without_timings(small_run.report)
+    assert again.snapshots == small_run.snapshots  # byte-identical archives
+
+
+def test_the_candidate_queue_is_seeded_and_spreads_over_families() -> None:
+    library = load_library("webcolors")
+    first = [c.id for c in candidate_queue([library], CodegenParams(sources=["webcolors"], seed=1))]
+    assert first == [c.id for c in candidate_queue([library], CodegenParams(sources=["webcolors"], seed=1))]
+    assert first != [c.id for c in candidate_queue([library], CodegenParams(sources=["webcolors"], seed=2))]
+    assert len(set(first)) == len(first)
+    assert {"-repair-", "-implement-"} == {("-repair-" if "-repair-" in i else "-implement-") for i in first[:2]}
+    only = candidate_queue([library], CodegenParams(sources=["webcolors"], families=["implement"]))
+    assert only and all(c.family == "implement" and c.functions[0].docstring for c in only)
+
+
+def test_related_tests_are_the_modules_own_test_file() -> None:
+    library = load_library("toolz")
+    [candidate] = [
+        c
+        for c in candidate_queue([library], CodegenParams(sources=["toolz"], families=["implement"]))
+        if c.mutation.function == "sliding_window"
+    ]
+    runnable = [p for p in library.test_files if "sandbox" not in p]
+    assert related_test_files(library, candidate, "related", runnable) == ["toolz/tests/test_itertoolz.py"]
+    assert related_test_files(library, candidate, "all", runnable) == runnable
+
+
+def _candidate(library_name: str, path: str, function: str, mutation: Mutation) -> Candidate:
+    library = load_library(library_name)
+    [info] = [f for f in find_functions(path, library.text(path)) if f.name == function]
+    return Candidate(f"probe-{mutation.operator}", library_name, "repair", mutation, (info,))
+
+
+def test_candidates_the_tests_miss_or_that_change_nothing_are_dropped_with_their_reason() -> None:
+    library = load_library("webcolors")
+    params = CodegenParams(sources=["webcolors"])
+    base = baseline(library, params.limits())
+    path = "src/webcolors/_normalization.py"
+    source = library.text(path)
+    [function] = [f for f in find_functions(path, source) if f.name == "_percent_to_integer"]
+    [uncaught] = [m for m in repair_mutations(source, function, ["off_by_one"]) if "`0` -> `-1`" in m.detail]
+    outcome = check_candidate(library, base, _candidate("webcolors", path, function.name, uncaught), params)
+    assert outcome.reason == NOT_CAUGHT and "still pass" in outcome.detail and outcome.task is None
+
+    start = source.index("def _percent_to_integer")
+    spaced = Mutation("compare", path, function.name, 1, "layout only", (Edit(start, start, "\n"),))
+    outcome = check_candidate(library, base, _candidate("webcolors", path, function.name, spaced), params)
+    assert outcome.reason == EQUIVALENT
+
+    broken = Mutation("compare", path, function.name, 1, "broken", (Edit(start, start + 3, "df"),))
+    outcome = check_candidate(library, base, _candidate("webcolors", path, function.name, broken), params)
+    assert outcome.reason == NO_PARSE and "SyntaxError" in outcome.detail
+    assert outcome.entry()["outcome"] == NO_PARSE
+
+
+def test_bad_parameters_name_what_is_known() -> None:
+    with pytest.raises(ValueError, match="unknown source"):
+        CodegenParams(sources=["inflection"])
+    with pytest.raises(ValueError, match="unknown operator"):
+        CodegenParams(operators=["teleport"])
