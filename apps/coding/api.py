@@ -1,6 +1,8 @@
 """Repository-task API (under /api/v1/): import and generation runs.
 
 POST /api/v1/repo-tasks/import/     multipart: target_dataset, file, notes?, keep_valid?        (operator)
+POST /api/v1/repo-tasks/generate/   {"target_dataset": "toolz-tasks", "params": {"sources": ["toolz"]}} (operator)
+GET  /api/v1/repo-tasks/sources/    the vendored libraries the generator mutates                 (viewer)
 GET  /api/v1/repo-tasks/            import and generation runs                                   (viewer)
 GET  /api/v1/repo-tasks/<run id>/   the run, the outcome of its registration and the job's report
 """
@@ -12,18 +14,19 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import FormParser, MultiPartParser
+from rest_framework.parsers import FormParser, JSONParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
-from apps.coding.services import CODEGEN, REPOIMPORT, job_report, repo_import_launch
+from apps.coding.services import CODEGEN, REPOIMPORT, codegen_launch, job_report, repo_import_launch
 from apps.common.routers import AppRouter
 from apps.datasets.services import dataset_file_check_size
 from apps.runs import selectors
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run
+from workers.coding.generate import vendored_sources
 
 
 class ImportSerializer(serializers.Serializer):
@@ -41,6 +44,29 @@ class ImportSerializer(serializers.Serializer):
     )
 
 
+class GenerateSerializer(serializers.Serializer):
+    target_dataset = serializers.CharField(
+        max_length=100, help_text="The repo_tasks dataset that receives the generated tasks (created if missing)"
+    )
+    params = serializers.DictField(
+        required=False,
+        default=dict,
+        error_messages={"not_a_dict": 'must be a JSON object, e.g. {{"sources": ["toolz"]}}, not a {input_type}'},
+        help_text=(
+            "workers.coding.generate.CodegenParams: sources, families (repair, implement), operators, max_tasks, "
+            "max_candidates, seed, test_scope, ...; omitted fields take defaults"
+        ),
+    )
+
+
+class SourceSerializer(serializers.Serializer):
+    name = serializers.CharField()
+    version = serializers.CharField()
+    sha256 = serializers.CharField()
+    license = serializers.CharField()
+    url = serializers.CharField()
+
+
 class RepoTaskRunSerializer(serializers.Serializer):
     run = RunSerializer()
     repo_tasks = serializers.DictField(allow_null=True, help_text="The outcome of registering the kept tasks")
@@ -51,7 +77,7 @@ class RepoTaskRunViewSet(viewsets.GenericViewSet):
     """Reads need `read`; importing and generating need `launch` (operators and admins)."""
 
     serializer_class = RunSerializer
-    capability_map = {"import_tasks": Capability.LAUNCH}
+    capability_map = {"import_tasks": Capability.LAUNCH, "generate": Capability.LAUNCH}
 
     def get_queryset(self) -> QuerySet[Run]:
         return selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN])
@@ -85,6 +111,28 @@ class RepoTaskRunViewSet(viewsets.GenericViewSet):
             user=request_user(request),
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=GenerateSerializer, responses={201: RunSerializer})
+    @action(detail=False, methods=["post"], parser_classes=[JSONParser])
+    def generate(self, request: Request) -> Response:
+        """Generate repository tasks from vendored libraries (repair: a procedural mutation the library's tests
+        catch; implement: a removed function body) in a Ray job; every kept task is verified in the sandbox and the
+        kept ones become the next version of `target_dataset`. The run's page lists kept and dropped by reason."""
+        body = GenerateSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = codegen_launch(
+            target_dataset=body.validated_data["target_dataset"],
+            params=body.validated_data["params"],
+            user=request_user(request),
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(responses=SourceSerializer(many=True))
+    @action(detail=False, methods=["get"], pagination_class=None)
+    def sources(self, request: Request) -> Response:
+        """The libraries the generator mutates: vendored source distributions, each with its tests."""
+        found = vendored_sources()
+        return Response([SourceSerializer(found[name]).data for name in sorted(found)])
 
 
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root

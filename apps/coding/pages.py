@@ -16,10 +16,11 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
-from apps.coding.services import CODEGEN, REPOIMPORT, job_report, repo_import_launch
+from apps.coding.services import CODEGEN, REPOIMPORT, codegen_launch, job_report, repo_import_launch
 from apps.common.errors import validation_messages
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
+from workers.coding.generate import CodegenParams, vendored_sources
 
 SAMPLE_TASKS = 10
 
@@ -62,6 +63,70 @@ def import_new(request: HttpRequest) -> HttpResponse:
     return render(request, "coding/import_new.html", {"errors": errors, "values": values})
 
 
+GENERATE_NUMBERS = ("max_tasks", "max_candidates", "seed", "mutations_per_function", "test_timeout_seconds", "workers")
+
+
+def _generate_params(post: Any) -> dict[str, Any]:
+    """Form values as parameters: blank fields take the defaults; a value that is not a number is passed on as
+    typed, so the typed check names the field."""
+    params: dict[str, Any] = {}
+    if sources := post.getlist("sources"):
+        params["sources"] = sources
+    if families := post.getlist("families"):
+        params["families"] = families
+    for name in GENERATE_NUMBERS:
+        raw = post.get(name, "").strip()
+        if raw:
+            try:
+                params[name] = int(raw) if raw.lstrip("-").isdigit() else float(raw)
+            except ValueError:
+                params[name] = raw
+    return params
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def generate_new(request: HttpRequest) -> HttpResponse:
+    errors: list[str] = []
+    values: dict[str, Any] = {}
+    if request.method == "POST":
+        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        values["sources"] = request.POST.getlist("sources")
+        values["families"] = request.POST.getlist("families")
+        try:
+            run = codegen_launch(
+                target_dataset=request.POST.get("target_dataset", "").strip(),
+                params=_generate_params(request.POST),
+                user=request_user(request),
+            )
+        except ValidationError as exc:
+            errors = validation_messages(exc)
+        else:
+            return redirect("coding:run", run_id=run.pk)
+    defaults = CodegenParams()
+    fields = [
+        {
+            "name": name,
+            "value": values.get(name, getattr(defaults, name)),
+            "help": CodegenParams.model_fields[name].description or "",
+        }
+        for name in GENERATE_NUMBERS
+    ]
+    chosen_sources = values.get("sources") or defaults.sources
+    chosen_families = values.get("families") or defaults.families
+    return render(
+        request,
+        "coding/generate_new.html",
+        {
+            "errors": errors,
+            "values": values,
+            "fields": fields,
+            "sources": [(source, source.name in chosen_sources) for source in vendored_sources().values()],
+            "families": [(family, family in chosen_families) for family in ("repair", "implement")],
+        },
+    )
+
+
 def _sample_rows(version: DatasetVersion) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     with version.file.open("rb") as handle:
@@ -102,6 +167,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
 urlpatterns = [
     path("coding/", index, name="index"),
     path("coding/import/", import_new, name="import"),
+    path("coding/generate/", generate_new, name="generate"),
     path("coding/runs/<int:run_id>/", run_detail, name="run"),
 ]
 

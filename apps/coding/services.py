@@ -19,9 +19,11 @@ from django.core.files.base import ContentFile
 from django.core.files.storage import default_storage
 from django.db import transaction
 from django.utils import timezone
+from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
+from apps.common.errors import pydantic_problems
 from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from apps.datasets.services import dataset_create, dataset_file_check_size, repo_tasks_version_create
@@ -29,6 +31,7 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import storage_uri
 from workers.coding.bundle import BundleError, is_archive, parse_upload
+from workers.coding.generate import CodegenParams
 
 REPOIMPORT = "repoimport"
 CODEGEN = "codegen"
@@ -113,6 +116,43 @@ def repo_import_launch(
         },
         created_by=user,
         progress_total=len(tasks),
+    )
+
+
+def codegen_launch(*, target_dataset: str, params: Any, user: User) -> Run:
+    """A generation run over vendored libraries (`workers.coding.generate.CodegenParams`) into `target_dataset`.
+    Parameters are checked now (a 400 naming `params.<field>`); every kept task is verified in the job."""
+    problems: dict[str, list[str]] = {}
+    if found := target_problems(target_dataset):
+        problems["target_dataset"] = found
+    parsed: CodegenParams | None = None
+    if not isinstance(params, dict):
+        problems["params"] = ['must be a JSON object of generation settings, e.g. {"sources": ["toolz"]}']
+    else:
+        try:
+            parsed = CodegenParams.model_validate(params)
+        except PydanticError as exc:
+            problems.update(pydantic_problems(exc, "params"))
+    if problems or parsed is None:
+        raise ValidationError(problems)
+    chosen = parsed
+
+    def job(run: Run) -> dict[str, Any]:
+        names = job_outputs(run)
+        return {
+            **chosen.model_dump(mode="json"),
+            "output_uri": storage_uri(names["tasks"]),
+            "report_uri": storage_uri(names["report"]),
+            "snapshot_root": snapshot_root(),
+        }
+
+    return run_create(
+        kind=CODEGEN,
+        name=f"generate {chosen.max_tasks} repository tasks from {', '.join(chosen.sources)} into {target_dataset}",
+        job=job,
+        spec={"target_dataset": target_dataset, "params": chosen.model_dump(mode="json"), "keep_valid": True},
+        created_by=user,
+        progress_total=chosen.max_tasks,
     )
 
 

@@ -1,0 +1,85 @@
+"""Repository-task generation in the control plane: the launch (API and page) checks its parameters, the job gets
+exactly its input, and a viewer may read but not launch."""
+
+from __future__ import annotations
+
+import pytest
+
+from apps.coding.services import job_outputs
+from apps.datasets.models import DatasetKind
+from apps.datasets.services import dataset_create
+from apps.runs.models import Run
+from apps.runs.services import worker_spec
+from workers.jobs.specs import CodegenSpec
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def queued(monkeypatch):  # type: ignore[no-untyped-def]
+    runs: list[int] = []
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", runs.append)
+    return runs
+
+
+def post(client_for, role: str = "operator", **body):  # type: ignore[no-untyped-def]
+    return client_for(role).post("/api/v1/repo-tasks/generate/", body, format="json")
+
+
+def test_an_operator_launches_a_generation_run_whose_job_gets_its_parameters_and_outputs(  # type: ignore[no-untyped-def]
+    client_for, queued, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post(client_for, target_dataset="toolz-tasks", params={"sources": ["toolz"], "max_tasks": 5})
+    assert response.status_code == 201, response.content
+    run = Run.objects.get(pk=response.json()["id"])
+    assert queued == [run.pk] and run.kind == "codegen" and run.progress_total == 5
+    spec = CodegenSpec.model_validate(worker_spec(run))
+    assert spec.sources == ["toolz"] and spec.max_tasks == 5
+    assert spec.output_uri.endswith(job_outputs(run)["tasks"]) and spec.snapshot_root.endswith("repo-snapshots")
+
+
+@pytest.mark.parametrize(
+    "params, field, words",
+    [
+        ({"sources": ["inflection"]}, "params.sources", "unknown source"),
+        ({"families": ["rewrite"]}, "params.families.0", "repair"),
+        ({"max_tasks": 0}, "params.max_tasks", "greater than or equal to 1"),
+        ({"operators": ["swap_everything"]}, "params.operators", "unknown operator"),
+        ({"colour": "blue"}, "params.colour", "not permitted"),
+    ],
+)
+def test_bad_parameters_are_a_400_naming_the_field_and_create_nothing(client_for, queued, params, field, words):  # type: ignore[no-untyped-def]
+    response = post(client_for, target_dataset="x-tasks", params=params)
+    assert response.status_code == 400, response.content
+    assert field in response.json()["fields"] and words in str(response.json()["fields"][field]), response.json()
+    assert not Run.objects.exists() and queued == []
+
+
+def test_a_target_dataset_of_another_kind_or_a_bad_name_is_a_400(client_for, users, queued):  # type: ignore[no-untyped-def]
+    dataset_create(name="plain", kind=DatasetKind.TASKS, owner=users["operator"])
+    for name in ("plain", "no spaces please", ""):
+        response = post(client_for, target_dataset=name, params={})
+        assert response.status_code == 400 and "target_dataset" in response.json()["fields"], response.content
+    assert not Run.objects.exists()
+
+
+def test_a_viewer_reads_the_sources_but_cannot_generate(client_for, queued):  # type: ignore[no-untyped-def]
+    assert post(client_for, role="viewer", target_dataset="v-tasks", params={}).status_code == 403
+    sources = client_for("viewer").get("/api/v1/repo-tasks/sources/")
+    assert sources.status_code == 200
+    names = [source["name"] for source in sources.json()]
+    assert len(names) >= 2 and "inflection" not in names and "parse" not in names
+    assert all(len(source["sha256"]) == 64 and source["license"] for source in sources.json())
+
+
+def test_the_generate_page_launches_and_names_a_bad_field(client, users, queued):  # type: ignore[no-untyped-def]
+    client.force_login(users["operator"])
+    page = client.get("/coding/generate/").content.decode()
+    assert "toolz" in page and "Repair" in page
+    refused = client.post("/coding/generate/", {"target_dataset": "p-tasks", "sources": ["toolz"], "max_tasks": "zero"})
+    assert refused.status_code == 200 and "max_tasks" in refused.content.decode() and not Run.objects.exists()
+    made = client.post("/coding/generate/", {"target_dataset": "p-tasks", "sources": ["toolz"], "max_tasks": "3"})
+    run = Run.objects.get(kind="codegen")
+    assert made.status_code == 302 and made["Location"] == f"/coding/runs/{run.pk}/"
+    assert run.spec["params"]["sources"] == ["toolz"] and run.spec["params"]["max_tasks"] == 3
