@@ -57,6 +57,12 @@ class GenerateSerializer(serializers.Serializer):
             "max_candidates, seed, test_scope, ...; omitted fields take defaults"
         ),
     )
+    benchmark = serializers.DictField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text='Also make a held-out benchmark from the kept tasks: {"name": "toolz-bench", "test_fraction": 0.25}',
+    )
 
 
 class SourceSerializer(serializers.Serializer):
@@ -123,6 +129,7 @@ class RepoTaskRunViewSet(viewsets.GenericViewSet):
         run = codegen_launch(
             target_dataset=body.validated_data["target_dataset"],
             params=body.validated_data["params"],
+            benchmark=body.validated_data["benchmark"],
             user=request_user(request),
         )
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)

@@ -93,10 +93,18 @@ def generate_new(request: HttpRequest) -> HttpResponse:
         values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
         values["sources"] = request.POST.getlist("sources")
         values["families"] = request.POST.getlist("families")
+        benchmark: dict[str, Any] | None = None
+        if name := request.POST.get("benchmark_name", "").strip():
+            raw = request.POST.get("test_fraction", "").strip() or "0.25"
+            try:
+                benchmark = {"name": name, "test_fraction": float(raw)}
+            except ValueError:
+                benchmark = {"name": name, "test_fraction": raw}  # the check names it
         try:
             run = codegen_launch(
                 target_dataset=request.POST.get("target_dataset", "").strip(),
                 params=_generate_params(request.POST),
+                benchmark=benchmark,
                 user=request_user(request),
             )
         except ValidationError as exc:

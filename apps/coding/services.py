@@ -119,10 +119,27 @@ def repo_import_launch(
     )
 
 
-def codegen_launch(*, target_dataset: str, params: Any, user: User) -> Run:
+def benchmark_option_problems(benchmark: Any) -> list[str]:
+    """Why a generation's `benchmark` option ({"name", "test_fraction"}: a held-out benchmark made from the kept
+    tasks, apps.benchmarks.services.suites) is malformed ([] when it is well formed)."""
+    if not isinstance(benchmark, dict) or set(benchmark) - {"name", "test_fraction"}:
+        return ['give {"name": "<benchmark>", "test_fraction": 0.25} (test_fraction optional)']
+    if not isinstance(benchmark.get("name"), str) or not SLUG.fullmatch(benchmark["name"]):
+        return ["name: use 1-100 letters, digits, '-' or '_'"]
+    fraction = benchmark.get("test_fraction", 0.25)
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction < 1:
+        return ["test_fraction: a number between 0 and 1 (exclusive), e.g. 0.25"]
+    return []
+
+
+def codegen_launch(*, target_dataset: str, params: Any, user: User, benchmark: Any = None) -> Run:
     """A generation run over vendored libraries (`workers.coding.generate.CodegenParams`) into `target_dataset`.
-    Parameters are checked now (a 400 naming `params.<field>`); every kept task is verified in the job."""
+    Parameters are checked now (a 400 naming `params.<field>`); every kept task is verified in the job. With
+    `benchmark` ({"name", "test_fraction"}), the kept tasks are then split and the test part becomes a held-out
+    benchmark version (excluded from training)."""
     problems: dict[str, list[str]] = {}
+    if benchmark is not None and (found := benchmark_option_problems(benchmark)):
+        problems["benchmark"] = found
     if found := target_problems(target_dataset):
         problems["target_dataset"] = found
     parsed: CodegenParams | None = None
@@ -150,7 +167,12 @@ def codegen_launch(*, target_dataset: str, params: Any, user: User) -> Run:
         kind=CODEGEN,
         name=f"generate {chosen.max_tasks} repository tasks from {', '.join(chosen.sources)} into {target_dataset}",
         job=job,
-        spec={"target_dataset": target_dataset, "params": chosen.model_dump(mode="json"), "keep_valid": True},
+        spec={
+            "target_dataset": target_dataset,
+            "params": chosen.model_dump(mode="json"),
+            "keep_valid": True,
+            **({"benchmark": {"test_fraction": 0.25, **benchmark}} if benchmark is not None else {}),
+        },
         created_by=user,
         progress_total=chosen.max_tasks,
     )

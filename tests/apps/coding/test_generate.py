@@ -3,6 +3,8 @@ exactly its input, and a viewer may read but not launch."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from apps.coding.services import job_outputs
@@ -83,3 +85,75 @@ def test_the_generate_page_launches_and_names_a_bad_field(client, users, queued)
     run = Run.objects.get(kind="codegen")
     assert made.status_code == 302 and made["Location"] == f"/coding/runs/{run.pk}/"
     assert run.spec["params"]["sources"] == ["toolz"] and run.spec["params"]["max_tasks"] == 3
+
+
+def _generated_rows(count: int) -> bytes:
+    from tests.apps.coding.test_import import HIDDEN, PATCH
+    from workers.coding.task import RepoTask
+
+    rows = []
+    for n in range(count):
+        task = RepoTask.model_validate(
+            {
+                "id": f"mathx-repair-{n}",
+                "instruction": "clamp() lets values above the maximum through. Fix it.",
+                "snapshot": {"sha256": f"{n:064x}", "uri": f"file:///nowhere/{n:064x}.tar.gz"},
+                "hidden_tests": {
+                    "files": {"tests/test_clamp.py": HIDDEN},
+                    "fail_to_pass": ["tests/test_clamp.py::test_upper"],
+                },
+                "reference_patch": PATCH,
+                "family": "repair" if n % 2 else "implement",
+                "source": {"library": "mathx", "function": "clamp"},
+                "provenance": {"kind": "generated", "ids": {"run": 1}},
+            }
+        )
+        rows.append(json.dumps(task.to_row(), sort_keys=True) + "\n")
+    return "".join(rows).encode()
+
+
+def test_a_generation_run_that_asks_for_a_benchmark_gets_its_held_out_part_pinned(users, queued, settings, tmp_path):  # type: ignore[no-untyped-def]
+    from django.core.files.base import ContentFile
+    from django.core.files.storage import default_storage
+
+    from apps.benchmarks.models import BenchmarkVersion
+    from apps.benchmarks.services.suites import codegen_heldout_benchmark
+    from apps.coding.services import codegen_launch, repo_tasks_finalize
+    from apps.datasets.models import DatasetVersion
+    from apps.runs.models import RunStatus
+
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "default": {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path)}},
+    }
+    run = codegen_launch(
+        target_dataset="mathx-gen",
+        params={"sources": ["toolz"], "max_tasks": 8},
+        benchmark={"name": "mathx-bench", "test_fraction": 0.25},
+        user=users["operator"],
+    )
+    names = job_outputs(run)
+    default_storage.save(names["tasks"], ContentFile(_generated_rows(8)))
+    default_storage.save(names["report"], ContentFile(json.dumps({"kept": 8, "candidates": 20, "dropped": {}})))
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    repo_tasks_finalize(run_id=run.pk)
+    codegen_heldout_benchmark(run_id=run.pk)
+    codegen_heldout_benchmark(run_id=run.pk)  # idempotent
+    run.refresh_from_db()
+    outcome = run.summary["benchmark"]
+    version = BenchmarkVersion.objects.get(pk=outcome["benchmark_version"])
+    test = DatasetVersion.objects.get(pk=outcome["test_version"])
+    train = DatasetVersion.objects.get(pk=outcome["train_version"])
+    assert version.benchmark.environment == "coding_agent" and version.task_count == test.row_count == 2
+    assert train.row_count == 6 and train.dataset.name == "mathx-gen-train"
+    assert list(version.excluded_training_data.all()) == [test]
+    assert BenchmarkVersion.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "benchmark", [{"name": "bad name"}, {"name": "b", "test_fraction": 1.5}, {"name": "b", "x": 1}]
+)
+def test_a_malformed_benchmark_option_is_a_400(client_for, queued, benchmark):  # type: ignore[no-untyped-def]
+    response = post(client_for, target_dataset="t-tasks", params={}, benchmark=benchmark)
+    assert response.status_code == 400 and "benchmark" in response.json()["fields"], response.content
+    assert not Run.objects.exists()
