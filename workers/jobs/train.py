@@ -6,6 +6,13 @@ AdamW and sends the new weights to the rollout actors (a delta-compressed update
 rollouts of step t+1 are generated while step t trains, and every sample's policy version is checked against
 `max_staleness`. Checkpoints go to object storage every `checkpoint_every` steps and are registered with the
 control plane; a run created with `resume_from` continues the step counter, optimizer, RNG and data order.
+
+Which prompts a step rolls out: by default epochs of a seeded shuffle (`data_order`), every task once per epoch.
+With `upsample_hard` on (Composer 2's hard-data upsampling, `workers.rl.sampling.HardUpsampler`) each step draws
+its prompts with weights from the turns or tokens each task's past rollouts needed: distinct within a step, but a
+task can recur across steps and an easy one can wait longer than an epoch (the trainer never enforced single-epoch
+training: `data_order` cycles epochs). The needs are saved beside each checkpoint (`<checkpoint>.sampling.json`),
+so a resumed run draws as the original would have.
 """
 
 from __future__ import annotations
@@ -32,11 +39,13 @@ from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.rollout import RolloutResult, Sample
-from workers.rl.sampling import FilledBatch, dynamic_sampling_batch
+from workers.rl.sampling import FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
 RESOURCE_WAIT_REPORT_SECONDS = 10.0
+UPSAMPLE_STATE_SUFFIX = ".sampling.json"
+"""Beside a checkpoint: the hard-data upsampler's per-task needs at that step (JSON), read back on resume."""
 
 
 def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
@@ -51,6 +60,16 @@ def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
         out += order[offset : offset + take]
         position += take
     return out
+
+
+def step_prompts(
+    num_rows: int, seed: int, step: int, per_step: int, upsampler: HardUpsampler | None
+) -> tuple[list[int], list[float]]:
+    """`step`'s prompt rows and, with hard-data upsampling, the weights they were drawn with: the data order
+    (`data_order`, every task once per epoch; no weights) when `upsampler` is None, else its weighted draw."""
+    if upsampler is None:
+        return data_order(num_rows, seed, step, per_step), []
+    return upsampler.draw(step, per_step)
 
 
 class _RolloutActor:
@@ -178,8 +197,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             kept = [row for row in rows if str(row.get("id")) not in excluded]
             reporter.log(f"{len(rows) - len(kept)} excluded task(s) left out of training")
             rows = kept
-        for index, row in enumerate(rows, start=1):
-            env_cls.validate_task_row(row, index=index)
+        task_ids = [env_cls.validate_task_row(row, index=index).id for index, row in enumerate(rows, start=1)]
         model_path = str(resolve_base_model(config.base_model))
         settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
         reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {config.algorithm}, mode {config.mode}")
@@ -213,6 +231,18 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             state = ray.get(learner.load_checkpoint.remote(read_bytes(spec.resume_from, opts)))
             start_step = int(state["step"])
             reporter.log(f"resumed from {spec.resume_from} at step {start_step} (policy version {state['version']})")
+        upsample = config.upsample_hard
+        upsampler: HardUpsampler | None = None
+        if upsample.by != "off":
+            upsampler = HardUpsampler(
+                task_ids, by=upsample.by, strength=upsample.strength, max_weight=upsample.max_weight, seed=config.seed
+            )
+            if spec.resume_from:
+                try:
+                    upsampler.load(json.loads(read_bytes(spec.resume_from + UPSAMPLE_STATE_SUFFIX, opts)))
+                    reporter.log(f"upsample_hard: the needs of {len(upsampler.needs.counts)} tasks restored")
+                except (OSError, ValueError) as exc:
+                    reporter.log(f"upsample_hard: no needs stored beside the checkpoint ({exc}); weights start at 1")
         reporter.progress(start_step, config.steps)
         blob, stats, version = ray.get(learner.weight_update.remote())
         blob_ref = ray.put(blob)
@@ -226,9 +256,19 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             schedule = config.beta_schedule
             return schedule.beta(step * per_step // len(rows)) if schedule else None
 
+        orders: dict[int, list[int]] = {}
+        drawn_weights: dict[int, list[float]] = {}
+
+        def step_order(step: int) -> list[int]:
+            """`step`'s prompts: the data order, or the upsampler's weighted draw (drawn once per step, so a
+            regenerated rollout and dynamic sampling see the same rows)."""
+            if step not in orders:
+                orders[step], drawn_weights[step] = step_prompts(len(rows), config.seed, step, per_step, upsampler)
+            return orders[step]
+
         def launch(step: int, order: list[int] | None = None, round_: int = 0) -> list[Any]:
-            """Rollouts of `step`'s prompts (the data order), or of `order` for refill round `round_` (> 0)."""
-            order = data_order(len(rows), config.seed, step, per_step) if order is None else order
+            """Rollouts of `step`'s prompts (`step_order`), or of `order` for refill round `round_` (> 0)."""
+            order = step_order(step) if order is None else order
             futures: list[Any] = []
             at = 0
             for worker, share in zip(rollouts, shares, strict=True):
@@ -254,7 +294,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             results = list(first)
             seconds = [max(r.generation_seconds for r in first)]
 
+            row_weights = upsampler.weights() if upsampler is not None else None
+
             def generate(order: list[int], round_: int) -> list[Sample]:
+                if row_weights is not None:
+                    drawn_weights.setdefault(step, []).extend(row_weights[i] for i in order)
                 extra: list[RolloutResult] = ray.get(launch(step, order, round_))
                 results.extend(extra)
                 seconds.append(max(r.generation_seconds for r in extra))
@@ -266,10 +310,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 num_rows=len(rows),
                 seed=config.seed,
                 step=step,
-                first_rows=data_order(len(rows), config.seed, step, per_step),
+                first_rows=step_order(step),
                 target_groups=per_step,
                 group_size=config.group_size,
                 max_rounds=settings.dynamic_sampling_max_rounds,
+                weights=row_weights,
             )
             if filled.short_groups:
                 reporter.log(
@@ -300,6 +345,13 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             if settings.dynamic_sampling:
                 results, filled, generation_seconds = refill(step, results)
                 batch, samples = filled.samples, filled.generated
+            orders.pop(step, None)
+            sampling_metrics: dict[str, float] = {}
+            if upsampler is not None:
+                # The step's draws are reported with the weights they had; its episodes then update the needs
+                # before the next step's prompts are drawn (in async mode too: the draw comes just below).
+                sampling_metrics = upsampler.metrics(drawn_weights.pop(step, []))
+                upsampler.record(samples)
             if config.mode == "async" and step + 1 < config.steps:
                 pending = launch(step + 1)  # generated with the current weights while this step trains
             metrics = ray.get(learner.train_step.remote(batch))
@@ -318,6 +370,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 pending = launch(step + 1)
             sampled = sum(r.sampled_tokens for r in results)
             metrics.update(sync)
+            metrics.update(sampling_metrics)
             metrics.update({f"env/{k}": v for k, v in mean_metrics(s.episode_metrics for s in samples).items()})
             metrics.update(flag_metrics([s.findings for s in samples], config.detectors))
             beta = f_beta(step)
@@ -355,6 +408,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 blob = ray.get(learner.checkpoint.remote((step + 1) * per_step))
                 uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}.pt"
+                if upsampler is not None:  # before the checkpoint: a checkpoint with its checksum is complete
+                    write_bytes(uri + UPSAMPLE_STATE_SUFFIX, json.dumps(upsampler.state()).encode(), opts)
                 write_checkpoint(uri, blob, opts)
                 reporter.checkpoint(
                     step + 1, uri, {k: last_metrics[k] for k in ("reward_mean", "loss") if k in last_metrics}

@@ -6,6 +6,7 @@ Every default names its source in `Field(description=...)`: the UI shows it as h
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -20,12 +21,22 @@ from workers.rl.algorithms import (
     Algorithm,
     EffectiveSettings,
     LossConfig,
+    SettingRow,
     effective_settings,
     environment_max_turns,
     loss_config,
 )
 
-__all__ = ["Algorithm", "LossConfig", "TrainConfig", "effective_settings", "loss_config_for", "settings_for"]
+__all__ = [
+    "Algorithm",
+    "LossConfig",
+    "TrainConfig",
+    "UpsampleHardConfig",
+    "effective_settings",
+    "loss_config_for",
+    "settings_for",
+]
+
 
 
 class _Strict(BaseModel):
@@ -75,6 +86,40 @@ class BetaSchedule(_Strict):
             return self.end
         t = min(max(epoch, 0), self.epochs - 1) / (self.epochs - 1)
         return self.start + (self.end - self.start) * t
+
+
+class UpsampleHardConfig(_Strict):
+    """Composer 2's hard-data upsampling ("later stages upsample hard data by #turns and thinking tokens",
+    methods.md section 2), off by default: a departure from uniform sampling is the run's choice.
+
+    A task's *need* is what one rollout of it took: its turns (`Sample.num_turns`) or its sampled tokens
+    (`Sample.sampled_tokens`: every token the policy generated, summaries and tool calls included). The trainer
+    keeps the running mean need m_t of each task over its past rollouts, and M, the mean of m_t over the tasks
+    rolled out so far. A task's weight is
+
+        w_t = min(max_weight, 1 + strength * max(0, m_t / M - 1))
+
+    and 1 for a task never rolled out (or when M is 0). Each step draws its prompts without replacement with
+    probabilities proportional to w (`workers.rl.sampling.weighted_order`)."""
+
+    by: Literal["off", "turns", "tokens"] = Field(
+        default="off",
+        description="off: uniform (a seeded shuffle per epoch). turns or tokens: weigh tasks by the turns or sampled "
+        "tokens their past rollouts needed (Composer 2 upsamples hard data in later stages)",
+    )
+    strength: float = Field(
+        default=1.0, ge=0.0, le=100.0, description="How fast the weight grows above the mean need (0: uniform draws)"
+    )
+    max_weight: float = Field(default=4.0, ge=1.0, le=1000.0, description="Cap on a task's weight (1: uniform draws)")
+
+    @property
+    def enabled(self) -> bool:
+        return self.by != "off"
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return "off"
+        return f"by {self.by}, strength {self.strength:g}, max_weight {self.max_weight:g}"
 
 
 class TrainConfig(_Strict):
@@ -159,6 +204,11 @@ class TrainConfig(_Strict):
     overlong_cache_tokens: int | None = Field(
         default=None, ge=1, description="L_cache of the overlong penalty; empty: a fifth of L_max (DAPO: 4096/20480)"
     )
+    upsample_hard: UpsampleHardConfig = Field(
+        default_factory=UpsampleHardConfig,
+        description="Draw each step's prompts with weights that grow with the turns or tokens their past rollouts "
+        "needed (Composer 2's hard-data upsampling); off: uniform",
+    )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     detectors: DetectorConfig = Field(
         default_factory=default_detector_config,
@@ -212,10 +262,27 @@ class TrainConfig(_Strict):
         return self
 
 
+UPSAMPLE_HARD_SOURCE = (
+    "Composer 2 upsamples hard data by #turns and thinking tokens in later stages: a task's weight is "
+    "min(max_weight, 1 + strength * max(0, m / M - 1)), m its rollouts' mean need, M the mean over tasks seen; "
+    "off draws uniformly"
+)
+
+
 def settings_for(config: TrainConfig) -> EffectiveSettings:
     """The run's effective algorithm settings: its method's defaults merged with its overrides
-    (`workers.rl.algorithms.effective_settings`, with the environment's real `max_turns`)."""
-    return effective_settings(config)
+    (`workers.rl.algorithms.effective_settings`, with the environment's real `max_turns`), and how it samples
+    its prompts (`upsample_hard`: a row always, a note when on and the method samples uniformly)."""
+    settings = effective_settings(config)
+    upsample = config.upsample_hard
+    row = SettingRow("upsample_hard", upsample.describe(), upsample.enabled, UPSAMPLE_HARD_SOURCE)
+    notes = settings.notes
+    if upsample.enabled and config.algorithm != "composer":
+        notes += (
+            f"upsample_hard is on ({upsample.describe()}): prompts are drawn with weights that favour tasks whose "
+            f"rollouts needed more {upsample.by}, not uniformly as {config.algorithm}'s source does.",
+        )
+    return dataclasses.replace(settings, rows=(*settings.rows, row), notes=notes)
 
 
 def loss_config_for(config: TrainConfig) -> LossConfig:
