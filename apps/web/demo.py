@@ -19,7 +19,7 @@ from apps.gates.services import gate_create
 from apps.rewards.models import RewardConfig
 from apps.rewards.services import reward_config_create
 from workers.envs.registry import arithmetic_tasks
-from workers.rewards.schema import context1_spec
+from workers.rewards.schema import coding_agent_spec, context1_spec
 from workers.search.corpus import DocumentSource
 from workers.search.stdlib_corpus import stdlib_documents
 
@@ -136,6 +136,15 @@ def _demo_rewards(admin: User) -> None:
             owner=admin,
             notes="beta=4, floor 0, cap at pre-penalty reward",
         )
+    if not RewardConfig.objects.filter(name="composer-coding").exists():
+        reward_config_create(
+            name="composer-coding",
+            description="Composer 2's coding reward: hidden tests all-or-nothing, minus broken tool calls, TODOs left "
+            "in the diff and C4's concave length cost (methods.md section 2)",
+            spec=coding_agent_spec().model_dump(mode="json"),
+            owner=admin,
+            notes="workers.rewards.schema.coding_agent_spec(); k, q and the weights are ours (the source gives none)",
+        )
     if not RewardConfig.objects.filter(name="exact-answer").exists():
         reward_config_create(
             name="exact-answer",
@@ -165,3 +174,57 @@ def _demo_benchmarks(admin: User) -> None:
             max_new_tokens=256,
             owner=admin,
         )
+
+
+CODING_SUITE = "demo-repo-tasks"
+CODING_BENCHMARK = "demo-coding-bench"
+CODING_GATE = "coding-agent-demo"
+
+
+def start_coding_demo() -> str:
+    """The coding agent's demo (issue 17), started by `make run`: a generation run of 60 repository tasks from the
+    vendored libraries, whose held-out quarter becomes the benchmark `demo-coding-bench` (the rest is
+    `demo-repo-tasks-train`); once that benchmark exists, the gate `coding-agent-demo` on it. Idempotent: a
+    generation already done or on its way is not started again. Returns what it did, for the console."""
+    from apps.benchmarks.models import BenchmarkVersion
+    from apps.coding.services import CODEGEN, codegen_launch
+    from apps.runs.models import Run, RunStatus
+
+    admin = _demo_users()[Role.ADMIN]
+    version = BenchmarkVersion.objects.filter(benchmark__name=CODING_BENCHMARK).order_by("-number").first()
+    if version is not None:
+        if Gate.objects.filter(name=CODING_GATE).exists():
+            return f"coding demo: {CODING_BENCHMARK} and the gate {CODING_GATE} are ready"
+        gate_create(
+            name=CODING_GATE,
+            description="Demo gate for the coding agent: a checkpoint ships if it holds pass@1 on the held-out "
+            "generated repository tasks, is not significantly worse than the deployment (also per family) and "
+            "raises few flags",
+            rules=[
+                {"type": "threshold", "benchmark": CODING_BENCHMARK, "metric": "pass@1", "op": ">=", "value": 0.0},
+                {"type": "no_regression", "benchmark": CODING_BENCHMARK, "alpha": 0.05, "slice_by": ["tag"]},
+                {"type": "flag_rate", "detector": "*", "max_rate": 0.2},
+            ],
+            benchmark_versions=[version],
+            requires_approval=True,
+            max_new_tokens=256,
+            owner=admin,
+        )
+        return f"coding demo: created the gate {CODING_GATE} on {version}"
+    pending = (
+        Run.objects.filter(kind=CODEGEN, spec__target_dataset=CODING_SUITE)
+        .exclude(status__in=[RunStatus.FAILED, RunStatus.STOPPED])
+        .first()
+    )
+    if pending is not None:
+        return f"coding demo: generation run {pending.pk} of {CODING_SUITE} is on its way or done"
+    run = codegen_launch(
+        target_dataset=CODING_SUITE,
+        params={"max_tasks": 60, "max_candidates": 400, "seed": 0},
+        benchmark={"name": CODING_BENCHMARK, "test_fraction": 0.25},
+        user=admin,
+    )
+    return (
+        f"coding demo: generation run {run.pk} builds {CODING_SUITE} (60 repository tasks, verified in the sandbox; "
+        f"about 10 minutes) and the held-out benchmark {CODING_BENCHMARK}; start again afterwards for the gate"
+    )

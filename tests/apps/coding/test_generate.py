@@ -157,3 +157,22 @@ def test_a_malformed_benchmark_option_is_a_400(client_for, queued, benchmark):  
     response = post(client_for, target_dataset="t-tasks", params={}, benchmark=benchmark)
     assert response.status_code == 400 and "benchmark" in response.json()["fields"], response.content
     assert not Run.objects.exists()
+
+
+def test_the_coding_demo_starts_one_generation_then_gates_on_its_held_out_benchmark(users, queued):  # type: ignore[no-untyped-def]
+    from apps.accounts.models import Role
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create
+    from apps.gates.models import Gate
+    from apps.web.demo import CODING_BENCHMARK, CODING_GATE, CODING_SUITE, start_coding_demo
+
+    assert "builds demo-repo-tasks" in start_coding_demo()
+    run = Run.objects.get(kind="codegen")
+    assert run.spec["target_dataset"] == CODING_SUITE and run.spec["benchmark"]["name"] == CODING_BENCHMARK
+    assert "on its way" in start_coding_demo() and Run.objects.filter(kind="codegen").count() == 1
+    admin = users[Role.ADMIN]
+    benchmark = benchmark_create(name=CODING_BENCHMARK, environment="coding_agent", owner=admin)
+    rows = [json.loads(line) for line in _generated_rows(2).splitlines()]
+    benchmark_version_create(benchmark=benchmark, tasks=rows, created_by=admin)
+    assert "created the gate" in start_coding_demo()
+    assert Gate.objects.get(name=CODING_GATE).benchmark_versions.count() == 1
+    assert "ready" in start_coding_demo()

@@ -1,13 +1,24 @@
-from django.core.management.base import BaseCommand
+from typing import Any
 
-from apps.web.demo import load_demo
+from django.core.management.base import BaseCommand, CommandParser
+
+from apps.web.demo import load_demo, start_coding_demo
 
 
 class Command(BaseCommand):
-    help = "Load demo users (one per role), a trajectories dataset and the Context-1 reward config. Idempotent."
+    help = (
+        "Load demo users (one per role), datasets, reward configs, benchmarks and gates. Idempotent. --coding also "
+        "starts the coding agent's demo: a generation run of repository tasks and its held-out benchmark (needs the "
+        "Celery worker and Ray, as `make run` has)."
+    )
 
-    def handle(self, *args: object, **options: object) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--coding", action="store_true", help="start (or finish) the coding agent's demo suite")
+
+    def handle(self, *args: Any, **options: Any) -> None:
         creds = load_demo()
+        if options["coding"]:
+            self.stdout.write(start_coding_demo())
         self.stdout.write(self.style.SUCCESS("Demo data ready. Log in at http://127.0.0.1:8000/ as:"))
         for username, password in creds.items():
             self.stdout.write(f"  {username:<9} password: {password}")
