@@ -56,6 +56,12 @@ def rescore_new(request: HttpRequest) -> HttpResponse:
 ALGORITHM_DEFAULTED = ("scale_rewards", "drop_equal_groups", "dynamic_sampling", "overlong_penalty")
 """Form fields whose empty choice keeps the algorithm's own default."""
 
+EMPTY_CHOICE_LABELS = {
+    "algorithm": "(the environment's default; grpo when it has none)",
+    **{name: "(the algorithm's default)" for name in ALGORITHM_DEFAULTED},
+}
+"""What the empty choice of a select means, per field."""
+
 # The form's fields, in the order shown; help text and defaults come from TrainConfig's own Field descriptions.
 TRAIN_FORM_FIELDS = [
     "base_model",
@@ -98,6 +104,10 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
             # Empty means "the algorithm's" (workers.rl.algorithms): the run page shows what it resolved to.
             inner = next(a for a in get_args(info.annotation) if a is not type(None))
             choices = ["", "true", "false"] if inner is bool else ["", *(str(c) for c in get_args(inner))]
+        if leaf == "algorithm":
+            # Empty means "the environment's" (Environment.default_algorithm, resolved by TrainConfig): a run that
+            # names no algorithm on coding_agent gets composer; the run page says where it came from.
+            choices, default = ["", *choices], None
         if leaf == "base_model":
             choices = list(BUILTINS)
         if leaf == "environment":
@@ -113,6 +123,7 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
                 "help": info.description or "",
                 "kind": kind,
                 "choices": choices,
+                "empty_label": EMPTY_CHOICE_LABELS.get(path, ""),
                 "value": values.get(path, "" if default is None else str(default)),
                 "checked": values.get(path, "on" if default is True else "") == "on",
             }

@@ -200,7 +200,10 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         task_ids = [env_cls.validate_task_row(row, index=index).id for index, row in enumerate(rows, start=1)]
         model_path = str(resolve_base_model(config.base_model))
         settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
-        reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {config.algorithm}, mode {config.mode}")
+        algorithm = config.algorithm + (
+            f" (the default of environment {config.algorithm_default_of})" if config.algorithm_default_of else ""
+        )
+        reporter.log(f"{len(rows)} tasks, base model {config.base_model}, {algorithm}, mode {config.mode}")
         reporter.log(
             "effective settings: "
             + ", ".join(f"{row.name}={row.value}" for row in settings.rows)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.models.registry import ModelShape
 from workers.rl.algorithms import (
+    ALGORITHMS,
     DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
     DEFAULT_MAX_COMPLETION_LENGTH,
     METHOD_DEFAULTS,
@@ -33,10 +34,13 @@ __all__ = [
     "TrainConfig",
     "UpsampleHardConfig",
     "effective_settings",
+    "environment_default_algorithm",
     "loss_config_for",
     "settings_for",
 ]
 
+FALLBACK_ALGORITHM: Algorithm = "grpo"
+"""The algorithm of a run that names none, on an environment without a `default_algorithm`."""
 
 
 class _Strict(BaseModel):
@@ -122,6 +126,27 @@ class UpsampleHardConfig(_Strict):
         return f"by {self.by}, strength {self.strength:g}, max_weight {self.max_weight:g}"
 
 
+def environment_default_algorithm(environment: str) -> Algorithm | None:
+    """The algorithm environment `environment` trains with when a run names none (`Environment.default_algorithm`);
+    None for an unknown environment (the environment check names it) or one without a default. Raises ValueError
+    when an environment declares an algorithm that does not exist."""
+    from workers.envs.registry import get_environment
+
+    try:
+        declared = get_environment(environment).default_algorithm
+    except ValueError:
+        return None
+    if declared is None:
+        return None
+    for algorithm in ALGORITHMS:
+        if algorithm == declared:
+            return algorithm
+    raise ValueError(
+        f"environment {environment!r} declares default_algorithm={declared!r}, which is not one of "
+        f"{', '.join(ALGORITHMS)}: fix the environment class"
+    )
+
+
 class TrainConfig(_Strict):
     base_model: str = Field(
         default="smollm2-135m-instruct",
@@ -134,8 +159,14 @@ class TrainConfig(_Strict):
     environment: str = Field(default="exact_answer", min_length=1, description="Episode environment (workers/envs)")
     env_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment")
     algorithm: Algorithm = Field(
-        default="grpo",
-        description="Policy loss and its method's defaults (methods.md section 4; composer: Composer 2 C1/C2)",
+        default=FALLBACK_ALGORITHM,
+        description="Policy loss and its method's defaults (methods.md section 4; composer: Composer 2 C1/C2). "
+        "Empty: the environment's default algorithm (coding_agent: composer), else grpo",
+    )
+    algorithm_default_of: str | None = Field(
+        default=None,
+        description="Filled in when the run names no algorithm and its environment has a default: that "
+        "environment's name (the run page says where the algorithm came from). Not a choice",
     )
     loss: dict[str, Any] = Field(
         default_factory=dict,
@@ -216,6 +247,20 @@ class TrainConfig(_Strict):
         "(workers/detectors); a detector left out runs with its defaults",
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_default_algorithm(cls, data: Any) -> Any:
+        """A run that names no algorithm (absent or null) gets its environment's `default_algorithm` (recorded in
+        `algorithm_default_of`), or grpo when the environment has none. A named algorithm is kept."""
+        if not isinstance(data, dict) or data.get("algorithm") is not None:
+            return data
+        environment = data.get("environment", cls.model_fields["environment"].default)
+        resolved = environment_default_algorithm(environment) if isinstance(environment, str) else None
+        data = {key: value for key, value in data.items() if key not in ("algorithm", "algorithm_default_of")}
+        if resolved is not None:
+            data.update(algorithm=resolved, algorithm_default_of=environment)
+        return data
+
     @field_validator("loss")
     @classmethod
     def _loss_overrides(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
@@ -258,6 +303,11 @@ class TrainConfig(_Strict):
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError(
                 "mode 'async' trains on samples one policy version old: set max_staleness >= 1, or use 'sync'"
+            )
+        if self.algorithm_default_of is not None and self.algorithm_default_of != self.environment:
+            raise ValueError(
+                f"algorithm_default_of={self.algorithm_default_of!r} names another environment than "
+                f"{self.environment!r}: it is filled in when no algorithm is named; leave it out"
             )
         return self
 
