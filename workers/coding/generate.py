@@ -114,6 +114,8 @@ DROP_REASONS = (
     VERIFY_FAILED,
 )
 
+MIN_CHECK_SECONDS = 10.0
+CHECK_SLACK = 5.0  # a candidate's test run may take this many times the pristine suite's
 _PLUGIN = "crucible_codegen_report"
 _PLUGIN_DIR = ".crucible_codegen"
 _REPORT = f"{_PLUGIN_DIR}/report.jsonl"
@@ -148,7 +150,12 @@ class CodegenParams(BaseModel):
     test_scope: Literal["related", "all"] = Field(
         default="related", description="related: the test files that name the module or function; all: the suite"
     )
-    test_timeout_seconds: float = Field(default=30.0, gt=0, le=3600, description="Per sandboxed test run")
+    test_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Per sandboxed test run (a candidate's: at most 5x the pristine suite's)",
+    )
     workers: int = Field(default=2, ge=1, le=64, description="Candidates checked at once")
 
     @field_validator("sources")
@@ -168,8 +175,14 @@ class CodegenParams(BaseModel):
             raise ValueError(f"unknown operator(s) {unknown}; known: {', '.join(REPAIR_OPERATORS)}")
         return list(dict.fromkeys(names))
 
-    def limits(self) -> CommandLimits:
-        return CommandLimits(wall_seconds=self.test_timeout_seconds, cpu_seconds=int(self.test_timeout_seconds) + 1)
+    def limits(self, baseline_seconds: float | None = None) -> CommandLimits:
+        """Limits of one sandboxed test run. Given the pristine suite's time, a candidate's run gets at most
+        CHECK_SLACK times that (and at least MIN_CHECK_SECONDS): a mutation that makes a loop endless costs a
+        worker that long, not the whole `test_timeout_seconds`."""
+        seconds = self.test_timeout_seconds
+        if baseline_seconds is not None:
+            seconds = min(seconds, max(MIN_CHECK_SECONDS, CHECK_SLACK * baseline_seconds))
+        return CommandLimits(wall_seconds=seconds, cpu_seconds=int(seconds) + 1)
 
 
 # --- sources ---------------------------------------------------------------------------------------------------------
@@ -531,11 +544,11 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
     scope = related_test_files(library, candidate, params.test_scope, runnable)
     workspace = Workspace(library.snapshot)
     workspace.write_text(path, mutated)
-    limits = params.limits()
+    limits = params.limits(base.seconds)
     run = run_tests(workspace, scope, limits)
     timings["tests"] = run.seconds
     if run.timed_out:
-        return dropped(TOO_SLOW, f"the tests ran past {params.test_timeout_seconds:g} s")
+        return dropped(TOO_SLOW, f"the tests ran past {limits.wall_seconds:g} s")
     if not run.ok:
         return dropped(RUN_FAILED, run.detail)
     expected = [node for file in scope for node in base.by_file.get(file, [])]

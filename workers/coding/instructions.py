@@ -94,7 +94,9 @@ def docstring_summary(docstring: str | None) -> str:
 def symptom(message: str) -> str:
     """A short description of a failure from pytest's crash message ("" when it shows nothing worth saying)."""
     first = message.strip().splitlines()[0].strip() if message.strip() else ""
-    if not first or _ADDRESS.search(first):
+    if not first or _ADDRESS.search(first) or "{" in first:
+        # An address differs between runs, and so does the order of a set of strings (hash randomisation): the
+        # same task must get the same instruction every time.
         return ""
     if first.startswith("Failed: DID NOT RAISE"):
         raised = re.search(r"<class '(?:[\w.]+\.)?(\w+)'>", first)
@@ -118,7 +120,7 @@ def _tests_phrase(tests: Sequence[str], rng: random.Random) -> str:
         return names[0]
     if len(names) == 2:
         return f"{names[0]} and {names[1]}"
-    return rng.choice([f"{names[0]} and {len(names) - 1} other tests", f"{len(names)} tests (e.g. {names[0]})"])
+    return rng.choice([f"{names[0]} and {len(names) - 1} other tests", f"{len(names)} tests, e.g. {names[0]},"])
 
 
 def _callable(facts: InstructionFacts) -> str:
@@ -141,10 +143,12 @@ def _repair_templates() -> list[Template]:
 
     def test_file_first(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
         files = sorted({short_test_file(t) for t in f.failing_tests})
-        where = files[0] if len(files) == 1 else f"{files[0]} and {len(files) - 1} more test files"
+        more = len(files) - 1
+        where = files[0] if not more else f"{files[0]} and {more} more test {'file' if more == 1 else 'files'}"
         lead = rng.choice(["started failing", "fail now", "are red since the last refactor"])
         guess = rng.choice([f"Probably something in {f.path}.", f"I think it's in {f.path}.", ""])
-        return f"Tests in {where} {lead} ({_tests_phrase(f.failing_tests, rng)}). {guess} Fix the code."
+        failing = _tests_phrase(f.failing_tests, rng).rstrip(",")
+        return f"Tests in {where} {lead} ({failing}). {guess} Fix the code."
 
     def terse(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
         return f"bug in {f.function}: {sym[0]} {sym[1]}"
@@ -169,7 +173,7 @@ def _repair_templates() -> list[Template]:
 def _implement_templates() -> list[Template]:
     def implement_summary(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
         summary = docstring_summary(f.docstring)
-        what = f" ({summary.rstrip('.')})" if summary else ""
+        what = f" ({summary.removesuffix('.') if not summary.endswith('...') else summary})" if summary else ""
         return f"Implement {_callable(f)} in {f.path}{what}. {short_test_file(f.failing_tests[0])} has tests for it."
 
     def stub(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
@@ -186,10 +190,9 @@ def _implement_templates() -> list[Template]:
 
     def tests_first(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
         module = f.path.rsplit("/", 1)[-1]
-        return (
-            f"{_tests_phrase(f.failing_tests, rng)} fail because {f.function} in {module} raises "
-            f"NotImplementedError. Implement it."
-        )
+        verb = "fails" if len({short_test_name(t) for t in f.failing_tests}) == 1 else "fail"
+        tests = _tests_phrase(f.failing_tests, rng)
+        return f"{tests} {verb} because {f.function} in {module} raises NotImplementedError. Implement it."
 
     return [implement_summary, stub, fill_in, tests_first]
 
