@@ -399,6 +399,118 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     assert Run.objects.filter(pk=run.pk, kind="sft").exists()
 
 
+def test_the_coding_agent_runs_from_generated_tasks_through_sft_and_rl_to_a_gate(stack, users, client):
+    """Issue 17's "done when", through the real services with the tiny model: a generation run of repository tasks
+    (mutations of a vendored library, verified in the sandbox) whose held-out part becomes a benchmark; an SFT
+    warm-up on the scripted coding agent's solved episodes; RL with Composer's defaults on the train part, from the
+    warmed-up model; the chained trajectory on its page; and `crucible gate check` on the held-out benchmark."""
+    import subprocess
+
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.models import BenchmarkVersion
+    from apps.datasets.models import DatasetVersion
+    from apps.gates.services import gate_create
+    from apps.rewards.services import reward_config_create
+    from apps.runs.models import Checkpoint
+    from workers.rewards.schema import coding_agent_spec
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-coding", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    generated = api.post(
+        "/repo-tasks/generate/",
+        json={
+            "target_dataset": "e2e-code",
+            "params": {"sources": ["webcolors"], "max_tasks": 4, "max_candidates": 12, "seed": 2},
+            "benchmark": {"name": "e2e-code-bench", "test_fraction": 0.5},
+        },
+    )
+    assert generated.status_code == 201, generated.text
+    run = _wait(generated.json()["id"], lambda r: "benchmark" in r.summary, timeout=400)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    outcome = run.summary["benchmark"]
+    assert "benchmark_version" in outcome, run.summary
+    train = DatasetVersion.objects.get(pk=outcome["train_version"])
+    held_out = BenchmarkVersion.objects.get(pk=outcome["benchmark_version"])
+    assert train.row_count >= 1 and held_out.task_count >= 1
+    assert train.validation_report["statistics"]["median_lines_changed"] >= 1
+    client.force_login(operator)
+    assert "Suite statistics" in client.get(f"/coding/runs/{run.pk}/").content.decode()
+
+    reward = reward_config_create(
+        name="e2e-composer", spec=coding_agent_spec().model_dump(mode="json"), owner=operator
+    ).versions.get()
+    env_params = {"max_turns": 12, "summary_threshold_tokens": 0}
+    sft = api.post(
+        "/runs/",
+        json={
+            "kind": "sft",
+            "dataset_version": train.pk,
+            "reward_version": reward.pk,
+            "config": {
+                "teacher_model": "scripted-coding",
+                "base_model": "tiny-llama-smollm2-tokenizer",
+                "environment": "coding_agent",
+                "env_params": env_params,
+                "epochs": 1,
+                "max_tasks": 2,
+                "rollouts_per_task": 1,
+            },
+        },
+    )
+    assert sft.status_code == 201, sft.text
+    run = _wait(sft.json()["id"], lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    counts = run.summary["sft_filter"]
+    assert counts["rule"] == "resolved" and counts["kept"] >= 1, counts
+    assert run.summary["fine_tuned"] is True
+    warmed = run.summary["model_uri"].removeprefix("file://")
+
+    config = {
+        "base_model": warmed,
+        "environment": "coding_agent",
+        "env_params": {"max_turns": 2, "summary_threshold_tokens": 0},
+        "steps": 1,
+        "prompts_per_step": 1,
+        "group_size": 2,
+        "checkpoint_every": 1,
+        "trajectory_samples_per_step": 2,
+        "sampling": {"max_new_tokens": 8},
+        "compute": {"cpus": 1, "memory_gb": 2},
+    }
+    body = {"kind": "train", "dataset_version": train.pk, "reward_version": reward.pk, "config": config}
+    launched = api.post("/runs/", json=body)
+    assert launched.status_code == 201, launched.text
+    run = _wait(launched.json()["id"], lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    assert run.spec["config"]["algorithm"] == "composer"  # the environment's default: Composer's C1/C2
+    checkpoint = Checkpoint.objects.filter(run=run).order_by("-step").first()
+    assert checkpoint is not None
+    stored = run.trajectories.exclude(storage_uri="").first()
+    assert stored is not None
+    page = client.get(f"/runs/{run.pk}/trajectories/{stored.trajectory_id}/")
+    assert page.status_code == 200 and "hidden" in page.content.decode().lower()
+
+    gate_create(
+        name="e2e-code-gate",
+        rules=[{"type": "threshold", "benchmark": "e2e-code-bench", "metric": "pass@1", "value": 0.0}],
+        benchmark_versions=[held_out],
+        owner=users["admin"],
+        requires_approval=False,
+        max_new_tokens=8,
+    )
+    env = {**os.environ, "CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": token, "PATH": f"{BIN}:{os.environ['PATH']}"}
+    gated = subprocess.run(
+        [str(BIN / "crucible"), "gate", "check", "--gate", "e2e-code-gate", "--checkpoint", str(checkpoint.pk)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    assert gated.returncode == 0, (gated.stdout, gated.stderr)
+    assert "e2e-code-bench" in gated.stdout
+
+
 def _tiny_checkpoint(tmp: Path, step: int, owner):  # type: ignore[no-untyped-def]
     """A real trainer checkpoint of the tiny model (the learner's own format), registered on a training run."""
     from apps.runs.models import Checkpoint, Run

@@ -83,9 +83,9 @@ class _RolloutActor:
     ) -> None:
         import torch
 
-        from workers.envs import search
+        from workers.envs.registry import configure_storage
 
-        search.STORAGE_OPTIONS.update(storage_options or {})  # the search environment loads its index with them
+        configure_storage(storage_options or {})  # search loads its index, coding_agent its snapshots with them
 
         from workers.models import make_backend
         from workers.rl.rollout import RolloutWorker
