@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from workers.coding.archive import content_hash, pack, unpack
 from workers.coding.execute import CommandLimits, CommandResult, run_command
@@ -160,8 +160,11 @@ class CodegenParams(BaseModel):
 
     @field_validator("sources")
     @classmethod
-    def _known_sources(cls, names: list[str]) -> list[str]:
-        known = vendored_sources()
+    def _known_sources(cls, names: list[str], info: ValidationInfo) -> list[str]:
+        # A caller with sources of its own (generate_tasks(sources_dir=...)) validates with that folder in the
+        # context: CodegenParams.model_validate(data, context={"sources_dir": folder}).
+        folder = (info.context or {}).get("sources_dir", SOURCES_DIR)
+        known = vendored_sources(Path(folder))
         unknown = [name for name in names if name not in known]
         if unknown:
             raise ValueError(f"unknown source(s) {unknown}; vendored: {', '.join(sorted(known))}")
@@ -202,8 +205,15 @@ class LibrarySource:
     tests: tuple[str, ...]  # globs of the test files
 
 
+# What an entry without "tests" or "mutable" gets: pytest's default test file names, and every other module but
+# packaging, documentation and configuration files.
+DEFAULT_TESTS = ("test_*.py", "*/test_*.py", "*_test.py", "tests.py", "*/tests.py")
+DEFAULT_MUTABLE = ("*.py",)
+_NEVER_MUTATED = ("setup.py", "conftest.py", "*/conftest.py", "noxfile.py", "docs/*", "doc/*", "*/_version.py")
+
+
 def vendored_sources(directory: Path = SOURCES_DIR) -> dict[str, LibrarySource]:
-    """The manifest's libraries by name."""
+    """The manifest's libraries by name (`tests` and `mutable` may be left out: DEFAULT_TESTS, DEFAULT_MUTABLE)."""
     manifest = json.loads((directory / MANIFEST).read_text())
     return {
         entry["name"]: LibrarySource(
@@ -211,10 +221,10 @@ def vendored_sources(directory: Path = SOURCES_DIR) -> dict[str, LibrarySource]:
             version=entry["version"],
             filename=entry["filename"],
             sha256=entry["sha256"],
-            license=entry["license"],
-            url=entry["url"],
-            mutable=tuple(entry["mutable"]),
-            tests=tuple(entry["tests"]),
+            license=entry.get("license", ""),
+            url=entry.get("url", ""),
+            mutable=tuple(entry.get("mutable", DEFAULT_MUTABLE)),
+            tests=tuple(entry.get("tests", DEFAULT_TESTS)),
         )
         for entry in manifest["sources"]
     }
@@ -247,7 +257,15 @@ def load_library(name: str, directory: Path = SOURCES_DIR) -> Library:
         raise ValueError(f"{source.filename} has sha256 {digest}, not the manifest's {source.sha256}")
     files = unpack(data, strip_top=True)
     tests = sorted(p for p in files if _matches(p, source.tests))
-    mutable = sorted(p for p in files if p.endswith(".py") and _matches(p, source.mutable) and p not in tests)
+    mutable = sorted(
+        p
+        for p in files
+        if p.endswith(".py")
+        and _matches(p, source.mutable)
+        and p not in tests
+        and not _matches(p, _NEVER_MUTATED)
+        and not any(part in ("tests", "test") for part in PurePosixPath(p).parts[:-1])
+    )
     return Library(source, files, tests, mutable, Snapshot.from_files(files))
 
 

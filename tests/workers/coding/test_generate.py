@@ -3,14 +3,19 @@ what it drops says why, and the same seed gives the same tasks."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from workers.coding.archive import pack
 from workers.coding.generate import (
     DROP_REASONS,
     EQUIVALENT,
+    FUNCTION_TAKEN,
     NO_PARSE,
     NOT_CAUGHT,
     Candidate,
@@ -153,3 +158,71 @@ def test_bad_parameters_name_what_is_known() -> None:
         CodegenParams(sources=["inflection"])
     with pytest.raises(ValueError, match="unknown operator"):
         CodegenParams(operators=["teleport"])
+
+
+MATHX = '''\
+"""A tiny library for the generator's own tests."""
+
+
+def clamp(x, lo, hi):
+    """Clamp x into the closed interval [lo, hi]."""
+    if x < lo:
+        return lo
+    if x > hi:
+        return hi
+    return x
+
+
+def untested(x):
+    """Nothing checks this."""
+    return x + 1
+'''
+MATHX_TESTS = """\
+from mathx import clamp
+
+
+def test_inside():
+    assert clamp(2, 0, 5) == 2
+
+
+def test_below():
+    assert clamp(-1, 0, 5) == 0
+
+
+def test_above():
+    assert clamp(9, 0, 5) == 5
+"""
+
+
+def test_a_library_of_ones_own_needs_only_a_manifest_entry(tmp_path: Path) -> None:
+    """How a library outside sources/ is used (an independent check): an sdist and a manifest naming it; the
+    test and mutable files default to pytest's names and every other module."""
+    data = pack({"mathx-1.0/mathx/__init__.py": MATHX, "mathx-1.0/tests/test_mathx.py": MATHX_TESTS})
+    (tmp_path / "mathx-1.0.tar.gz").write_bytes(data)
+    entry = {
+        "name": "mathx",
+        "version": "1.0",
+        "filename": "mathx-1.0.tar.gz",
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps({"sources": [entry]}))
+    with pytest.raises(ValueError, match="unknown source"):
+        CodegenParams(sources=["mathx"])
+    params = CodegenParams.model_validate(
+        {"sources": ["mathx"], "max_tasks": 50, "seed": 0, "multi_function_share": 0.0, "mutations_per_function": 50},
+        context={"sources_dir": tmp_path},
+    )
+    result = generate_tasks(params, sources_dir=tmp_path)
+    report = result.report
+    assert report["sources"]["mathx"]["mutable_files"] == ["mathx/__init__.py"]
+    assert report["stopped"] == "candidates exhausted" and report["kept"] == len(result.tasks) == 2
+    families = {(task.family, task.source["function"]) for task in result.tasks}
+    assert families == {("repair", "clamp"), ("implement", "clamp")}  # one task per function and family
+    untested = [e for e in report["checked"] if e["function"] == "untested"]
+    assert untested and {e["outcome"] for e in untested} == {NOT_CAUGHT}
+    assert report["dropped"][FUNCTION_TAKEN] >= 1
+    for task in result.tasks:
+        assert task.hidden_tests.files == {"tests/test_mathx.py": MATHX_TESTS}
+        assert set(task.hidden_tests.fail_to_pass) | set(task.hidden_tests.pass_to_pass) <= {
+            f"tests/test_mathx.py::test_{name}" for name in ("inside", "below", "above")
+        }
