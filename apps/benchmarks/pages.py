@@ -13,6 +13,8 @@ from apps.benchmarks import selectors
 from apps.benchmarks.models import Benchmark, BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
 from apps.runs.models import TaskResult
+from workers.coding.stats import suite_statistics
+from workers.envs.registry import ENVIRONMENTS
 
 app_name = "benchmarks"
 
@@ -31,11 +33,16 @@ def version_detail(request: HttpRequest, version_id: int) -> HttpResponse:
     evals = version.evals.select_related("run", "checkpoint", "benchmark_version__benchmark").order_by("-created_at")[
         :50
     ]
+    statistics = None
+    environment = ENVIRONMENTS.get(version.benchmark.environment)
+    if environment is not None and environment.dataset_kind == "repo_tasks":  # repository tasks: the suite's shape
+        statistics = suite_statistics(version.tasks.values_list("payload", flat=True))
     return render(
         request,
         "benchmarks/version.html",
         {
             "version": version,
+            "statistics": statistics,
             "tasks": tasks[:200],
             "evals": evals,
             "excluded": version.excluded_training_data.select_related("dataset"),

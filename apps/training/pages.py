@@ -22,6 +22,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Run
 from apps.training import services
 from workers.envs.registry import environment_choices
+from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
 from workers.rl.config import ComputeRequest, LoraConfig, SamplingConfig, TrainConfig
 
@@ -109,7 +110,7 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
             # names no algorithm on coding_agent gets composer; the run page says where it came from.
             choices, default = ["", *choices], None
         if leaf == "base_model":
-            choices = list(BUILTINS)
+            choices = [*BUILTINS, *fine_tuned_models()]
         if leaf == "environment":
             choices = [name for name, _ in environment_choices()]
         kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")
@@ -199,6 +200,97 @@ def train_new(request: HttpRequest) -> HttpResponse:
     )
 
 
+def fine_tuned_models(limit: int = 20) -> list[str]:
+    """The models SFT warm-ups fine-tuned (their directories), newest first: what an RL run starts from after a
+    warm-up, offered beside the built-in models."""
+    runs = Run.objects.filter(kind="sft", status="succeeded").order_by("-pk")[:limit]
+    paths = []
+    for run in runs:
+        uri = (run.summary or {}).get("model_uri") or ""
+        if uri.startswith("file://"):
+            paths.append(uri.removeprefix("file://"))
+    return paths
+
+
+SFT_NUMBERS = ("epochs", "max_tasks", "rollouts_per_task", "learning_rate", "seed")
+
+
+def _sft_config_from_post(post: Any) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for name in ("teacher_model", "base_model", "environment"):
+        if value := post.get(name, "").strip():
+            config[name] = value
+    for name in SFT_NUMBERS:
+        if raw := post.get(name, "").strip():
+            config[name] = raw  # SFTConfig parses the number and names the field when it is not one
+    if text := post.get("env_params", "").strip():
+        try:
+            config["env_params"] = json.loads(text)
+        except ValueError as exc:
+            raise ValidationError({"config.env_params": [f"not valid JSON ({exc}); write an object like {{}}"]})
+    return config
+
+
+@needs(Capability.LAUNCH)
+@require_http_methods(["GET", "POST"])
+def sft_new(request: HttpRequest) -> HttpResponse:
+    """The SFT warm-up's launch form: a teacher (a model, or the scripted agent of the environment) plays the
+    tasks, its episodes are filtered, the base model is fine-tuned on the kept ones (services.run_launch_sft)."""
+    versions = DatasetVersion.objects.filter(
+        dataset__kind__in=[DatasetKind.TASKS, DatasetKind.REPO_TASKS]
+    ).select_related("dataset")
+    corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
+    rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
+    errors: list[str] = []
+    values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
+    if request.method == "POST":
+        try:
+            dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
+            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+        except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
+            errors.append("pick a tasks dataset version and a reward config version")
+        else:
+            corpus_id = request.POST.get("corpus_version", "")
+            try:
+                run = services.run_launch_sft(
+                    created_by=request_user(request),
+                    dataset_version=dataset_version,
+                    reward_version=reward_version,
+                    config=_sft_config_from_post(request.POST),
+                    name=request.POST.get("name", "")[:200],
+                    corpus_version=corpora.filter(pk=int(corpus_id)).first() if corpus_id.isdigit() else None,
+                )
+            except ValidationError as exc:
+                errors = validation_messages(exc)
+            else:
+                return redirect("runs:detail", run_id=run.pk)
+    defaults = SFTConfig()
+    numbers = [
+        {
+            "name": name,
+            "value": values.get(name, getattr(defaults, name)),
+            "help": SFTConfig.model_fields[name].description or "",
+        }
+        for name in SFT_NUMBERS
+    ]
+    return render(
+        request,
+        "runs/sft_new.html",
+        {
+            "versions": versions,
+            "rewards": rewards,
+            "corpora": corpora,
+            "errors": errors,
+            "values": values,
+            "numbers": numbers,
+            "teachers": [*services.SCRIPTED_TEACHERS, *BUILTINS],
+            "base_models": [*BUILTINS, *fine_tuned_models()],
+            "environments": [name for name, _ in environment_choices()],
+            "defaults": defaults,
+        },
+    )
+
+
 @needs(Capability.LAUNCH)
 @require_POST
 def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -216,5 +308,6 @@ app_name = "training"
 urlpatterns = [
     route("runs/new/rescore/", rescore_new, name="rescore-new"),
     route("runs/new/train/", train_new, name="train-new"),
+    route("runs/new/sft/", sft_new, name="sft-new"),
     route("runs/<int:run_id>/resume/", run_resume_view, name="resume"),
 ]

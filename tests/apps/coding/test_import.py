@@ -241,7 +241,7 @@ def test_the_pages_show_the_runs_the_form_and_the_report(client, users, queued):
 
 
 def test_an_imported_suite_splits_into_a_held_out_coding_benchmark_sliced_by_family_and_source(
-    client_for, users, queued
+    client_for, client, users, queued
 ):  # type: ignore[no-untyped-def]
     rows = [task_row(f"clamp-{n}", source={"library": "mathx", "function": "clamp"}) for n in range(2)]
     run = repo_import_launch(
@@ -262,4 +262,7 @@ def test_an_imported_suite_splits_into_a_held_out_coding_benchmark_sliced_by_fam
     )
     assert made.status_code == 201, made.content
     task = BenchmarkTask.objects.get(version_id=made.json()["id"])
+    client.force_login(users["viewer"])
+    page = client.get(f"/benchmarks/versions/{made.json()['id']}/").content.decode()
+    assert "Suite statistics" in page and "CursorBench" in page
     assert {"family:imported", "source:mathx"} <= set(task.tags) and task.source_ref == "mathx clamp"
