@@ -178,6 +178,7 @@ def untested(x):
     return x + 1
 '''
 MATHX_TESTS = """\
+import pytest
 from mathx import clamp
 
 
@@ -191,6 +192,12 @@ def test_below():
 
 def test_above():
     assert clamp(9, 0, 5) == 5
+
+
+# Ids numbered in the order of a set of strings: they change with each run's hash seed, so no task may name them.
+@pytest.mark.parametrize("name,box", [(name, [name]) for name in {"alpha", "beta", "gamma", "delta", "epsilon"}])
+def test_inside_by_name(name, box):
+    assert clamp(len(name), 0, 10) == len(box[0])
 """
 
 
@@ -215,6 +222,9 @@ def test_a_library_of_ones_own_needs_only_a_manifest_entry(tmp_path: Path) -> No
     result = generate_tasks(params, sources_dir=tmp_path)
     report = result.report
     assert report["sources"]["mathx"]["mutable_files"] == ["mathx/__init__.py"]
+    baseline_info = report["sources"]["mathx"]["baseline"]
+    # The five shifting ids of each run are left out (the union over the runs holds more than five).
+    assert baseline_info["passing"] == 3 and baseline_info["unstable"] >= 5 and baseline_info["failing_in_sandbox"] == 0
     assert report["stopped"] == "candidates exhausted" and report["kept"] == len(result.tasks) == 2
     families = {(task.family, task.source["function"]) for task in result.tasks}
     assert families == {("repair", "clamp"), ("implement", "clamp")}  # one task per function and family
