@@ -257,7 +257,9 @@ def test_pages_require_login_and_launch_pages_require_the_launch_role(client, us
     assert client.get("/").status_code == 200
     assert client.get("/datasets/").status_code == 200
     expected = 200 if role in (Role.OPERATOR, Role.ADMIN) else 403
-    assert client.get("/runs/new/rescore/").status_code == expected
+    for page in ("/runs/new/rescore/", "/runs/new/train/", "/runs/new/sft/", "/coding/import/", "/coding/generate/"):
+        assert client.get(page).status_code == expected, page
+    assert client.get("/coding/").status_code == 200
 
 
 DETAIL_READS = [
