@@ -95,6 +95,7 @@ def test_the_report_accounts_for_every_candidate(small_run: GenerationResult) ->
     assert report["candidates_per_minute"] > 0
 
 
+@pytest.mark.slow  # a second generation run (tens of seconds); make test-slow runs it
 def test_the_same_seed_gives_the_same_tasks_whatever_the_workers(small_run: GenerationResult) -> None:
     again = generate_tasks(CodegenParams(**{**SMALL, "workers": 1}))
     assert [t.to_row() for t in again.tasks] == [t.to_row() for t in small_run.tasks]

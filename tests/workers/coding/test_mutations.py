@@ -226,6 +226,7 @@ def test_two_functions_combine_into_one_candidate() -> None:
         combine([first, Mutation("compare", "other.py", "g", 1, "", ())])
 
 
+@pytest.mark.slow  # tens of seconds; the default suite keeps a check of each operator
 def test_every_mutation_of_the_vendored_libraries_parses() -> None:
     """Sites of every operator on every mutable file of the vendored sdists (no sandbox: pure text); the generator
     judges a mutation on the function's own lines, this checks the whole module still parses."""
