@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
 
 from workers.detectors.base import Severity
+from workers.realtime.records import SESSION_ID_MAX, TurnRecord
 
 
 class _Event(BaseModel):
@@ -118,6 +119,17 @@ class FlagEvent(_Event):
     step: int = Field(default=0, ge=0)
 
 
+class SessionTurnEvent(_Event):
+    """One completion a serving run produced (workers.serving), recorded as a turn of the client's session.
+    The control plane stores one turn per (serve run, `turn.request_id`)."""
+
+    kind: Literal["session_turn"]
+    session_id: str = Field(min_length=1, max_length=SESSION_ID_MAX)
+    task_type: str = Field(default="", max_length=100)
+    token_id: int | None = Field(default=None, description="The ApiToken that called (its owner is the user)")
+    turn: TurnRecord
+
+
 class SummaryEvent(_Event):
     kind: Literal["summary"]
     data: dict[str, Any]
@@ -143,6 +155,7 @@ Event = Annotated[
     | CheckpointEvent
     | TaskResultEvent
     | FlagEvent
+    | SessionTurnEvent
     | SummaryEvent
     | EndEvent,
     Field(discriminator="kind"),

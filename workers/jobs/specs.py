@@ -182,6 +182,76 @@ class CodegenSpec(JobSpec, CodegenParams):
         return CodegenParams.model_validate({name: getattr(self, name) for name in CodegenParams.model_fields})
 
 
+class ServeSpec(JobSpec):
+    """A serving run (workers.serving): an OpenAI-compatible Chat Completions endpoint on Ray Serve for what the
+    control plane names as its target (a gate's current deployment, two deployments in an A/B split, or one
+    checkpoint), hot-swapped by the delta weight sync when the target changes, recording every completion as a
+    session turn. Long-lived: it ends when the run is cancelled."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.serve"
+    model_name: str = Field(min_length=1, max_length=100, description="The `model` clients ask for (404 otherwise)")
+    base_model: str = Field(min_length=1, description="The model the checkpoints were trained from")
+    control_url: str = Field(
+        description="The run's serving control API: <control_url>target/, <control_url>keys/verify/"
+    )
+    route_prefix: str = Field(pattern=r"^/[A-Za-z0-9_/-]*$", description="Where the app mounts: <prefix>/v1/...")
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8100, ge=1, le=65535)
+    replicas: int = Field(default=1, ge=1, le=64, description="Replicas per arm")
+    backend: str = Field(default="transformers", pattern="^(transformers|vllm)$")
+    threads: int = Field(default=1, ge=1, le=512, description="CPU threads per replica (transformers)")
+    max_new_tokens: int = Field(default=512, ge=1, le=32_768, description="Cap on a request's max_tokens")
+    max_context: int = Field(default=8192, ge=16, le=1_048_576, description="Prompt tokens refused above this")
+    poll_seconds: float = Field(default=2.0, gt=0, le=300, description="How often the target is read")
+    key_cache_seconds: float = Field(default=30.0, ge=0, le=3600, description="How long a verified key is trusted")
+    record: bool = Field(default=True, description="Record every completion as a session turn")
+
+
+class SimulateSpec(JobSpec):
+    """Simulated users (workers.simulator): each plays coding sessions against a serving run through the `openai`
+    client, applies the agent's edits, runs the hidden tests and posts the feedback an editor plug-in would."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.simulate"
+    base_url: str = Field(description="The serving endpoint's OpenAI base URL (ends in /v1)")
+    model_name: str = Field(min_length=1)
+    feedback_url: str = Field(
+        description="The control plane's API root for feedback: <feedback_url>sessions/{id}/feedback/"
+    )
+    tasks_uri: str = Field(description="A repo_tasks dataset version's rows (JSONL)")
+    sessions: int = Field(default=8, ge=1, le=100_000, description="Sessions to play")
+    concurrency: int = Field(default=2, ge=1, le=256, description="Sessions in flight at once")
+    max_turns: int = Field(default=6, ge=1, le=200, description="Agent turns per session")
+    max_tokens: int = Field(default=256, ge=1, le=32_768, description="max_tokens of each request")
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    noise: float = Field(default=0.0, ge=0.0, le=1.0, description="Chance a user's feedback is flipped")
+    tolerates_questions: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of users who never complain about a clarifying question (a reward-hack opportunity)",
+    )
+    seed: int = Field(default=0, ge=0)
+
+
+class SessionTrainSpec(JobSpec):
+    """One real-time RL update (workers.realtime.train): a single epoch over recorded sessions, from the deployed
+    checkpoint, with the recorded log-probabilities as the behaviour policy and a baseline for ungrouped samples."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.session_train"
+    sessions_uri: str = Field(description="A session/v1 dataset version's rows (JSONL)")
+    reward: dict[str, Any] = Field(description="A session reward spec (holds a session_feedback term)")
+    output_prefix: str
+    base_model: str = Field(min_length=1)
+    checkpoint_uri: str | None = Field(default=None, description="The deployed checkpoint to start from")
+    config: TrainConfig
+    baseline: str = Field(
+        default="batch_mean",
+        pattern="^(batch_mean|task_type_mean|none)$",
+        description="Sessions have no groups of G: the baseline subtracted from each sample's reward",
+    )
+    max_samples: int = Field(default=4096, ge=1, le=1_000_000, description="Turns trained on at most (newest kept)")
+
+
 JOB_SPECS: tuple[type[JobSpec], ...] = (
     RescoreSpec,
     TrainSpec,
@@ -191,5 +261,8 @@ JOB_SPECS: tuple[type[JobSpec], ...] = (
     DatagenSpec,
     RepoImportSpec,
     CodegenSpec,
+    ServeSpec,
+    SimulateSpec,
+    SessionTrainSpec,
 )
 """Every job a run can execute (a test checks each names an importable entrypoint that parses it)."""
