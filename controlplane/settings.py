@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "apps.review",
     "apps.search",
     "apps.coding",
+    "apps.realtime",
     "apps.training",
     "apps.web",
 ]

@@ -1,0 +1,3 @@
+"""Served sessions, their turns and their feedback (helper CONTROL fills this in)."""
+
+__all__: list[str] = []
