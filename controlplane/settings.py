@@ -132,6 +132,11 @@ CELERY_BEAT_SCHEDULE = {
     },
     # Puts newly ingested flags into the review queues that match them (apps/review/tasks.py).
     "review-queues-sync": {"task": "apps.review.tasks.review_queues_sync", "schedule": 60.0},
+    # Advances every real-time RL loop's cycle: collect, train, evaluate and gate, deploy (apps/realtime/tasks.py).
+    "realtime-loops-tick": {
+        "task": "apps.realtime.tasks.realtime_loops_tick",
+        "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
+    },
 }
 
 # Ray: the same code targets the local head or a remote cluster's dashboard (Jobs API) address.

@@ -32,6 +32,7 @@ from workers.search.corpus import (
     parse_documents_zip,
     validate_canonical,
 )
+from workers.realtime.records import SESSION_FORMAT, SessionRecord
 from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
 from workers.trajectories import parse_trajectories_jsonl
 
@@ -55,6 +56,8 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
         return row_count, report
     if kind == DatasetKind.REPO_TASKS:
         return _repo_task_rows(data)
+    if kind == DatasetKind.SESSIONS:
+        return _session_rows(data)
     # Other kinds get their schemas in later issues; for now any non-empty JSONL of objects is accepted.
     rows = 0
     bad: list[str] = []
@@ -103,6 +106,53 @@ def _repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
         raise ValidationError({"file": ["the file holds no repository tasks"]})
     report = {"rows": len(parsed), "errors": 0, "schema": REPO_TASK_SCHEMA, "statistics": suite_statistics(parsed)}
     return len(parsed), report
+
+
+def _session_rows(data: bytes) -> tuple[int, dict[str, object]]:
+    """Every line a `session/v1` record (workers.realtime.records.SessionRecord): served turns and their feedback."""
+    from pydantic import ValidationError as PydanticError
+
+    rows, turns, with_feedback = 0, 0, 0
+    bad: list[str] = []
+    for number, line in enumerate(data.splitlines(), start=1):
+        if not line.strip():
+            continue
+        rows += 1
+        try:
+            record = SessionRecord.model_validate_json(line)
+        except PydanticError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "row"
+            bad.append(f"line {number}: {where}: {first['msg']}")
+            if len(bad) >= 50:
+                break
+            continue
+        turns += len(record.turns)
+        with_feedback += bool(record.feedback)
+    if bad:
+        raise ValidationError({"file": bad})
+    if rows == 0:
+        raise ValidationError({"file": [f"the file holds no sessions; one {SESSION_FORMAT} object per line"]})
+    return rows, {"rows": rows, "errors": 0, "schema": SESSION_FORMAT, "turns": turns, "with_feedback": with_feedback}
+
+
+def sessions_version_create(
+    *, dataset: Dataset, data: bytes, created_by: User, notes: str = "", report: Mapping[str, Any] | None = None
+) -> DatasetVersion:
+    """The next version of a sessions dataset from served sessions a real-time RL cycle froze (apps.realtime)."""
+    if dataset.kind != DatasetKind.SESSIONS:
+        raise ValidationError({"dataset": [f"{dataset.name} holds {dataset.kind}, not sessions"]})
+    dataset_file_check_size(len(data))
+    row_count, checked = _session_rows(data)
+    return _version_store(
+        dataset=dataset,
+        data=data,
+        row_count=row_count,
+        report={**(report or {}), **checked},
+        filename="sessions.jsonl",
+        created_by=created_by,
+        notes=notes,
+    )
 
 
 def repo_tasks_version_create(
