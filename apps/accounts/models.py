@@ -23,15 +23,23 @@ class Capability(models.TextChoices):
     REVIEW = "review", "Judge flagged trajectories"
     APPROVE = "approve", "Approve or reject gate decisions; roll deployments back"
     ADMIN = "admin", "Manage users, tokens of others, gates and deployments"
+    SERVE = "serve", "Call the serving endpoint and post session feedback"
 
 
 ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
     Role.VIEWER: frozenset({Capability.READ}),
-    Role.OPERATOR: frozenset({Capability.READ, Capability.LAUNCH}),
+    Role.OPERATOR: frozenset({Capability.READ, Capability.LAUNCH, Capability.SERVE}),
     Role.REVIEWER: frozenset({Capability.READ, Capability.REVIEW}),
     Role.APPROVER: frozenset({Capability.READ, Capability.APPROVE}),
     Role.ADMIN: frozenset(
-        {Capability.READ, Capability.LAUNCH, Capability.REVIEW, Capability.APPROVE, Capability.ADMIN}
+        {
+            Capability.READ,
+            Capability.LAUNCH,
+            Capability.REVIEW,
+            Capability.APPROVE,
+            Capability.ADMIN,
+            Capability.SERVE,
+        }
     ),
 }
 
@@ -66,7 +74,7 @@ class ApiToken(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=12, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
-    scopes = models.JSONField(default=list, help_text="Subset of read, launch, review, approve, admin")
+    scopes = models.JSONField(default=list, help_text="Subset of read, launch, review, approve, admin, serve")
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
