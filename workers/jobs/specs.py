@@ -231,6 +231,35 @@ class SimulateSpec(JobSpec):
         description="Share of users who never complain about a clarifying question (a reward-hack opportunity)",
     )
     seed: int = Field(default=0, ge=0)
+    users: int = Field(
+        default=0,
+        ge=0,
+        le=1_000_000,
+        description="Distinct simulated users, session i played by user i mod users (each user's tolerance of "
+        "questions is drawn once); 0: a new user per session",
+    )
+    env_params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Parameters of the client-side coding_agent environment (max_turns is this spec's)",
+    )
+    request_timeout_seconds: float = Field(
+        default=300.0, gt=0, le=3600, description="A completion request that takes longer ends its session"
+    )
+    request_retries: int = Field(
+        default=2, ge=0, le=10, description="The openai client's retries of a 408/409/429/5xx or a connection error"
+    )
+    feedback_wait_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=3600,
+        description="How long a feedback post is retried (network errors, 5xx, 429, and 404 while the session's "
+        "turns are still on their way to the control plane)",
+    )
+    output_uri: str = Field(
+        default="",
+        description="Where the per-session table goes (JSONL); left out: simulate-run<run_id>/sessions.jsonl beside "
+        "tasks_uri",
+    )
 
 
 class SessionTrainSpec(JobSpec):
