@@ -9,15 +9,23 @@ Coding-agent episodes (the `coding_agent` environment, issue 17) add optional fi
 (methods.md section 2): the hidden-test report, the final diff and which files changed and how, the length
 statistics the C4 penalty weighs, and the self-summarisation chain (C3): each summary and the tokens of each
 segment. Records of other environments leave them out.
+
+Served sessions (real-time RL, `workers.realtime.samples.session_to_trajectory`) add the users' `feedback` and
+`session_turns`, the client's turn index of each served completion in order, which the `session_feedback` reward
+term reads; other records leave them empty.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from workers.realtime.records import SIGNALS
 
 ASSISTANT_ROLE = "assistant"
 
@@ -87,6 +95,39 @@ class Summary(BaseModel):
     tokens: int = Field(default=0, ge=0)
 
 
+class FeedbackSignal(BaseModel):
+    """One signal a user gave about a served session (`workers.realtime.records.FeedbackRecord`, read leniently:
+    only what the reward needs is required). `turn_index` is the client's index of the turn it is about; None: the
+    whole session. `value`: thumbs +1 or -1; tests_passed / tests_failed the fraction of tests that passed / that
+    failed (optional); none for the other signals."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    signal: str
+    value: float | None = None
+    turn_index: int | None = Field(default=None, ge=0)
+    event_id: str = ""
+    text: str = ""
+    created_at: float | None = None
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        if value not in SIGNALS:
+            raise ValueError(f"unknown signal {value!r}; use one of: {', '.join(SIGNALS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _value_fits_signal(self) -> FeedbackSignal:
+        if self.value is not None and not math.isfinite(self.value):
+            raise ValueError("value must be a finite number")
+        if self.signal == "thumbs" and self.value not in (1.0, -1.0):
+            raise ValueError("value: thumbs takes value +1 (up) or -1 (down)")
+        if self.signal in ("tests_passed", "tests_failed") and self.value is not None and not 0 <= self.value <= 1:
+            raise ValueError(f"value: {self.signal} takes an optional fraction of tests in [0, 1]")
+        return self
+
+
 class Trajectory(BaseModel):
     """One stored trajectory (one JSONL line). Unknown fields are ignored so producers may add their own."""
 
@@ -123,6 +164,14 @@ class Trajectory(BaseModel):
     )
     turns: list[Turn] = Field(default_factory=list)
     error: str | None = Field(default=None, description="Set when the trajectory did not complete")
+    feedback: list[FeedbackSignal] = Field(
+        default_factory=list, description="Served sessions: the users' feedback signals (session_feedback term)"
+    )
+    session_turns: list[int] = Field(
+        default_factory=list,
+        description="Served sessions: the client's turn index of each served completion, in order (feedback names "
+        "its turn by this index)",
+    )
 
     @field_validator("error")
     @classmethod
@@ -180,6 +229,11 @@ def _loc_to_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+def describe_validation_error(exc: ValidationError) -> str:
+    """A pydantic error as one line naming each offending field ("field 'turns[0].role': ...; ...")."""
+    return _describe_validation_error(exc)
+
+
 def _describe_validation_error(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors(include_url=False):
@@ -200,13 +254,22 @@ def _json_type_name(value: object) -> str:
     return "null"
 
 
-def parse_trajectories_jsonl(data: bytes, *, max_errors: int = 50) -> ParseResult:
+def parse_trajectories_jsonl(
+    data: bytes,
+    *,
+    max_errors: int = 50,
+    convert: Callable[[dict[str, Any]], Trajectory | None] | None = None,
+) -> ParseResult:
     """Parse JSONL bytes (one trajectory object per line, UTF-8) into validated trajectories.
 
     Blank lines are skipped. A line that is not UTF-8, not valid JSON, not a JSON object, fails the
     `Trajectory` schema or repeats an earlier `id` is reported with its 1-based line number and left out;
     the remaining lines are still parsed. Only the first `max_errors` errors are kept (`error_count` has the
     total). Lines may end in "\\n" or "\\r\\n"; a UTF-8 byte-order mark on the first line is ignored.
+
+    `convert` reads rows of another format: given each JSON object it returns the trajectory the row stands for,
+    or None for a plain trajectory row. A `ValidationError` or `ValueError` it raises is that line's error (the
+    re-scoring job reads served sessions, `"format": "session/v1"`, this way).
     """
     result = ParseResult()
     first_seen: dict[str, int] = {}
@@ -237,9 +300,13 @@ def parse_trajectories_jsonl(data: bytes, *, max_errors: int = 50) -> ParseResul
             fail(line_no, f"expected a JSON object, got {_json_type_name(obj)}")
             continue
         try:
-            trajectory = Trajectory.model_validate(obj)
+            converted = convert(obj) if convert is not None else None
+            trajectory = converted if converted is not None else Trajectory.model_validate(obj)
         except ValidationError as exc:
             fail(line_no, _describe_validation_error(exc))
+            continue
+        except ValueError as exc:
+            fail(line_no, str(exc))
             continue
         if trajectory.id in first_seen:
             fail(line_no, f"field 'id': duplicate id {trajectory.id!r} (first on line {first_seen[trajectory.id]})")

@@ -27,13 +27,30 @@ class RewardResult:
     """The reward of one trajectory, in reward units.
 
     `terms` maps each term name to its unweighted value; `pre_penalty` is the weighted sum of gains (X2's
-    r_pre) and `penalty` the weighted sum of penalty magnitudes that was subtracted.
+    r_pre) and `penalty` the weighted sum of penalty magnitudes that was subtracted. `dropped` is set when a term
+    leaves the trajectory out (`_Term.drops`: a served session without feedback under `no_feedback="drop"`): it
+    has no reward to train on, and its `reward` (computed as if the term were 0) belongs in no mean.
     """
 
     reward: float
     terms: dict[str, float]
     pre_penalty: float
     penalty: float
+    dropped: bool = False
+
+
+def combine_reward(spec: RewardSpec, gains: float, penalty: float, *, completed: bool) -> float:
+    """The reward from the weighted gains and penalties (reward units), clamped as `spec` says: the floor for a
+    trajectory that completed without error, then the cap at the gains (methods.md X2)."""
+    # methods.md X2: r_pre − p_prune − p_turn (generalised to any weighted gains and penalties)
+    raw = gains - penalty
+    if spec.floor is not None and completed:
+        # methods.md X2: floor ε, only for trajectories that complete without error
+        raw = max(raw, spec.floor)
+    if spec.cap_at_pre_penalty:
+        # methods.md X2: upper clamp at r_pre
+        raw = min(raw, gains)
+    return raw
 
 
 def score_trajectory(spec: RewardSpec, traj: Trajectory) -> RewardResult:
@@ -48,15 +65,9 @@ def score_trajectory(spec: RewardSpec, traj: Trajectory) -> RewardResult:
             gains += term.weight * value
         else:
             penalty += term.weight * value
-    # methods.md X2: r_pre − p_prune − p_turn (generalised to any weighted gains and penalties)
-    raw = gains - penalty
-    if spec.floor is not None and traj.error is None:
-        # methods.md X2: floor ε, only for trajectories that complete without error
-        raw = max(raw, spec.floor)
-    if spec.cap_at_pre_penalty:
-        # methods.md X2: upper clamp at r_pre
-        raw = min(raw, gains)
-    return RewardResult(reward=raw, terms=values, pre_penalty=gains, penalty=penalty)
+    raw = combine_reward(spec, gains, penalty, completed=traj.error is None)
+    dropped = any(term.drops(traj) for term in spec.terms)
+    return RewardResult(reward=raw, terms=values, pre_penalty=gains, penalty=penalty, dropped=dropped)
 
 
 def score_many(spec: RewardSpec, trajs: Iterable[Trajectory]) -> list[RewardResult]:

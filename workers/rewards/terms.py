@@ -325,3 +325,92 @@ def concave_length_cost(x: float, *, k: float, q: float) -> float:
         return log_term / k
     # methods.md C4: C_length{k,q}(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q))
     return math.expm1(exponent) / (k * (1.0 - q))
+
+
+# --- Real-time RL: user feedback on served sessions (methods.md section 2, "Real-time RL") ------------------------
+
+COUNTED_SIGNALS: tuple[str, ...] = ("tests_passed", "tests_failed")
+"""Signals whose value is a fraction of tests (the share that passed, the share that failed): the signal counts that
+much of its weight, all of it without a value."""
+
+
+def feedback_signal_value(signal: str, value: float | None, weight: float) -> float:
+    """One feedback signal's contribution, in reward units: `weight` times the signal's size.
+
+    The size is 1 for the signals that carry no value (edit_kept, dissatisfied_followup, ...), the rating (+1 or
+    -1) for thumbs, and for tests_passed / tests_failed the fraction its value gives (of the tests that passed / that
+    failed; 1 without one). Weights carry the sign: with tests_failed weighted -1, a run where 30% of the tests
+    failed contributes -0.3, the same as -(1 - fraction passed)."""
+    if not math.isfinite(weight):
+        raise ValueError(f"weight must be finite, got {weight}")
+    if signal == "thumbs":
+        if value not in (1.0, -1.0):
+            raise ValueError(f"thumbs takes value +1 or -1, got {value!r}")
+        return weight * value
+    if signal in COUNTED_SIGNALS:
+        if value is None:
+            return weight
+        _check_fraction(f"{signal} value", value)
+        return weight * value
+    return weight
+
+
+def feedback_turn_position(turn_indices: Sequence[int], turn_index: int | None) -> int:
+    """The position (0-based, in `turn_indices`' order) of the served turn a signal is about.
+
+    `turn_indices` holds the client's index of each served turn, ascending. A signal about the whole session
+    (`turn_index` None) is about the last turn; one naming a turn that was not recorded is about the nearest
+    recorded turn before it (the first turn if there is none). Raises ValueError for an empty session."""
+    if not turn_indices:
+        raise ValueError("a session has at least one turn")
+    if turn_index is None:
+        return len(turn_indices) - 1
+    position = 0
+    for index, recorded in enumerate(turn_indices):
+        if recorded <= turn_index:
+            position = index
+    return position
+
+
+def session_turn_credits(
+    num_turns: int,
+    signals: Sequence[tuple[int, float]],
+    *,
+    decay: float = 1.0,
+    combine: str = "sum",
+    no_feedback: str = "drop",
+    neutral_value: float = 0.0,
+) -> list[float | None]:
+    """The feedback credit of every turn of a session, in reward units; None for a turn left out of training.
+
+    `signals` are (position of the turn the signal is about, its contribution from `feedback_signal_value`). A
+    signal about turn t credits turn j <= t with its contribution times decay^(t - j): the turn it names fully,
+    earlier turns (whose work led there) less; turns after t not at all. A session-level signal is about the last
+    turn, so it credits the last turn most. A turn's credit combines every signal that reaches it:
+    "sum" adds them, "mean" divides that sum by how many reach it. A turn no signal reaches has no feedback: it is
+    dropped (None) with `no_feedback="drop"`, or credited `neutral_value` with "neutral".
+
+    Example (decay 0.5, sum): 3 turns, edit_kept (+1) on turn 1 and a session-level dissatisfied follow-up (-1)
+    give [0.5 - 0.25, 1 - 0.5, -1] = [0.25, 0.5, -1].
+    """
+    if num_turns < 1:
+        raise ValueError(f"num_turns must be >= 1, got {num_turns}")
+    if not (0.0 < decay <= 1.0):
+        raise ValueError(f"decay must lie in (0, 1], got {decay}")
+    if combine not in ("sum", "mean"):
+        raise ValueError(f"combine must be 'sum' or 'mean', got {combine!r}")
+    if no_feedback not in ("drop", "neutral"):
+        raise ValueError(f"no_feedback must be 'drop' or 'neutral', got {no_feedback!r}")
+    for position, _ in signals:
+        if not 0 <= position < num_turns:
+            raise ValueError(f"signal position {position} is outside the session's {num_turns} turns")
+    credits: list[float | None] = []
+    for turn in range(num_turns):
+        # methods.md section 2 ("distil user responses into rewards"): decay^(t - j) credit to earlier turns
+        reaching = [value * decay ** (position - turn) for position, value in signals if position >= turn]
+        if not reaching:
+            credits.append(None if no_feedback == "drop" else neutral_value)
+            continue
+        total = math.fsum(reaching)
+        credits.append(total / len(reaching) if combine == "mean" else total)
+    return credits

@@ -613,6 +613,7 @@ def test_term_inputs_keeps_its_old_values() -> None:
         "broken_tool_calls": TermInputs((frozenset({"turns"}),)),
         "todo_left": TermInputs((frozenset({"diff"}),)),
         "length_penalty": TermInputs((frozenset({"length_stats"}),)),
+        "session_feedback": TermInputs((frozenset({"feedback"}),)),
     }
 
 

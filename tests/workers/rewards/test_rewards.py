@@ -462,6 +462,7 @@ def test_term_types_lists_every_term() -> None:
         "broken_tool_calls",
         "todo_left",
         "length_penalty",
+        "session_feedback",
     )
 
 
@@ -562,6 +563,7 @@ def test_the_spec_validates_every_term_type_through_the_derived_union() -> None:
         "BrokenToolCallsTerm",
         "TodoLeftTerm",
         "LengthPenaltyTerm",
+        "SessionFeedbackTerm",
     ]
     with pytest.raises(RewardSpecError, match="unknown term type 'nope'; use one of: exact_match"):
         validate_reward_spec({"terms": [{"type": "nope"}]})
