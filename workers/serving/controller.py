@@ -1,0 +1,309 @@
+"""The serving job's driver side: start Serve, follow the control plane's target, hot-swap, stop cleanly.
+
+`ServingController.start()` starts Ray Serve on the spec's host and port, the job's `WeightStore` and `Recorder`
+actors, and the router application at the spec's route prefix (which answers 503 until an arm is ready).
+`poll_once()` reads `<control_url>target/` and reconciles (`reconcile`):
+
+- an arm that appeared gets its own Serve application (`num_replicas = spec.replicas`), then its first weights
+  (a full sync of its checkpoint, or of the base model), and joins the routing table once every replica holds them;
+- an arm whose checkpoint changed is hot-swapped: the new policy state is loaded on the CPU, encoded as a delta
+  against what the replicas hold (`WeightSyncSender`), published and applied by every replica; the swap is
+  reported (`serve/swap_seconds`, `serve/swap_bytes`, `serve/swap_full_bytes`, `serve/policy_version/<arm>`, at a
+  step counting swaps) with a log line;
+- an arm that disappeared leaves the routing table first, then its application is deleted.
+
+`stop()` deletes the applications (without waiting for Serve to finish), ends the run's event stream and flushes it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import ray
+from ray import serve
+
+from workers.jobs.common import read_bytes
+from workers.jobs.specs import ServeSpec
+from workers.serving.app import NAMESPACE, ArmDeployment, Names, RouterDeployment
+from workers.serving.control import Target, TargetArm, fetch_target
+from workers.serving.recorder import DEFAULT_METRICS_SECONDS, Recorder
+from workers.serving.weights import WeightStore, policy_state
+
+log = logging.getLogger("crucible.serve")
+
+SYNC_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass
+class _ArmState:
+    name: str
+    app: str
+    sender: Any  # WeightSyncSender
+    target: TargetArm | None = None  # what the replicas hold; None until the first sync
+    sync_version: int = -1
+    ready: bool = False
+    policy_version: int = 0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+class ServingController:
+    """Everything the serving job's driver does; the job module runs it in a loop, tests drive it by hand."""
+
+    def __init__(
+        self,
+        spec: ServeSpec,
+        token: str,
+        *,
+        metrics_seconds: float = DEFAULT_METRICS_SECONDS,
+        spool: bool = True,
+    ) -> None:
+        self.spec = spec
+        self.token = token
+        self.names = Names(spec.run_id)
+        self.metrics_seconds = metrics_seconds
+        self.spool = spool
+        self.arms: dict[str, _ArmState] = {}
+        self.revision: str | None = None
+        self.model_names: list[str] = [spec.model_name]
+        self.swaps = 0
+        self.store: Any = None
+        self.recorder: Any = None
+        self._http = httpx.Client(timeout=30.0)
+        self._target_error: str | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        spec = self.spec
+        ray.init(ignore_reinit_error=True, log_to_driver=False)
+        self.recorder = (
+            ray.remote(Recorder)
+            .options(name=self.names.recorder, namespace=NAMESPACE, num_cpus=0, max_concurrency=8)
+            .remote(
+                ingest_url=spec.ingest_url, token=self.token, metrics_seconds=self.metrics_seconds, spool=self.spool
+            )
+        )
+        self.store = ray.remote(WeightStore).options(name=self.names.store, namespace=NAMESPACE, num_cpus=0).remote()
+        ray.get([self.recorder.ready.remote(), self.store.status.remote()])
+        serve.start(http_options={"host": spec.http_host, "port": spec.http_port})
+        self.log(
+            f"serving {spec.model_name} (base model {spec.base_model}, {spec.backend}) at "
+            f"http://{spec.http_host}:{spec.http_port}{spec.route_prefix.rstrip('/')}/v1, "
+            f"{spec.replicas} replica(s) per arm, recording {'on' if spec.record else 'off'}"
+        )
+        router_settings = {
+            "run_id": spec.run_id,
+            "model_name": spec.model_name,
+            "control_url": spec.control_url,
+            "token": self.token,
+            "key_cache_seconds": spec.key_cache_seconds,
+        }
+        router = RouterDeployment.options(
+            num_replicas=1,
+            max_ongoing_requests=1000,
+            ray_actor_options={"num_cpus": 0},
+            graceful_shutdown_timeout_s=5,
+        ).bind(router_settings)
+        serve.run(router, name=self.names.router_app, route_prefix=spec.route_prefix)
+
+    def stop(self, outcome: str = "succeeded", error: str = "", timeout: float = 30.0) -> dict[str, int]:
+        """Delete the Serve applications (Serve finishes that on its own), then end and flush the run's events."""
+        for app in [self.names.router_app, *(arm.app for arm in self.arms.values())]:
+            try:
+                serve.delete(app, _blocking=False)
+            except Exception as exc:
+                log.warning("could not delete the serve application %s: %s", app, exc)
+        self.arms.clear()
+        totals: dict[str, int] = {}
+        if self.recorder is not None:
+            try:
+                totals = ray.get(self.recorder.close.remote(outcome, error), timeout=timeout)
+            except Exception as exc:
+                log.error("the recorder could not flush the run's last events: %s", exc)
+        self._http.close()
+        return totals
+
+    # --- reporting -----------------------------------------------------------------------------------------------
+    def log(self, line: str) -> None:
+        log.info("%s", line)
+        self.recorder.log.remote(line)
+
+    # --- the control loop ----------------------------------------------------------------------------------------
+    def poll_once(self) -> bool:
+        """Read the target and reconcile; returns whether anything changed. A target that cannot be read leaves
+        everything as it is (logged once per outage)."""
+        try:
+            target = fetch_target(self._http, self.spec.control_url, self.token)
+        except (httpx.HTTPError, ValueError) as exc:
+            message = f"the target could not be read ({exc}); serving what is deployed"
+            if message != self._target_error:
+                self.log(message)
+                self._target_error = message
+            return False
+        if self._target_error is not None:
+            self.log("the target is readable again")
+            self._target_error = None
+        return self.reconcile(target)
+
+    def reconcile(self, target: Target) -> bool:
+        names = [self.spec.model_name, target.model_name] if target.model_name else [self.spec.model_name]
+        names_changed = names != self.model_names
+        self.model_names = names
+        if target.revision == self.revision and not names_changed:
+            return False
+        wanted = {arm.name: arm for arm in target.arms}
+        changed = names_changed
+        removed = [name for name in self.arms if name not in wanted]
+        if removed:
+            for name in removed:
+                self.arms[name].ready = False
+            self._publish_routing(wanted)
+            for name in removed:
+                self._remove_arm(name)
+            changed = True
+        for name, arm in wanted.items():
+            state = self.arms.get(name)
+            if state is None:
+                self._add_arm(arm)
+                changed = True
+            elif state.target is None or state.target.weights_key != arm.weights_key:
+                self.swap(name, arm)
+                changed = True
+            elif state.target != arm:
+                state.target = arm  # a new weight or deployment id: routing only
+                changed = True
+        self.revision = target.revision
+        self._publish_routing(wanted)
+        return changed
+
+    def _publish_routing(self, wanted: dict[str, TargetArm]) -> None:
+        arms = [
+            {
+                "name": state.name,
+                "app": state.app,
+                "weight": wanted[state.name].weight,
+                "deployment_id": wanted[state.name].deployment_id,
+                "policy_version": state.policy_version,
+            }
+            for state in self.arms.values()
+            if state.ready and state.name in wanted
+        ]
+        ray.get(self.store.set_routing.remote({"arms": arms, "model_names": self.model_names}))
+
+    def _add_arm(self, arm: TargetArm) -> None:
+        from workers.rl.weightsync import WeightSyncSender
+
+        spec = self.spec
+        app = self.names.arm_app(arm.name)
+        settings = {
+            "arm": arm.name,
+            "run_id": spec.run_id,
+            "base_model": spec.base_model,
+            "backend": spec.backend,
+            "threads": spec.threads,
+            "max_new_tokens": spec.max_new_tokens,
+            "max_context": spec.max_context,
+            "record": spec.record,
+        }
+        resources: dict[str, Any] = {"num_cpus": spec.threads} if spec.backend == "transformers" else {"num_gpus": 1}
+        started = time.perf_counter()
+        deployment = ArmDeployment.options(
+            num_replicas=spec.replicas,
+            max_ongoing_requests=64,
+            ray_actor_options=resources,
+            graceful_shutdown_timeout_s=30,
+            health_check_period_s=10,
+        ).bind(settings)
+        serve.run(deployment, name=app, route_prefix=None)
+        self.arms[arm.name] = _ArmState(name=arm.name, app=app, sender=WeightSyncSender())
+        self.log(f"arm {arm.name}: {spec.replicas} replica(s) up in {time.perf_counter() - started:.1f}s")
+        self.swap(arm.name, arm)
+
+    def _remove_arm(self, name: str) -> None:
+        state = self.arms.pop(name)
+        serve.delete(state.app, _blocking=False)
+        ray.get(self.store.drop_arm.remote(name))
+        self.log(f"arm {name} removed (it served policy version {state.policy_version})")
+
+    def swap(self, name: str, arm: TargetArm) -> dict[str, float]:
+        """Bring arm `name`'s replicas to `arm`'s checkpoint (its first weights: a full sync); returns the swap's
+        figures, which are also reported."""
+        from workers.rl.weightsync import encode_full
+
+        state = self.arms[name]
+        started = time.perf_counter()
+        uri = arm.checkpoint_uri
+        blob = read_bytes(uri, self.spec.storage_options) if arm.checkpoint_id and uri else None
+        weights, _ = policy_state(self.spec.base_model, blob, threads=self.spec.threads)
+        loaded = time.perf_counter()
+        update = state.sender.push(weights)
+        encoded = time.perf_counter()
+        try:
+            ray.get(
+                self.store.publish.remote(
+                    name,
+                    sync_version=update.version,
+                    base=update.base_version,
+                    policy_version=arm.policy_version,
+                    checkpoint_id=arm.checkpoint_id,
+                    blob=[ray.put(update.blob)],
+                    size=len(update.blob),
+                )
+            )
+        except Exception:
+            state.sender.reset()  # the replicas never got this version: the next push must be full
+            raise
+        report = ray.get(self.store.wait_synced.remote(name, update.version, self.spec.replicas, SYNC_TIMEOUT_SECONDS))
+        delivered = time.perf_counter()
+        state.sync_version = update.version
+        state.target = arm
+        state.policy_version = arm.policy_version
+        state.ready = True
+        if update.kind == "full":
+            full_bytes = len(update.blob)
+        else:
+            # The full weights once more, for replicas that join later, and as the figure the delta is weighed
+            # against.
+            full = encode_full(weights, version=update.version)
+            full_bytes = len(full)
+            ray.get(
+                self.store.publish_full.remote(name, sync_version=update.version, blob=[ray.put(full)], size=full_bytes)
+            )
+        self.swaps += 1
+        figures = {
+            "serve/swap_seconds": delivered - loaded,
+            "serve/swap_load_seconds": loaded - started,
+            "serve/swap_encode_seconds": encoded - loaded,
+            "serve/swap_apply_seconds": float(report.get("apply_seconds", 0.0)),
+            "serve/swap_bytes": float(len(update.blob)),
+            "serve/swap_full_bytes": float(full_bytes),
+            "serve/swap_delta": 1.0 if update.kind == "delta" else 0.0,
+            f"serve/policy_version/{name}": float(arm.policy_version),
+        }
+        state.history.append(figures)
+        self.recorder.metric.remote(self.swaps, figures)
+        what = f"checkpoint {arm.checkpoint_id}" if arm.checkpoint_id else "the base model"
+        outcome = "" if report["ok"] else f"; only {report['acked']} of {self.spec.replicas} replicas confirmed"
+        self.log(
+            f"arm {name}: now serving {what} (policy version {arm.policy_version}); {update.kind} sync of "
+            f"{len(update.blob):,} bytes (full {full_bytes:,}) reached {report['acked']} replica(s) in "
+            f"{delivered - loaded:.2f}s (loading {loaded - started:.2f}s, encoding {encoded - loaded:.2f}s){outcome}"
+        )
+        return figures
+
+    def run(self, should_stop: Any) -> None:
+        """Poll the target every `poll_seconds` until `should_stop()` is true (checked every 0.2 s)."""
+        next_poll = 0.0
+        while not should_stop():
+            if time.monotonic() >= next_poll:
+                try:
+                    self.poll_once()
+                except Exception as exc:  # one bad reconcile must not end a long-lived job
+                    log.exception("reconcile failed")
+                    self.log(f"reconcile failed: {type(exc).__name__}: {exc}; retrying at the next poll")
+                    self.revision = None
+                next_poll = time.monotonic() + self.spec.poll_seconds
+            time.sleep(0.2)
