@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.rl.advantages import dapo_overlong_penalty, group_advantages
+from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_advantages
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
 from workers.rl.packing import completion_logprobs
@@ -94,6 +94,17 @@ def _untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def _given_advantages(advantages: Sequence[float] | Tensor, samples: int) -> AdvantageResult:
+    """Caller-given advantages ([N] finite numbers) as an `AdvantageResult` that keeps every sample (no groups)."""
+    values = torch.as_tensor(advantages, dtype=torch.float64).detach().cpu()
+    if values.dim() != 1 or values.shape[0] != samples:
+        raise ValueError(f"advantages must be one number per sample ([{samples}]), got shape {tuple(values.shape)}")
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("advantages must all be finite; found NaN or inf")
+    keep = torch.ones(samples, dtype=torch.bool)
+    return AdvantageResult(advantages=values, keep=keep, dropped_groups=0, num_groups=0)
+
+
 class Learner:
     def __init__(
         self, model_path: Path | str, config: TrainConfig, *, threads: int | None = None, device: str = "cpu"
@@ -136,7 +147,9 @@ class Learner:
         self.temperature = config.sampling.temperature or 1.0
 
     # --- training -------------------------------------------------------------------------------------------
-    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+    def train_step(
+        self, samples: Sequence[Sample], advantages: Sequence[float] | Tensor | None = None
+    ) -> dict[str, float]:
         """One optimizer step on one rollout batch (contiguous groups of `group_size` samples).
 
         Rewards are shaped first (DAPO's overlong penalty, the KL when it is a reward penalty), then turned into
@@ -151,15 +164,23 @@ class Learner:
           per-sequence normalisers; it has no token to carry a gradient, and `empty_completions` counts it;
         - an empty batch (dynamic sampling found no group with signal) takes no optimizer step but counts as a
           step, so checkpoints and the data order stay aligned.
+
+        `advantages` ([N], one per sample, reward units) replaces all of that for samples that come in no groups
+        (real-time RL's sessions, `workers.realtime.samples`, whose baseline the caller chose): no reward shaping
+        and no group advantages; every sample with a sampled token is trained (an advantage of 0 included) and the
+        per-sequence normalisers count every sample of the batch. The KL in the loss still applies.
         """
         started = time.perf_counter()
         cfg = self.config
         settings = self.settings
         rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
-        shaped, metrics = self._shaped_rewards(samples, rewards)
-        adv = group_advantages(
-            shaped, cfg.group_size, scale=settings.scale_rewards, drop_equal_groups=settings.drop_equal_groups
-        )
+        if advantages is None:
+            shaped, metrics = self._shaped_rewards(samples, rewards)
+            adv = group_advantages(
+                shaped, cfg.group_size, scale=settings.scale_rewards, drop_equal_groups=settings.drop_equal_groups
+            )
+        else:
+            adv, metrics = _given_advantages(advantages, len(samples)), {}
         kept = [i for i in range(len(samples)) if bool(adv.keep[i]) and samples[i].sampled_tokens > 0]
         metrics.update(
             {
