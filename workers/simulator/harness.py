@@ -1,23 +1,27 @@
 """The bridge between an environment's conversation and OpenAI Chat Completions, as an editor plug-in speaks it.
 
-The environment builds its system prompt as its own prompt, a blank line, then the tool block
-(`workers.envs.toolcalls.render_tool_prompt`: the tools' JSON schemas and the `<tool_call>` format). A client of the
-serving endpoint sends the prompt *without* that block and the tools as OpenAI function schemas (`tools`); the
-server renders them into the system prompt the same way (`render_tool_prompt` over the same schemas, each
-`json.dumps`-ed in the order received), so the prompt the policy sees when serving is the prompt it sees when
-training in the environment. The server parses the reply's `<tool_call>` blocks into OpenAI `tool_calls`.
+The goal: the prompt the serving endpoint renders is the prompt the environment builds, so that training on the
+recorded sessions is training on the environment's prompts.
 
-Back on the client, a reply is re-encoded into the action text `env.step` takes: its text, then one `<tool_call>`
-block per call (`format_tool_call`'s JSON; "</" is written "<\\/", a JSON escape, so a call whose arguments hold the
-closing tag stays one block). A call whose `arguments` are not a JSON object is passed on as it is, so the
-environment counts it as malformed and answers with its error, which goes back to the model as that call's `tool`
-message. `<tool_call>` tags left in the reply's text are dropped (the server parsed every call it could; its
-recording keeps the raw completion).
+- System prompt. The environment's is its own prompt, a blank line, then the tool block
+  (`workers.envs.toolcalls.render_tool_prompt`: the tools' JSON schemas and the `<tool_call>` format). The client
+  sends the prompt *without* that block and the tools as OpenAI function schemas (`tools`, `ToolSpec.json_schema`);
+  the server (`workers.serving.openai_api.render_messages`) turns them back into `ToolSpec`s and appends
+  `render_tool_prompt` after a blank line: the same text.
+- Replies. The server returns every well-formed `<tool_call>` block as an OpenAI tool call and leaves malformed
+  blocks in `content`. The client writes the reply back for `env.step` as the server renders an assistant message
+  (`content`, then one `format_tool_call` block per call, joined by newlines; "</" inside a block is written "<\\/", a
+  JSON escape, so arguments that hold the closing tag stay one block), so the environment sees what the model wrote:
+  its malformed blocks are counted and answered with an error, as in training.
+- Results. The environment answers with one `tool` message per call it ran, then one per malformed block, then one
+  per call past its per-reply limit; each goes back with the `tool_call_id` of the call it answers. A malformed block
+  left in the text has no id from the server: its error goes back under an id of our own (`call_<turn>_x<k>`),
+  which the serving endpoint accepts (it renders a `tool` message by its content only) and a strict OpenAI server
+  would not (a `tool` message must answer a call of the assistant message before it). That is the one place where a
+  faithful copy of the environment is not plain OpenAI usage.
 
-Where the two views differ: the environment records each reply as one assistant message whose text is the reply's
-text and its calls' blocks joined by newlines; how the server renders an assistant message with `tool_calls` back
-into the next prompt is the serving side's choice, so the two texts of a past reply may differ in whitespace. The
-server records the exact token ids it scored and sampled, so training on sessions is exact either way.
+The rest is identical text except the whitespace of the environment's own record of a reply (the server records
+the exact token ids it scored and sampled, so training on sessions is exact either way).
 """
 
 from __future__ import annotations
@@ -76,42 +80,55 @@ class Reply:
 
 
 def _block(name: str, arguments: str) -> str:
-    """The `<tool_call>` block of one call; arguments that are not JSON are embedded as they are (a malformed call)."""
+    """The `<tool_call>` block of one call (`format_tool_call`'s text); arguments that are not JSON are embedded as
+    they are, so the environment finds the call malformed."""
     try:
         parsed: Any = json.loads(arguments) if arguments.strip() else {}
         body = json.dumps({"name": name, "arguments": parsed})
-    except (json.JSONDecodeError, ValueError):
+    except ValueError:
         body = '{"name": ' + json.dumps(name) + ', "arguments": ' + arguments + "}"
     return TOOL_CALL_OPEN + body.replace("</", "<\\/") + TOOL_CALL_CLOSE
 
 
-def _without_tags(text: str) -> str:
-    return text.replace(TOOL_CALL_OPEN, "").replace(TOOL_CALL_CLOSE, "")
-
-
 def encode_reply(
-    content: str | None, calls: Sequence[WireCall], tools: Sequence[ToolSpec], *, max_calls_per_turn: int
+    content: str | None, calls: Sequence[WireCall], tools: Sequence[ToolSpec], *, max_calls_per_turn: int, turn: int = 0
 ) -> Reply:
     """Turn a completion's message (text and tool calls) into the environment's action text, and work out which
     call each of the environment's `tool` messages answers.
 
-    `ToolUseEnvironment.step` answers the calls it runs (the first `max_calls_per_turn` well-formed ones) in order,
-    then one error per malformed call in order, then one per well-formed call past the limit."""
-    text = _without_tags(content or "").strip()
+    `ToolUseEnvironment.step` parses the whole action text and answers the well-formed calls it runs (the first
+    `max_calls_per_turn`) in order, then each malformed block in order, then each well-formed call past the limit.
+    A result answers the server's call with the same name and arguments (in order); a malformed block the server
+    left in the text, and anything else the server did not return as a call, is answered under an id of our own
+    (`call_<turn>_x<k>`), as the environment answers it with an error the model must see."""
+    text = content or ""
     blocks = [_block(call.name, call.arguments) for call in calls]
     action_text = "\n".join(part for part in (text, *blocks) if part)
-    well_formed: list[str] = []
-    malformed: list[str] = []
-    for call, block in zip(calls, blocks, strict=True):
-        (well_formed if parse_tool_calls(block, tools).calls else malformed).append(call.id)
-    run, skipped = well_formed[:max_calls_per_turn], well_formed[max_calls_per_turn:]
-    message: dict[str, Any] = {"role": "assistant", "content": content or ""}
+    parsed = parse_tool_calls(action_text, tools)
+    own = (f"call_{turn}_x{k}" for k in range(len(parsed.calls) + len(parsed.errors) + 1))
+    wire = [(call.id, parse_tool_calls(block, tools).calls) for call, block in zip(calls, blocks, strict=True)]
+    pending = [(call_id, found[0]) for call_id, found in wire if len(found) == 1]
+    matched: set[str] = set()
+    valid_ids: list[str] = []
+    for call in parsed.calls:
+        if pending and pending[0][1] == call:
+            valid_ids.append(pending.pop(0)[0])
+            matched.add(valid_ids[-1])
+        else:
+            valid_ids.append(next(own))
+    unmatched = [call.id for call in calls if call.id not in matched]
+    # Errors come in text order: the reply's own text first, then the server's calls, so the last errors answer
+    # the server's calls that were not well-formed.
+    answered = min(len(parsed.errors), len(unmatched))
+    error_ids = [next(own) for _ in range(len(parsed.errors) - answered)] + unmatched[len(unmatched) - answered :]
+    message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["tool_calls"] = [
             {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
             for call in calls
         ]
-    return Reply(action_text=action_text, assistant_message=message, result_ids=[*run, *malformed, *skipped])
+    run, skipped = valid_ids[:max_calls_per_turn], valid_ids[max_calls_per_turn:]
+    return Reply(action_text=action_text, assistant_message=message, result_ids=[*run, *error_ids, *skipped])
 
 
 def observation_messages(observation: Sequence[Message], result_ids: Sequence[str]) -> list[dict[str, Any]]:

@@ -220,6 +220,7 @@ def _converse(
             _wire_calls(message, result.turns),
             env.tools,
             max_calls_per_turn=env.max_calls_per_turn,
+            turn=result.turns,
         )
         result.turns += 1
         step = env.step(reply.action_text)

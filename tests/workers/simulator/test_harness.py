@@ -46,18 +46,37 @@ def test_every_result_answers_its_call_malformed_and_skipped_ones_included() -> 
         WireCall("d", "list_files", ""),
         WireCall("e", "read_file", read),  # past max_calls_per_turn: not run
     ]
-    reply = encode_reply("Looking. <tool_call>stray", calls, env.tools, max_calls_per_turn=2)
-    assert reply.result_ids == ["a", "d", "b", "c", "e"]
-    assert "stray" in reply.action_text and reply.action_text.count("<tool_call>") == 5
+    content = 'Looking. <tool_call>{"name": "read_file"}</tool_call>'  # a malformed block the server left in the text
+    reply = encode_reply(content, calls, env.tools, max_calls_per_turn=2, turn=3)
+    assert reply.result_ids == ["a", "d", "call_3_x0", "b", "c", "e"]
+    assert reply.action_text.startswith(content + "\n<tool_call>") and reply.action_text.count("<tool_call>") == 6
+    assert reply.assistant_message["content"] == content
     assert [c["id"] for c in reply.assistant_message["tool_calls"]] == ["a", "b", "c", "d", "e"]
     step = env.step(reply.action_text)
     assert step.observation is not None
     messages = observation_messages(step.observation.messages, reply.result_ids)
     by_id = {m["tool_call_id"]: m["content"] for m in messages}
+    assert len(by_id) == len(messages) == 6
     assert by_id["a"].startswith("calc/ops.py (lines") and "file(s) in the repository" in by_id["d"]
+    assert "missing required argument 'path'" in by_id["call_3_x0"]
     assert by_id["b"].startswith("error: invalid JSON") and by_id["c"].startswith("error: unknown tool 'nope'")
     assert "at most 2 tool calls per reply" in by_id["e"]
-    assert env.counts["malformed_tool_calls"] == 3 and env.counts["tool_calls"] == 2
+    assert env.counts["malformed_tool_calls"] == 4 and env.counts["tool_calls"] == 2
+
+
+def test_a_reply_with_only_a_malformed_block_is_answered_with_its_error_as_in_training() -> None:
+    env = _env()
+    text = '<tool_call>{"name": "read_file", "arguments": {"path": 3}}</tool_call>'
+    reply = encode_reply(text, [], env.tools, max_calls_per_turn=4, turn=0)
+    assert reply.result_ids == ["call_0_x0"] and "tool_calls" not in reply.assistant_message
+    step = env.step(reply.action_text)
+    assert not step.done and step.observation is not None  # the environment lets the model correct itself
+    (message,) = observation_messages(step.observation.messages, reply.result_ids)
+    assert message["tool_call_id"] == "call_0_x0" and "must be a string" in message["content"]
+    # An unclosed tag in the text swallows the calls after it, as the environment's parser reads it: its one error
+    # answers the server's call.
+    swallowed = encode_reply("<tool_call>oops", [WireCall("a", "list_files", "{}")], env.tools, max_calls_per_turn=4)
+    assert swallowed.result_ids == ["a"]
 
 
 def test_a_call_whose_arguments_hold_the_closing_tag_stays_one_call() -> None:
@@ -132,3 +151,32 @@ def test_feedback_posts_are_idempotent_and_refusals_are_told_apart() -> None:
         poster.post("s-late", event)
     with pytest.raises(FeedbackRefused, match="403"):
         poster.post("s-denied", event)
+
+
+def test_the_serving_endpoint_renders_the_environments_own_conversation() -> None:
+    """Against the serving side's renderer (workers.serving, built beside this package): a session's next request,
+    rendered by the server, is the environment's conversation, text for text."""
+    api = pytest.importorskip("workers.serving.openai_api")
+    env = _env()
+    messages = request_messages(env.messages, env.tools)
+    tools = [tool.json_schema() for tool in env.tools]
+    raw = [
+        'Let me look.\n<tool_call>{"name": "read_file", "arguments": {"path": "calc/ops.py"}}</tool_call>\n'
+        '<tool_call>{"name": "read_file", "arguments": {"path": 1}}</tool_call>',
+        '<tool_call>{"name": "list_files", "arguments": {}}</tool_call>',
+    ]
+    for turn, text in enumerate(raw):
+        served = api.make_reply(
+            text, "stop", api.tool_specs(api.parse_request({"model": "m", "messages": messages, "tools": tools}).tools)
+        ).message()
+        calls = [
+            WireCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in served.get("tool_calls", [])
+        ]
+        reply = encode_reply(served["content"], calls, env.tools, max_calls_per_turn=4, turn=turn)
+        step = env.step(reply.action_text)
+        assert step.observation is not None
+        messages += [reply.assistant_message, *observation_messages(step.observation.messages, reply.result_ids)]
+    request = api.parse_request({"model": "m", "messages": messages, "tools": tools})
+    rendered = api.render_messages(request, api.tool_specs(request.tools))
+    assert rendered == [{"role": m["role"], "content": m["content"]} for m in env.messages]
+    assert env.counts["malformed_tool_calls"] == 1
