@@ -45,6 +45,7 @@ from apps.datasets.models import Dataset, DatasetKind
 from apps.datasets.services import dataset_create, sessions_version_create
 from apps.gates.models import CheckStatus, Gate, GateCheck, Verdict
 from apps.gates.selectors import current_deployment
+from apps.gates.services.checks import gate_check_advance
 from apps.gates.services.deployments import deploy
 from apps.gates.services.gates import gate_evaluate
 from apps.realtime.models import Cycle, CyclePhase, CycleStatus, Loop
@@ -63,7 +64,8 @@ BASELINES = ("batch_mean", "task_type_mean", "none")
 DEFAULT_TRAINING: dict[str, Any] = {
     "baseline": "batch_mean",
     "max_samples": 4096,
-    "config": {"algorithm": "composer", "learning_rate": 1e-5, "group_size": 1, "prompts_per_step": 8},
+    # Turns per optimizer step: prompts_per_step x group_size (sessions have no groups; the product is the batch).
+    "config": {"algorithm": "composer", "learning_rate": 1e-5, "prompts_per_step": 8, "group_size": 2},
 }
 
 
@@ -121,7 +123,7 @@ def loop_create(
         problems["gate"] = [f"gate {gate.name!r} already has a loop; change that one (pause, resume) instead"]
     if serve_run.kind != "serve":
         problems["serve_run"] = [f"run {serve_run.pk} is a {serve_run.kind} run; name a serve run"]
-    elif serve_run.spec.get("gate_id") not in (None, gate.pk):
+    elif serve_run.spec.get("gate") != gate.pk:
         problems["serve_run"] = [f"serve run {serve_run.pk} serves another gate's deployment, not {gate.name!r}'s"]
     elif serve_run.is_terminal:
         problems["serve_run"] = [f"serve run {serve_run.pk} has ended ({serve_run.status}); launch a new one"]
@@ -358,7 +360,7 @@ def _launch_training(loop: Loop, cycle: Cycle) -> None:
     settings = loop.training
     run = session_train_launch(
         user=loop.owner,
-        sessions_version=cycle.dataset_version,
+        dataset_version=cycle.dataset_version,
         reward_version=loop.reward_version,
         checkpoint=base.checkpoint if base is not None else None,
         base_model=_base_model(loop),
@@ -366,13 +368,13 @@ def _launch_training(loop: Loop, cycle: Cycle) -> None:
         baseline=settings["baseline"],
         max_samples=settings["max_samples"],
         name=f"{loop.gate.name} cycle {cycle.number}",
+        spec={"cycle": cycle.pk, "loop": loop.pk},
     )
     cycle.train_run = run
 
 
 def _base_model(loop: Loop) -> str:
-    job = loop.serve_run.spec.get("job", {})
-    return str(job.get("base_model", ""))
+    return str(loop.serve_run.spec.get("base_model") or loop.serve_run.spec.get("job", {}).get("base_model", ""))
 
 
 def _train(loop: Loop, cycle: Cycle) -> None:
@@ -398,6 +400,8 @@ def _train(loop: Loop, cycle: Cycle) -> None:
 
 def _evaluate(loop: Loop, cycle: Cycle) -> None:
     check = GateCheck.objects.select_related("decision").get(pk=cycle.gate_check_id)
+    if check.status == CheckStatus.WAITING:
+        check = gate_check_advance(check_id=check.pk)  # decide now if its evals ended (beat would, a tick later)
     if check.status == CheckStatus.WAITING:
         cycle.reason = f"gate check {check.pk}: waiting for its evals"
         return
