@@ -9,6 +9,7 @@ from apps.common.errors import api_not_found
 from apps.common.routers import ApiRouter
 from apps.datasets import api as datasets_api
 from apps.gates import api as gates_api
+from apps.realtime import api as realtime_api
 from apps.review import api as review_api
 from apps.rewards import api as rewards_api
 from apps.runs import api as runs_api
@@ -30,6 +31,7 @@ API_MODULES = [
     gates_api,
     review_api,
     webhooks_api,
+    realtime_api,
 ]
 router = ApiRouter()
 for module in API_MODULES:
@@ -57,6 +59,7 @@ PAGE_MODULES = [
     "apps.benchmarks.pages",
     "apps.gates.pages",
     "apps.review.pages",
+    "apps.realtime.pages",
     "apps.web.urls",
 ]
 

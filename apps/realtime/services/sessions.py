@@ -26,14 +26,12 @@ from django.utils import timezone
 from apps.accounts.models import ApiToken, User
 from apps.gates.models import Deployment
 from apps.realtime.models import Feedback, Session, SessionTurn
+from apps.realtime.services.serving import SERVE
 from apps.runs.models import Run
 from apps.runs.services import IngestContext
 from workers.realtime.records import FeedbackIn
 
 log = logging.getLogger(__name__)
-
-SERVE = "serve"
-"""The run kind whose `session_turn` events are stored (the serving job, apps.realtime.services.serving)."""
 
 
 def _when(unix_seconds: float) -> datetime:
