@@ -17,18 +17,18 @@ Signals (`Signal`), and the value each carries:
 | dissatisfied_followup | none | the next message shows the user was not satisfied (Cursor's "dissatisfied follow-up") |
 | accepted / rejected | none | the user accepted or rejected a proposed change |
 | thumbs | +1 or -1 | explicit rating |
-| tests_passed / tests_failed | optional fraction in [0, 1] | the project's tests after the edit |
+| tests_passed / tests_failed | optional fraction in [0, 1]: of the tests that passed / that failed | the project's tests after the edit |
 | text | none (`text` holds it) | free text; no reward of its own |
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-SESSION_FORMAT = "session/v1"
+SESSION_FORMAT: Final = "session/v1"
 SESSION_ID_MAX = 200
 EVENT_ID_MAX = 200
 
@@ -116,7 +116,7 @@ class SessionRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    format: Literal["session/v1"] = SESSION_FORMAT
+    format: Literal["session/v1"] = "session/v1"
     session_id: str = Field(min_length=1, max_length=SESSION_ID_MAX)
     serve_run_id: int
     task_type: str = Field(default="", max_length=100, description="Client-declared kind of work (baseline groups)")
