@@ -17,7 +17,7 @@ Signals (`Signal`), and the value each carries:
 | dissatisfied_followup | none | the next message shows the user was not satisfied (Cursor's "dissatisfied follow-up") |
 | accepted / rejected | none | the user accepted or rejected a proposed change |
 | thumbs | +1 or -1 | explicit rating |
-| tests_passed / tests_failed | optional fraction in [0, 1]: of the tests that passed / that failed | the project's tests after the edit |
+| tests_passed / tests_failed | optional fraction in [0, 1] that passed / that failed | the tests after the edit |
 | text | none (`text` holds it) | free text; no reward of its own |
 """
 
