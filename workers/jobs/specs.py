@@ -263,8 +263,9 @@ class SimulateSpec(JobSpec):
 
 
 class SessionTrainSpec(JobSpec):
-    """One real-time RL update (workers.realtime.train): a single epoch over recorded sessions, from the deployed
-    checkpoint, with the recorded log-probabilities as the behaviour policy and a baseline for ungrouped samples."""
+    """One real-time RL update (workers.jobs.session_train): a single epoch over recorded sessions, from the deployed
+    checkpoint, with the recorded log-probabilities as the behaviour policy and a baseline for ungrouped samples.
+    Each optimizer step trains `config.prompts_per_step x config.group_size` turns."""
 
     entrypoint: ClassVar[str] = "workers.jobs.session_train"
     sessions_uri: str = Field(description="A session/v1 dataset version's rows (JSONL)")
@@ -279,6 +280,12 @@ class SessionTrainSpec(JobSpec):
         description="Sessions have no groups of G: the baseline subtracted from each sample's reward",
     )
     max_samples: int = Field(default=4096, ge=1, le=1_000_000, description="Turns trained on at most (newest kept)")
+    policy_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="The checkpoint id of checkpoint_uri (0: the base model), whose turns are on-policy; left out: 0 "
+        "without a checkpoint, else the on-policy share is not computed",
+    )
 
 
 JOB_SPECS: tuple[type[JobSpec], ...] = (
