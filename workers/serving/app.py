@@ -137,6 +137,7 @@ class ArmReplica:
         self._in_flight = 0
         self._count_lock = threading.Lock()
         self.swaps = 0
+        self.last_update: dict[str, Any] = {}
         self.shipper = Shipper(lambda: _actor(self.names.recorder))
         self._sync_thread = threading.Thread(target=self._follow_weights, name="crucible-weights", daemon=True)
         self._sync_thread.start()
@@ -190,12 +191,15 @@ class ArmReplica:
             self._sync_version = sync_version
         self._synced.set()
         self.swaps += 1
-        return {
+        self.last_update = {
+            "sync_version": sync_version,
+            "policy_version": policy_version,
             "apply_seconds": time.perf_counter() - started,
             "decode_seconds": decoded - started,
             "lock_wait_seconds": waited,
             "bytes": sum(len(blob) for blob in blobs),
         }
+        return dict(self.last_update)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -205,6 +209,7 @@ class ArmReplica:
             "policy_version": self.backend.policy_version,
             "in_flight": self._in_flight,
             "swaps": self.swaps,
+            "last_update": self.last_update,
             "record_failures": self.shipper.failures,
         }
 

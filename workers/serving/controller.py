@@ -18,6 +18,7 @@ actors, and the router application at the spec's route prefix (which answers 503
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,19 @@ from workers.serving.weights import WeightStore, policy_state
 log = logging.getLogger("crucible.serve")
 
 SYNC_TIMEOUT_SECONDS = 600.0
+
+
+def _import_model_libraries() -> None:
+    import torch  # noqa: F401
+    from transformers import AutoModelForCausalLM  # noqa: F401
+
+
+def _app_status(app: str) -> tuple[str, str]:
+    """A Serve application's status (NOT_STARTED, DEPLOYING, RUNNING, DEPLOY_FAILED, ...) and its message."""
+    overview = serve.status().applications.get(app)
+    if overview is None:
+        return "NOT_STARTED", ""
+    return str(overview.status.value), overview.message
 
 
 @dataclass
@@ -74,6 +88,8 @@ class ServingController:
         self.recorder: Any = None
         self._http = httpx.Client(timeout=30.0)
         self._target_error: str | None = None
+        self._router_up = False
+        self._warm: threading.Thread | None = None
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -90,8 +106,7 @@ class ServingController:
         ray.get([self.recorder.ready.remote(), self.store.status.remote()])
         serve.start(http_options={"host": spec.http_host, "port": spec.http_port})
         self.log(
-            f"serving {spec.model_name} (base model {spec.base_model}, {spec.backend}) at "
-            f"http://{spec.http_host}:{spec.http_port}{spec.route_prefix.rstrip('/')}/v1, "
+            f"serving {spec.model_name} (base model {spec.base_model}, {spec.backend}) at {self.base_path}, "
             f"{spec.replicas} replica(s) per arm, recording {'on' if spec.record else 'off'}"
         )
         router_settings = {
@@ -107,7 +122,34 @@ class ServingController:
             ray_actor_options={"num_cpus": 0},
             graceful_shutdown_timeout_s=5,
         ).bind(router_settings)
-        serve.run(router, name=self.names.router_app, route_prefix=spec.route_prefix)
+        # Not waited for here: the router comes up while the first arms load (`wait_for_router`).
+        serve.run_many(
+            [serve.RunTarget(router, name=self.names.router_app, route_prefix=spec.route_prefix)],
+            wait_for_applications_running=False,
+        )
+        self._router_up = False
+        # torch and transformers take seconds to import: do it while Serve starts the replicas.
+        self._warm = threading.Thread(target=_import_model_libraries, name="crucible-warm", daemon=True)
+        self._warm.start()
+
+    def wait_for_router(self, timeout: float = 300.0) -> None:
+        """Block until the router application runs (its HTTP route answers); raises if its deployment failed."""
+        if self._router_up:
+            return
+        deadline = time.monotonic() + timeout
+        while _app_status(self.names.router_app)[0] != "RUNNING":
+            status, message = _app_status(self.names.router_app)
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"the router application failed to start: {message}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router application is still {status} after {timeout:.0f}s")
+            time.sleep(0.1)
+        self._router_up = True
+        self.log(f"endpoint up at {self.base_path}")
+
+    @property
+    def base_path(self) -> str:
+        return f"http://{self.spec.http_host}:{self.spec.http_port}{self.spec.route_prefix.rstrip('/')}/v1"
 
     def stop(self, outcome: str = "succeeded", error: str = "", timeout: float = 30.0) -> dict[str, int]:
         """Delete the Serve applications (Serve finishes that on its own), then end and flush the run's events."""
@@ -164,12 +206,13 @@ class ServingController:
             for name in removed:
                 self._remove_arm(name)
             changed = True
+        new = [arm for name, arm in wanted.items() if name not in self.arms]
+        if new:
+            self._deploy_arms(new)
+            changed = True
         for name, arm in wanted.items():
-            state = self.arms.get(name)
-            if state is None:
-                self._add_arm(arm)
-                changed = True
-            elif state.target is None or state.target.weights_key != arm.weights_key:
+            state = self.arms[name]
+            if state.target is None or state.target.weights_key != arm.weights_key:
                 self.swap(name, arm)
                 changed = True
             elif state.target != arm:
@@ -177,6 +220,7 @@ class ServingController:
                 changed = True
         self.revision = target.revision
         self._publish_routing(wanted)
+        self.wait_for_router()
         return changed
 
     def _publish_routing(self, wanted: dict[str, TargetArm]) -> None:
@@ -193,34 +237,38 @@ class ServingController:
         ]
         ray.get(self.store.set_routing.remote({"arms": arms, "model_names": self.model_names}))
 
-    def _add_arm(self, arm: TargetArm) -> None:
+    def _deploy_arms(self, arms: list[TargetArm]) -> None:
+        """Start a Serve application per new arm, all at once; each joins with its first (full) sync in `swap`."""
         from workers.rl.weightsync import WeightSyncSender
 
         spec = self.spec
-        app = self.names.arm_app(arm.name)
-        settings = {
-            "arm": arm.name,
-            "run_id": spec.run_id,
-            "base_model": spec.base_model,
-            "backend": spec.backend,
-            "threads": spec.threads,
-            "max_new_tokens": spec.max_new_tokens,
-            "max_context": spec.max_context,
-            "record": spec.record,
-        }
         resources: dict[str, Any] = {"num_cpus": spec.threads} if spec.backend == "transformers" else {"num_gpus": 1}
-        started = time.perf_counter()
-        deployment = ArmDeployment.options(
-            num_replicas=spec.replicas,
-            max_ongoing_requests=64,
-            ray_actor_options=resources,
-            graceful_shutdown_timeout_s=30,
-            health_check_period_s=10,
-        ).bind(settings)
-        serve.run(deployment, name=app, route_prefix=None)
-        self.arms[arm.name] = _ArmState(name=arm.name, app=app, sender=WeightSyncSender())
-        self.log(f"arm {arm.name}: {spec.replicas} replica(s) up in {time.perf_counter() - started:.1f}s")
-        self.swap(arm.name, arm)
+        targets = []
+        for arm in arms:
+            settings = {
+                "arm": arm.name,
+                "run_id": spec.run_id,
+                "base_model": spec.base_model,
+                "backend": spec.backend,
+                "threads": spec.threads,
+                "max_new_tokens": spec.max_new_tokens,
+                "max_context": spec.max_context,
+                "record": spec.record,
+            }
+            deployment = ArmDeployment.options(
+                num_replicas=spec.replicas,
+                max_ongoing_requests=64,
+                ray_actor_options=resources,
+                graceful_shutdown_timeout_s=30,
+                health_check_period_s=10,
+            ).bind(settings)
+            app = self.names.arm_app(arm.name)
+            targets.append(serve.RunTarget(deployment, name=app, route_prefix=None))
+            self.arms[arm.name] = _ArmState(name=arm.name, app=app, sender=WeightSyncSender())
+        serve.run_many(targets, wait_for_applications_running=False)
+        self.log(
+            f"starting {len(arms)} arm(s) ({', '.join(a.name for a in arms)}) with {spec.replicas} replica(s) each"
+        )
 
     def _remove_arm(self, name: str) -> None:
         state = self.arms.pop(name)
@@ -235,6 +283,8 @@ class ServingController:
 
         state = self.arms[name]
         started = time.perf_counter()
+        if self._warm is not None:
+            self._warm.join()  # transformers' lazy imports are not safe from two threads at once
         uri = arm.checkpoint_uri
         blob = read_bytes(uri, self.spec.storage_options) if arm.checkpoint_id and uri else None
         weights, _ = policy_state(self.spec.base_model, blob, threads=self.spec.threads)
@@ -293,6 +343,20 @@ class ServingController:
             f"{delivered - loaded:.2f}s (loading {loaded - started:.2f}s, encoding {encoded - loaded:.2f}s){outcome}"
         )
         return figures
+
+    def _wait_synced(self, state: _ArmState, sync_version: int) -> dict[str, Any]:
+        """Wait until every replica of the arm holds `sync_version`; raises when the arm's application failed to
+        start (a replica that cannot load the model would otherwise be waited for until the timeout)."""
+        deadline = time.monotonic() + SYNC_TIMEOUT_SECONDS
+        while True:
+            report: dict[str, Any] = ray.get(
+                self.store.wait_synced.remote(state.name, sync_version, self.spec.replicas, 2.0)
+            )
+            if report["ok"] or time.monotonic() > deadline:
+                return report
+            status, message = _app_status(state.app)
+            if status in ("DEPLOY_FAILED", "UNHEALTHY"):
+                raise RuntimeError(f"arm {state.name}: its replicas failed to start ({status}): {message}")
 
     def run(self, should_stop: Any) -> None:
         """Poll the target every `poll_seconds` until `should_stop()` is true (checked every 0.2 s)."""
