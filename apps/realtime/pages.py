@@ -62,7 +62,7 @@ def session_list(request: HttpRequest) -> HttpResponse:
         "filters": raw,
         "errors": errors,
         "query": urlencode(raw),
-        "serve_runs": selectors.serve_runs().only("pk", "name")[:50],
+        "serve_runs": selectors.serve_runs().select_related(None).only("pk", "name")[:50],
     }
     template = "realtime/sessions_table.html" if request.headers.get("HX-Request") else "realtime/sessions.html"
     return render(request, template, context)
