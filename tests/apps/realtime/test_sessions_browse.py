@@ -142,3 +142,13 @@ def test_anonymous_readers_are_refused(client, recorded):
     assert client.get("/sessions/").status_code == 302
     assert APIClient().get("/api/v1/sessions/").status_code in (401, 403)
     assert APIClient().get(f"/api/v1/serving/{recorded['run'].pk}/ab/").status_code in (401, 403)
+
+
+def test_the_admin_lists_and_opens_sessions(client, recorded):
+    from apps.accounts.models import User
+
+    client.force_login(User.objects.create_superuser("root", password="pw-123456"))
+    assert client.get("/admin/realtime/session/").status_code == 200
+    assert client.get(f"/admin/realtime/session/{recorded['alpha'].pk}/change/").status_code == 200
+    assert client.get("/admin/realtime/feedback/").status_code == 200
+    assert client.get("/admin/realtime/sessionturn/").status_code == 200
