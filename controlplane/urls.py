@@ -10,6 +10,7 @@ from apps.common.routers import ApiRouter
 from apps.datasets import api as datasets_api
 from apps.gates import api as gates_api
 from apps.realtime import api as realtime_api
+from apps.realtime import api_loops as realtime_loops_api
 from apps.review import api as review_api
 from apps.rewards import api as rewards_api
 from apps.runs import api as runs_api
@@ -32,6 +33,7 @@ API_MODULES = [
     review_api,
     webhooks_api,
     realtime_api,
+    realtime_loops_api,
 ]
 router = ApiRouter()
 for module in API_MODULES:
@@ -60,6 +62,7 @@ PAGE_MODULES = [
     "apps.gates.pages",
     "apps.review.pages",
     "apps.realtime.pages",
+    "apps.realtime.pages_loops",
     "apps.web.urls",
 ]
 
