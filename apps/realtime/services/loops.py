@@ -358,13 +358,18 @@ def _launch_training(loop: Loop, cycle: Cycle) -> None:
 
     base = cycle.base_deployment
     settings = loop.training
+    config = dict(settings["config"])
+    # Composer's and Dr. GRPO's constant normaliser is the generation limit: the serving run's cap on a completion
+    # (a recorded turn never exceeds it), unless the loop sets one.
+    served_cap = loop.serve_run.spec.get("job", {}).get("max_new_tokens", 512)
+    config["sampling"] = {"max_new_tokens": served_cap, **(config.get("sampling") or {})}
     run = session_train_launch(
         user=loop.owner,
         dataset_version=cycle.dataset_version,
         reward_version=loop.reward_version,
         checkpoint=base.checkpoint if base is not None else None,
         base_model=_base_model(loop),
-        config=settings["config"],
+        config=config,
         baseline=settings["baseline"],
         max_samples=settings["max_samples"],
         name=f"{loop.gate.name} cycle {cycle.number}",

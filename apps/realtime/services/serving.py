@@ -360,6 +360,8 @@ def session_train_launch(
             "output_prefix": storage_uri(f"runs/{run.pk}"),
             "base_model": base_model,
             "checkpoint_uri": checkpoint.uri if checkpoint else None,
+            # The version the sessions' on-policy share is measured against: the checkpoint trained from.
+            "policy_version": checkpoint.pk if checkpoint else 0,
             "config": stored_config,
             **fields,
         }

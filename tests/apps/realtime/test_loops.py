@@ -318,7 +318,7 @@ def test_only_admins_configure_pause_and_resume_loops_over_the_api(world, client
     assert admin.post(f"/api/v1/loops/{loop_id}/pause/").json()["paused"] is True
     assert admin.post(f"/api/v1/loops/{loop_id}/resume/").json()["paused"] is False
     bad = admin.post("/api/v1/loops/", {**body, "reward_version": 10**6}, format="json")
-    assert bad.status_code == 400 and "reward_version" in bad.json()
+    assert bad.status_code == 400 and "reward_version" in bad.json()["fields"]
     viewer = client_for(Role.VIEWER)
     listed = viewer.get("/api/v1/loops/").json()
     assert listed["results"][0]["gate"] == "coding" and listed["results"][0]["latest_cycle"] is None
