@@ -33,6 +33,8 @@ def run(spec: ServeSpec, stop: threading.Event | None = None) -> dict[str, int]:
     controller = ServingController(spec, token)
     try:
         controller.start()
+        if threading.current_thread() is threading.main_thread():
+            _stop_on_signals(stop)  # after ray.init, which installs a SIGTERM handler that exits at once
         controller.run(stop.is_set)
     except BaseException as exc:
         error = "".join(traceback.format_exception_only(type(exc), exc)).strip()
@@ -44,17 +46,20 @@ def run(spec: ServeSpec, stop: threading.Event | None = None) -> dict[str, int]:
     return controller.stop("succeeded")
 
 
-def main() -> None:
-    configure_logging()
-    spec = load_spec(ServeSpec)
-    stop = threading.Event()
-
+def _stop_on_signals(stop: threading.Event) -> None:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("signal %d: stopping", signum)
         stop.set()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+
+
+def main() -> None:
+    configure_logging()
+    spec = load_spec(ServeSpec)
+    stop = threading.Event()
+    _stop_on_signals(stop)
     totals = run(spec, stop)
     log.info(
         "served %d completions, recorded %d turns", totals.get("requests_total", 0), totals.get("recorded_turns", 0)

@@ -169,7 +169,8 @@ class ArmReplica:
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.warning("replica %s: the weight store did not answer (%s); retrying", self.replica_id, exc)
+                if store is not None:  # once per outage: the store is gone while the job stops, or restarts
+                    log.warning("replica %s: the weight store did not answer (%s); retrying", self.replica_id, exc)
                 store = None
                 self._stop.wait(1.0)
 
@@ -341,7 +342,10 @@ class ArmReplica:
         return out
 
     def __del__(self) -> None:
+        # Serve calls this when the replica shuts down (arm removed, job stopping): stop following the store and
+        # hand the last turns to the recorder.
         self._stop.set()
+        self.shipper.close(timeout=1.0)
 
 
 def text_pieces(tokenizer: Any, token_ids: Sequence[int], text: str) -> list[str]:
@@ -405,7 +409,8 @@ class Router:
                 if table is not None:
                     self.routing = table
             except Exception as exc:
-                log.warning("router: the weight store did not answer (%s); retrying", exc)
+                if store is not None:
+                    log.warning("router: the weight store did not answer (%s); retrying", exc)
                 store = None
                 self._stop.wait(1.0)
 
@@ -549,6 +554,10 @@ class Router:
         if len(task_type) > TASK_TYPE_MAX:
             raise APIError(400, f"X-Task-Type: at most {TASK_TYPE_MAX} characters", param="X-Task-Type")
         return session_id, turn_index, task_type
+
+    def __del__(self) -> None:
+        self._stop.set()
+        self.shipper.close(timeout=1.0)
 
     def _remember_turn(self, session_id: str, following: int) -> None:
         self._turns[session_id] = max(following, self._turns.get(session_id, 0))

@@ -44,6 +44,19 @@ def _import_model_libraries() -> None:
     from transformers import AutoModelForCausalLM  # noqa: F401
 
 
+def _serve_http() -> tuple[str, int] | None:
+    """Where this cluster's Serve proxy really listens (its first start decided), if Serve says."""
+    try:
+        from ray.serve.context import _get_global_client
+
+        client = _get_global_client()
+        if client is None:
+            return None
+        return str(client.http_config.host), int(client.http_config.port)
+    except Exception:
+        return None
+
+
 def _app_status(app: str) -> tuple[str, str]:
     """A Serve application's status (NOT_STARTED, DEPLOYING, RUNNING, DEPLOY_FAILED, ...) and its message."""
     overview = serve.status().applications.get(app)
@@ -90,6 +103,7 @@ class ServingController:
         self._target_error: str | None = None
         self._router_up = False
         self._warm: threading.Thread | None = None
+        self.http_host, self.http_port = spec.http_host, spec.http_port
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -105,6 +119,15 @@ class ServingController:
         self.store = ray.remote(WeightStore).options(name=self.names.store, namespace=NAMESPACE, num_cpus=0).remote()
         ray.get([self.recorder.ready.remote(), self.store.status.remote()])
         serve.start(http_options={"host": spec.http_host, "port": spec.http_port})
+        actual = _serve_http()
+        if actual is not None and actual != (spec.http_host, spec.http_port):
+            # One Serve (one HTTP proxy) per Ray cluster: a second serving run shares the first one's address.
+            self.log(
+                f"Serve already listens on {actual[0]}:{actual[1]} in this Ray cluster; this run's endpoint is "
+                f"there (the spec's {spec.http_host}:{spec.http_port} does not apply)"
+            )
+            self.http_host, self.http_port = actual
+        self.recorder.summary.remote({"endpoint": self.base_path, "model": spec.model_name})
         self.log(
             f"serving {spec.model_name} (base model {spec.base_model}, {spec.backend}) at {self.base_path}, "
             f"{spec.replicas} replica(s) per arm, recording {'on' if spec.record else 'off'}"
@@ -149,10 +172,12 @@ class ServingController:
 
     @property
     def base_path(self) -> str:
-        return f"http://{self.spec.http_host}:{self.spec.http_port}{self.spec.route_prefix.rstrip('/')}/v1"
+        """The endpoint's OpenAI base URL (ends in /v1)."""
+        return f"http://{self.http_host}:{self.http_port}{self.spec.route_prefix.rstrip('/')}/v1"
 
     def stop(self, outcome: str = "succeeded", error: str = "", timeout: float = 30.0) -> dict[str, int]:
-        """Delete the Serve applications (Serve finishes that on its own), then end and flush the run's events."""
+        """Delete the Serve applications (Serve finishes that on its own), give the replicas' last turns a moment
+        to reach the recorder, then end and flush the run's events. Turns finished later are not recorded."""
         for app in [self.names.router_app, *(arm.app for arm in self.arms.values())]:
             try:
                 serve.delete(app, _blocking=False)
@@ -161,6 +186,7 @@ class ServingController:
         self.arms.clear()
         totals: dict[str, int] = {}
         if self.recorder is not None:
+            time.sleep(0.5)  # two shipper intervals
             try:
                 totals = ray.get(self.recorder.close.remote(outcome, error), timeout=timeout)
             except Exception as exc:
