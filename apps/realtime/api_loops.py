@@ -75,7 +75,7 @@ class CycleSerializer(serializers.ModelSerializer[Cycle]):
 
 
 class LoopSerializer(serializers.ModelSerializer[Loop]):
-    gate = serializers.SlugRelatedField(slug_field="name", read_only=True)
+    gate: serializers.SlugRelatedField[Gate] = serializers.SlugRelatedField(slug_field="name", read_only=True)
     latest_cycle = serializers.SerializerMethodField()
     median_cycle_seconds = serializers.SerializerMethodField(help_text="Median wall time of deployed cycles")
 

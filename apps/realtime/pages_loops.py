@@ -37,7 +37,9 @@ def _timeline(cycle: Cycle) -> list[dict[str, Any]]:
 def loop_detail(request: HttpRequest, loop_id: int) -> HttpResponse:
     loop = get_object_or_404(Loop.objects.select_related("gate", "serve_run", "reward_version"), pk=loop_id)
     cycles = list(loop.cycles.select_related("gate_check__decision", "deployment").order_by("-number")[:100])
-    rows = [{"cycle": c, "timeline": _timeline(c), "rates": cycle_signal_rates(c)} for c in cycles]
+    rows: list[dict[str, Any]] = [
+        {"cycle": c, "timeline": _timeline(c), "rates": cycle_signal_rates(c)} for c in cycles
+    ]
     chart = [
         {"x": r["cycle"].number, "reward": r["cycle"].reward_mean, "kept": r["rates"]["edit_kept"]["rate"]}
         for r in reversed(rows)

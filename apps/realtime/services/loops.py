@@ -358,6 +358,7 @@ def _launch_training(loop: Loop, cycle: Cycle) -> None:
 
     base = cycle.base_deployment
     settings = loop.training
+    assert cycle.dataset_version is not None  # collected just before
     config = dict(settings["config"])
     # Composer's and Dr. GRPO's constant normaliser is the generation limit: the serving run's cap on a completion
     # (a recorded turn never exceeds it), unless the loop sets one.
@@ -383,6 +384,7 @@ def _base_model(loop: Loop) -> str:
 
 
 def _train(loop: Loop, cycle: Cycle) -> None:
+    assert cycle.train_run_id is not None  # set when the cycle entered this phase
     run = Run.objects.get(pk=cycle.train_run_id)
     if not run.is_terminal:
         cycle.reason = f"training run {run.pk} is {run.status}"
@@ -404,6 +406,7 @@ def _train(loop: Loop, cycle: Cycle) -> None:
 
 
 def _evaluate(loop: Loop, cycle: Cycle) -> None:
+    assert cycle.gate_check_id is not None  # set when the cycle entered this phase
     check = GateCheck.objects.select_related("decision").get(pk=cycle.gate_check_id)
     if check.status == CheckStatus.WAITING:
         check = gate_check_advance(check_id=check.pk)  # decide now if its evals ended (beat would, a tick later)
