@@ -204,6 +204,9 @@ class ServingHarness:
 
     @property
     def base_url(self) -> str:
+        """The endpoint's OpenAI base URL: Serve's real address (a second run in one Ray shares the first's port)."""
+        if self.controller is not None:
+            return str(self.controller.base_path)
         return f"http://127.0.0.1:{self.port}{self.spec.route_prefix}/v1"
 
     def __enter__(self) -> ServingHarness:
