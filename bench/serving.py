@@ -388,7 +388,8 @@ def report(results: dict[str, Any], *, quick: bool) -> None:
     lines.append("hot swap (every replica serving the new version; bytes of the sync blob):")
     initial = results["hot_swap"]["initial_full_sync"]
     lines.append(
-        f"  first weights (full, the replicas starting meanwhile): {initial['swap_seconds']:.3f} s, {initial['swap_bytes'] / 1e6:.2f} MB"
+        f"  first weights (full, the replicas starting meanwhile): {initial['swap_seconds']:.3f} s, "
+        f"{initial['swap_bytes'] / 1e6:.2f} MB"
     )
     for index, swap in enumerate(results["hot_swap"]["swaps"], start=1):
         lines.append(
