@@ -37,6 +37,7 @@ from workers.serving.weights import WeightStore, policy_state
 log = logging.getLogger("crucible.serve")
 
 SYNC_TIMEOUT_SECONDS = 600.0
+RETRY_SECONDS = 30.0
 
 
 def _import_model_libraries() -> None:
@@ -127,7 +128,7 @@ class ServingController:
                 f"there (the spec's {spec.http_host}:{spec.http_port} does not apply)"
             )
             self.http_host, self.http_port = actual
-        self.recorder.summary.remote({"endpoint": self.base_path, "model": spec.model_name})
+        self.recorder.summary.remote({"endpoint": self.base_path, "model": spec.model_name, "arms": []})
         self.log(
             f"serving {spec.model_name} (base model {spec.base_model}, {spec.backend}) at {self.base_path}, "
             f"{spec.replicas} replica(s) per arm, recording {'on' if spec.record else 'off'}"
@@ -247,7 +248,29 @@ class ServingController:
         self.revision = target.revision
         self._publish_routing(wanted)
         self.wait_for_router()
+        if changed:
+            self.recorder.summary.remote(self.summary())
         return changed
+
+    def summary(self) -> dict[str, Any]:
+        """What the run's page shows: the endpoint and, per arm, the version served and its share of sessions."""
+        return {
+            "endpoint": self.base_path,
+            "model": self.spec.model_name,
+            "revision": self.revision,
+            "arms": [
+                {
+                    "name": state.name,
+                    "policy_version": state.policy_version,
+                    "checkpoint_id": state.target.checkpoint_id if state.target else None,
+                    "deployment_id": state.target.deployment_id if state.target else None,
+                    "weight": state.target.weight if state.target else 0.0,
+                    "ready": state.ready,
+                }
+                for state in self.arms.values()
+            ],
+            "swaps": self.swaps,
+        }
 
     def _publish_routing(self, wanted: dict[str, TargetArm]) -> None:
         arms = [
@@ -389,11 +412,15 @@ class ServingController:
         next_poll = 0.0
         while not should_stop():
             if time.monotonic() >= next_poll:
+                wait = self.spec.poll_seconds
                 try:
                     self.poll_once()
                 except Exception as exc:  # one bad reconcile must not end a long-lived job
+                    # A checkpoint that cannot be loaded or replicas that cannot start would fail again at once:
+                    # wait longer before loading and encoding it again.
+                    wait = max(wait, RETRY_SECONDS)
                     log.exception("reconcile failed")
-                    self.log(f"reconcile failed: {type(exc).__name__}: {exc}; retrying at the next poll")
+                    self.log(f"reconcile failed: {type(exc).__name__}: {exc}; retrying in {wait:.0f}s")
                     self.revision = None
-                next_poll = time.monotonic() + self.spec.poll_seconds
+                next_poll = time.monotonic() + wait
             time.sleep(0.2)

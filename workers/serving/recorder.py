@@ -203,11 +203,13 @@ class Shipper:
         interval: float = 0.2,
         max_queue: int = 10_000,
         max_batch: int = 256,
+        max_in_flight: int = 32,
     ) -> None:
         self._connect = connect
         self._recorder: Any = None
         self.interval = interval
         self.max_batch = max_batch
+        self.max_in_flight = max_in_flight
         self._turns: collections.deque[dict[str, Any]] = collections.deque(maxlen=max_queue)
         self._observations: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=max_queue)
         self._counters: collections.Counter[str] = collections.Counter()
@@ -245,6 +247,11 @@ class Shipper:
                 self._counters.clear()
             if not turns and not observations and not counters:
                 return
+            if len(self._in_flight) >= self.max_in_flight:
+                # The recorder is behind (its control plane away): keep the turns here, where the queue is bounded,
+                # instead of piling calls (and their arguments) up in the object store.
+                self._requeue(turns, observations, counters)
+                return
             try:
                 if self._recorder is None:
                     self._recorder = self._connect()
@@ -256,6 +263,18 @@ class Shipper:
                 return
             if len(turns) < self.max_batch:
                 return
+
+    def _requeue(
+        self, turns: list[dict[str, Any]], observations: list[tuple[float, int, int]], counters: Mapping[str, int]
+    ) -> None:
+        with self._lock:
+            room = (self._turns.maxlen or 0) - len(self._turns)
+            kept = turns[-room:] if room > 0 else []
+            self._counters["record_failures"] += len(turns) - len(kept)
+            self._turns.extendleft(reversed(kept))
+            self._observations.extendleft(reversed(observations))
+            for name, value in counters.items():
+                self._counters[name] += value
 
     def _check_in_flight(self) -> None:
         import ray

@@ -4,6 +4,7 @@ flight during the swap finishes on the version it started on; every response nam
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -122,3 +123,29 @@ def test_a_second_arm_splits_sessions_by_their_hash_and_goes_away_cleanly(
     serving.set_arms([_arm(None, None)])
     assert {_version(serving, session)[0] for session in versions} == {0}
     assert "b" not in serving.store_status()["arms"]
+
+
+@pytest.mark.slow
+def test_a_replica_serve_restarts_catches_up_on_its_own(serving: ServingHarness, checkpoints: list[str]) -> None:
+    import ray
+
+    serving.set_arms([_arm(7, checkpoints[0])])
+    before = serving.arm_status()["replica_id"]
+    [name] = [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == "serve" and serving.controller.names.arm_app("a") in actor["name"]
+    ]
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    deadline = time.monotonic() + 120
+    while True:  # Serve starts a new replica; it takes the full weights and the deltas from the store
+        try:
+            status = serving.arm_status()
+            if status["replica_id"] != before and status["policy_version"] == 7:
+                break
+        except Exception:
+            pass
+        assert time.monotonic() < deadline, "the restarted replica never caught up"
+        time.sleep(0.5)
+    assert _version(serving) == (7, "7")
+    serving.set_arms([_arm(None, None)])
