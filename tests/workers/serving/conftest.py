@@ -1,7 +1,18 @@
-"""Fixtures for serving tests: one local Ray and one serving run (tiny model, one arm on the base model) shared by
-the module's tests, with its stub control plane. Reuse them from other test packages by importing
-`tests.workers.serving.helpers` (StubControlPlane, ServingHarness) and the fixtures below via `pytest_plugins`
-or by copying the three lines of `serving`."""
+"""Fixtures for serving tests: a local Ray and one serving run (tiny model, one arm "a" on the base model) shared
+by this package's tests, with its stub control plane; all three end with the package.
+
+To serve in another package's tests, build the same from `tests.workers.serving.helpers`:
+
+    from tests.workers.serving.helpers import ServingHarness, StubControlPlane
+
+    @pytest.fixture(scope="module")
+    def endpoint(ray_session):  # ray.init(...) done by your own fixture
+        with StubControlPlane() as plane, ServingHarness(plane, run_id=9100) as serving:
+            serving.set_arms([{"name": "a", "weight": 1.0, "checkpoint_id": None}])
+            yield serving  # serving.base_url, serving.openai_client(), plane.turns(), serving.set_arms(...)
+
+Use a run id of your own (9001 and 9002 are taken here): it names the run's Serve applications and actors.
+"""
 
 from __future__ import annotations
 
@@ -12,9 +23,9 @@ import pytest
 from tests.workers.serving.helpers import ServingHarness, StubControlPlane
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def ray_local() -> Iterator[None]:
-    """A local Ray for this test session (4 logical CPUs: the router, an arm replica or two, and the actors)."""
+    """A local Ray for this package (4 logical CPUs: the router, an arm replica or two, and the actors)."""
     ray = pytest.importorskip("ray")
     started = not ray.is_initialized()
     if started:
@@ -27,13 +38,13 @@ def ray_local() -> Iterator[None]:
         ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def plane() -> Iterator[StubControlPlane]:
     with StubControlPlane() as stub:
         yield stub
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def serving(ray_local: None, plane: StubControlPlane) -> Iterator[ServingHarness]:
     """A serving run with one arm "a" on the base model (policy version 0), ready for requests."""
     with ServingHarness(plane) as harness:
