@@ -708,3 +708,146 @@ def test_in_a_browser_a_reviewer_works_a_queue_with_the_keyboard(stack, users):
     assert "1 labelled it a confirmed hack" in report["steps"]
     labels = sorted(Review.objects.filter(flag__run=run).values_list("label", flat=True))
     assert labels == ["confirmed", "false_positive"]
+
+
+def _stored_repo_task(folder: Path, row: dict) -> dict:  # type: ignore[type-arg]
+    """An inline repository task as an import stores it (repo_task/v1): its files packed by content hash."""
+    from workers.coding.archive import content_hash, pack
+
+    files = row["repo"]["files"]
+    digest = content_hash(files)
+    archive = folder / f"{digest}.tar.gz"
+    archive.write_bytes(pack(files))
+    return {
+        "schema": "repo_task/v1",
+        "id": row["id"],
+        "instruction": row["prompt"],
+        "snapshot": {"sha256": digest, "uri": f"file://{archive}", "file_count": len(files),
+                     "size_bytes": archive.stat().st_size},
+        "hidden_tests": row["hidden_tests"],
+        "family": "repair",
+        "prompt": row["prompt"],
+        "answer": None,
+    }  # fmt: skip
+
+
+def test_one_real_time_cycle_serves_records_trains_gates_and_hot_swaps(stack, users, tmp_path, settings):
+    """Issue 18, one short cycle with the tiny model on the real services: a gate's deployment served on Ray Serve
+    (OpenAI-compatible), simulated users playing coding sessions through the `openai` client and posting feedback,
+    the loop collecting the sessions into a dataset version, training from the deployed checkpoint, gating the new
+    checkpoint on the gate's benchmark, deploying it, and the serving run hot-swapping to it."""
+    import openai
+
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create
+    from apps.datasets.models import DatasetKind
+    from apps.datasets.services import dataset_create, repo_tasks_version_create
+    from apps.gates.models import Deployment
+    from apps.gates.services import gate_create
+    from apps.realtime.models import Cycle, CycleStatus, Session
+    from apps.realtime.services.loops import loop_create
+    from apps.realtime.services.serving import serve_endpoint_url, serve_launch, simulate_launch
+    from apps.rewards.services import reward_config_create
+    from apps.runs.models import MetricPoint
+    from apps.runs.services import run_cancel
+    from tests.workers.simulator.tasks import task_row
+    from workers.realtime.reward import default_session_reward_config
+
+    settings.CRUCIBLE_PUBLIC_URL = stack["web"]  # the jobs launched from this process report to the stack's web
+    admin = users["admin"]
+    rows = [_stored_repo_task(tmp_path, task_row(name)) for name in ("calc-add", "calc-mul")]
+    tasks = dataset_create(name="e2e-rt-tasks", kind=DatasetKind.REPO_TASKS, owner=admin)
+    tasks_version = repo_tasks_version_create(
+        dataset=tasks, data="".join(json.dumps(r) + "\n" for r in rows).encode(), created_by=admin
+    )
+    bench = benchmark_create(name="e2e-rt-bench", environment="coding_agent", owner=admin)
+    bench_version, _ = benchmark_version_create(
+        benchmark=bench, tasks=rows, created_by=admin, env_params={"max_turns": 1, "summary_threshold_tokens": 0}
+    )
+    gate = gate_create(
+        name="e2e-rt-gate",
+        rules=[{"type": "threshold", "benchmark": "e2e-rt-bench", "metric": "pass@1", "value": 0.0}],
+        benchmark_versions=[bench_version],
+        owner=admin,
+        requires_approval=False,
+        max_new_tokens=8,
+    )
+    first = _tiny_checkpoint(tmp_path, 1, admin)
+    Deployment.objects.create(gate=gate, checkpoint=first, created_by=admin, note="e2e start")
+    reward = reward_config_create(
+        name="e2e-rt-reward", description="", spec=default_session_reward_config(), owner=admin
+    ).versions.get()
+
+    port = devstack.free_port()
+    serve = serve_launch(
+        user=admin, model_name="coder", gate=gate, http_port=port, options={"poll_seconds": 1.0, "max_new_tokens": 16}
+    )
+    loop = loop_create(
+        gate=gate,
+        serve_run=serve,
+        reward_version=reward,
+        user=admin,
+        min_sessions=3,  # the probe below and the two simulated sessions
+        target_sessions=3,
+        settle_seconds=0,
+        training={"config": {"prompts_per_step": 1, "group_size": 2, "learning_rate": 1e-4}},
+    )
+    try:
+        base_url = serve_endpoint_url(serve)
+        _, key = api_token_create(user=admin, name="e2e-rt", scopes=["serve"])
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0, timeout=60)
+        deadline = time.monotonic() + 240
+        reply = None
+        while time.monotonic() < deadline:  # the serving run starts Ray Serve and loads the deployment
+            serve.refresh_from_db()
+            assert serve.status in ("pending", "running"), (serve.status, serve.failure_reason, serve.log_tail[-3000:])
+            try:
+                reply = client.chat.completions.create(
+                    model="coder", messages=[{"role": "user", "content": "hello"}], max_tokens=4,
+                    extra_headers={"X-Session-Id": "e2e-probe"},
+                )  # fmt: skip
+                break
+            except (openai.APIConnectionError, openai.NotFoundError, openai.InternalServerError, openai.APIStatusError):
+                time.sleep(2)
+        assert reply is not None, serve.log_tail[-3000:]
+        assert reply.model_extra["policy_version"] == first.pk
+        serve.refresh_from_db()
+        job_before = serve.ray_job_id
+
+        simulate = simulate_launch(
+            user=admin,
+            serve_run=serve,
+            dataset_version=tasks_version,
+            sessions=2,
+            concurrency=1,
+            options={"max_turns": 1, "max_tokens": 8, "feedback_wait_seconds": 60},
+        )
+        run = _wait(simulate.pk, lambda r: r.status == "succeeded", timeout=300)
+        assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+
+        deadline = time.monotonic() + 480
+        cycle = None
+        while time.monotonic() < deadline:
+            cycle = Cycle.objects.filter(loop=loop, number=1).first()
+            if cycle is not None and cycle.status != CycleStatus.RUNNING:
+                break
+            time.sleep(2)
+        assert cycle is not None and cycle.status == CycleStatus.DEPLOYED, (
+            cycle and (cycle.phase, cycle.status, cycle.reason),
+            cycle and cycle.train_run and cycle.train_run.log_tail[-3000:],
+        )
+        assert cycle.sessions == 3 and cycle.turns >= 3 and cycle.on_policy_share == 1.0
+        assert [p["phase"] for p in cycle.timeline] == ["collect", "train", "evaluate", "deploy"]
+        assert Session.objects.filter(cycle=cycle, feedback__isnull=False).distinct().count() == 2
+        assert Deployment.objects.get(gate=gate, is_current=True).checkpoint == cycle.checkpoint
+        swapped = client.chat.completions.create(
+            model="coder", messages=[{"role": "user", "content": "again"}], max_tokens=4
+        )
+        assert swapped.model_extra["policy_version"] == cycle.checkpoint_id  # hot-swapped, no restart
+        serve.refresh_from_db()
+        assert serve.status == "running" and serve.ray_job_id == job_before  # the same job: no restart
+        deltas = MetricPoint.objects.filter(run=serve, name="serve/swap_delta").order_by("-step")
+        assert deltas.first() is not None and deltas.first().value == 1.0  # the new weights went as a delta
+    finally:  # a serving run never ends by itself
+        run_cancel(run=serve, user=admin)
+        _wait(serve.pk, lambda r: r.is_terminal, timeout=60)
