@@ -73,12 +73,13 @@ def run_launch_rescore(
     name: str = "",
     tags: Sequence[str] = (),
 ) -> Run:
-    if dataset_version.dataset.kind != DatasetKind.TRAJECTORIES:
+    # Sessions (session/v1 rows a real-time RL cycle froze) re-score like trajectories: workers.jobs.rescore reads both.
+    if dataset_version.dataset.kind not in (DatasetKind.TRAJECTORIES, DatasetKind.SESSIONS):
         raise ValidationError(
             {
                 "dataset_version": [
                     f"{dataset_version} is a {dataset_version.dataset.kind} dataset; "
-                    "re-scoring needs a dataset of kind 'trajectories'"
+                    "re-scoring needs a dataset of kind 'trajectories' or 'sessions'"
                 ]
             }
         )

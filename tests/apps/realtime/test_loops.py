@@ -359,3 +359,21 @@ def test_ingested_turns_feed_a_cycle(world) -> None:
     assert cycle.phase == CyclePhase.TRAIN and cycle.sessions == 1 and cycle.on_policy_share == 1.0
     row = json.loads(cycle.dataset_version.file.read().splitlines()[0])
     assert row["session_id"] == "abc" and row["turns"][0]["completion_token_ids"] == [3]
+
+
+def test_a_cycles_sessions_are_rescored_with_a_new_reward_version_by_the_rescore_job(world) -> None:
+    """Issue 18 section 3: re-scoring stored sessions with a new version is the existing re-scoring job."""
+    from apps.training.services import run_launch_rescore
+
+    loop = _loop(world)
+    for n in range(3):
+        _session(world, f"s{n}", policy_version=world["deployed"].pk)
+    loops_tick()
+    version = Cycle.objects.get(loop=loop).dataset_version
+    newer = reward_config_create(
+        name="sessions-v2", description="", spec={"terms": [{"type": "session_feedback", "turn_decay": 0.5}]},
+        owner=world["admin"],
+    ).versions.get()  # fmt: skip
+    run = run_launch_rescore(created_by=world["admin"], dataset_version=version, reward_version=newer)
+    assert run.kind == "rescore" and run.progress_total == 3
+    assert run.spec["job"]["reward"] == newer.spec and run.spec["job"]["input_uri"].endswith(".jsonl")
