@@ -18,6 +18,7 @@ from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
 from workers.coding.stats import suite_statistics
 from workers.coding.task import SCHEMA as REPO_TASK_SCHEMA
 from workers.coding.task import RepoTaskError, parse_repo_task_row
+from workers.realtime.records import SESSION_FORMAT, SessionRecord
 from workers.search.corpus import (
     ChunkerConfig,
     ChunkerOptionError,
@@ -32,7 +33,6 @@ from workers.search.corpus import (
     parse_documents_zip,
     validate_canonical,
 )
-from workers.realtime.records import SESSION_FORMAT, SessionRecord
 from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
 from workers.trajectories import parse_trajectories_jsonl
 
