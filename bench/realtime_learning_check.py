@@ -180,7 +180,7 @@ def main() -> None:
     def probe() -> int:
         reply = client.chat.completions.create(
             model="coder", messages=[{"role": "user", "content": "Say OK."}], max_tokens=2,
-            extra_headers={"X-Session-Id": f"probe-{time.time()}"},
+            extra_headers={"X-Session-Id": "rt-check-probe"},  # one session: collected once, by cycle 1
         )  # fmt: skip
         return int(reply.model_extra["policy_version"])
 
@@ -200,6 +200,8 @@ def main() -> None:
     results: dict[str, Any] = {"gate": gate.name, "serve_run": serve.pk, "loop": loop.pk, "cycles": []}
 
     def play_cycle(number: int, *, degraded: bool) -> dict[str, Any]:
+        if number == 2:  # the probe's session went with cycle 1
+            Loop.objects.filter(pk=loop.pk).update(min_sessions=args.sessions, target_sessions=args.sessions)
         if degraded:
             training = dict(Loop.objects.get(pk=loop.pk).training)
             training["config"] = {**training["config"], "learning_rate": 1.0}

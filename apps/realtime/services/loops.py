@@ -33,7 +33,7 @@ import statistics
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.utils import timezone
 from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -203,7 +203,11 @@ def _end(cycle: Cycle, status: str, reason: str = "") -> None:
 
 def cycle_advance(*, loop_id: int) -> int:
     """One tick of the loop: open a cycle when none runs, then try to finish the running cycle's phase (and the
-    ones after it that are already done). Returns the number of phase changes."""
+    ones after it that are already done). Returns the number of phase changes.
+
+    A transient database error (a deadlock, a lost connection) rolls the tick back and the next tick retries; any
+    other error fails the cycle with its reason, leaving the deployment as it was."""
+    _decide_gate_check(loop_id)
     with transaction.atomic():
         loop = Loop.objects.select_for_update().select_related("gate", "serve_run", "reward_version").get(pk=loop_id)
         if loop.paused:
@@ -221,6 +225,8 @@ def cycle_advance(*, loop_id: int) -> int:
                 _step(loop, cycle)
             except ValidationError as exc:
                 _end(cycle, CycleStatus.FAILED, f"{cycle.phase}: {_detail(exc.detail)}")
+            except OperationalError:
+                raise  # transient: this tick rolls back, the next one tries again
             except Exception as exc:  # recorded on the cycle; the deployment is untouched
                 log.exception("cycle %s of loop %s failed in %s", cycle.number, loop.pk, cycle.phase)
                 _end(cycle, CycleStatus.FAILED, f"{cycle.phase}: {type(exc).__name__}: {exc}")
@@ -231,6 +237,19 @@ def cycle_advance(*, loop_id: int) -> int:
             if cycle.status != CycleStatus.RUNNING:
                 break
         return moved
+
+
+def _decide_gate_check(loop_id: int) -> None:
+    """Decide the running cycle's gate check now if its evals ended (beat's gate task would, a tick later), in its
+    own transaction and before the loop's lock is taken: the gate app locks its check first, so taking the two
+    locks in the other order would deadlock with that task."""
+    check_id = (
+        Cycle.objects.filter(loop_id=loop_id, status=CycleStatus.RUNNING, phase=CyclePhase.EVALUATE)
+        .values_list("gate_check_id", flat=True)
+        .first()
+    )
+    if check_id is not None and GateCheck.objects.filter(pk=check_id, status=CheckStatus.WAITING).exists():
+        gate_check_advance(check_id=check_id)
 
 
 def _detail(detail: Any) -> str:
@@ -408,8 +427,6 @@ def _train(loop: Loop, cycle: Cycle) -> None:
 def _evaluate(loop: Loop, cycle: Cycle) -> None:
     assert cycle.gate_check_id is not None  # set when the cycle entered this phase
     check = GateCheck.objects.select_related("decision").get(pk=cycle.gate_check_id)
-    if check.status == CheckStatus.WAITING:
-        check = gate_check_advance(check_id=check.pk)  # decide now if its evals ended (beat would, a tick later)
     if check.status == CheckStatus.WAITING:
         cycle.reason = f"gate check {check.pk}: waiting for its evals"
         return

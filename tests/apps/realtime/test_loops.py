@@ -377,3 +377,25 @@ def test_a_cycles_sessions_are_rescored_with_a_new_reward_version_by_the_rescore
     run = run_launch_rescore(created_by=world["admin"], dataset_version=version, reward_version=newer)
     assert run.kind == "rescore" and run.progress_total == 3
     assert run.spec["job"]["reward"] == newer.spec and run.spec["job"]["input_uri"].endswith(".jsonl")
+
+
+def test_a_transient_database_error_rolls_the_tick_back_and_the_next_tick_goes_on(world, monkeypatch) -> None:
+    """A deadlock or a lost connection is not the cycle's fault: nothing is recorded, the next tick retries; any
+    other error fails the cycle (tested above through training and eval failures)."""
+    from django.db import OperationalError
+
+    from apps.realtime.services import loops
+
+    loop = _loop(world)
+    for n in range(3):
+        _session(world, f"s{n}", policy_version=world["deployed"].pk)
+
+    def deadlocked(loop, cycle):  # type: ignore[no-untyped-def]
+        raise OperationalError("deadlock detected")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(loops, "_collect", deadlocked)
+        assert loops_tick() == 0  # logged, rolled back
+    assert not Cycle.objects.exists() and not Session.objects.filter(cycle__isnull=False).exists()
+    assert loops_tick() == 1
+    assert Cycle.objects.get(loop=loop).phase == CyclePhase.TRAIN
