@@ -6,9 +6,9 @@
 What it does, through the same services the API calls:
 1. Repository tasks: the train part of the demo's generated suite (`demo-repo-tasks-train`, else `demo-repo-tasks`;
    it waits for the demo's generation run). The simulated users play these.
-2. A gate `rt-check-<stamp>` on two benchmarks: `no_regression` on pass@1 of 24 arithmetic tasks (exact_answer;
-   SmolLM2-135M answers some, so a broken model shows as a regression) and a `threshold` pass@1 >= 0 on four
-   held-out repository tasks (reported, never blocking). No human approval.
+2. A gate `rt-check-<stamp>` on two benchmarks: `no_regression` on pass@1 of 24 arithmetic tasks (exact_answer,
+   the reply's last number; SmolLM2-135M answers some, so a broken model shows as a regression) and a `threshold`
+   pass@1 >= 0 on four held-out repository tasks (reported, never blocking). No human approval.
 3. Deploys a step-0 LoRA checkpoint of SmolLM2-135M-Instruct, serves the gate on Ray Serve, configures the loop.
 4. Each cycle: a simulate run plays `--sessions` coding sessions through the `openai` client (hidden tests decide
    edit kept or a dissatisfied follow-up); the loop collects them, trains one epoch (Composer's loss, LoRA), gates
@@ -61,6 +61,8 @@ def main() -> None:
 
     django.setup()
 
+    import signal
+
     import openai
 
     from apps.accounts.models import User
@@ -85,6 +87,7 @@ def main() -> None:
     from workers.rl.config import TrainConfig
     from workers.rl.learner import Learner
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the serving run is stopped on the way out
     stamp = time.strftime("%Y%m%d-%H%M%S")
     user = User.objects.filter(username="rt-check").first() or User.objects.create_user(
         username="rt-check", password=os.urandom(16).hex(), role="admin"
@@ -108,8 +111,11 @@ def main() -> None:
 
     # 2. The gate.
     arith = benchmark_create(name=f"rt-arith-{stamp}", environment="exact_answer", owner=user)
-    arith_version, _ = benchmark_version_create(
-        benchmark=arith, tasks=arithmetic_tasks(args.arith_tasks, seed=11), created_by=user
+    arith_version, _ = benchmark_version_create(  # the reply's last number is its answer: SmolLM2 is chatty
+        benchmark=arith,
+        tasks=arithmetic_tasks(args.arith_tasks, seed=11),
+        created_by=user,
+        env_params={"answer_format": "last_number"},
     )
     versions = [arith_version]
     rules: list[dict[str, Any]] = [{"type": "no_regression", "benchmark": arith.name, "metric": "pass@1"}]
@@ -268,6 +274,7 @@ def main() -> None:
             results["cycles"].append(play_cycle(number, degraded=False))
         results["cycles"].append(play_cycle(args.cycles + 1, degraded=True))
     finally:
+        Loop.objects.filter(pk=loop.pk).update(paused=True)
         run_cancel(run=Run.objects.get(pk=serve.pk), user=user)
 
     deployed = [c["seconds"] for c in results["cycles"] if c["status"] == CycleStatus.DEPLOYED and c["seconds"]]
