@@ -15,7 +15,7 @@ from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
 from apps.runs.ingest import ingest_view
-from apps.runs.models import Run, RunKind, RunStatus, TrajectorySummary
+from apps.runs.models import Run, RunStatus, TrajectorySummary
 
 
 class RunSerializer(serializers.ModelSerializer):
@@ -75,7 +75,15 @@ class TrajectorySerializer(serializers.ModelSerializer):
 
 class RunFilters(serializers.Serializer):
     status = serializers.ChoiceField(choices=RunStatus.choices, required=False, help_text="Only runs in this state")
-    kind = serializers.ChoiceField(choices=RunKind.choices, required=False, help_text="Only runs of this kind")
+    kind = serializers.CharField(
+        required=False, max_length=16, help_text="Only runs of this kind (any registered kind: train, serve, ...)"
+    )
+
+    def validate_kind(self, value: str) -> str:
+        known = [handler.kind for handler in kinds.handlers()]
+        if value not in known:
+            raise serializers.ValidationError(f"unknown kind {value!r}; choose one of: {', '.join(known)}")
+        return value
 
 
 class MetricsQuery(serializers.Serializer):

@@ -399,3 +399,11 @@ def test_a_transient_database_error_rolls_the_tick_back_and_the_next_tick_goes_o
     assert not Cycle.objects.exists() and not Session.objects.filter(cycle__isnull=False).exists()
     assert loops_tick() == 1
     assert Cycle.objects.get(loop=loop).phase == CyclePhase.TRAIN
+
+
+def test_the_runs_api_filters_by_any_registered_kind(world, client_for) -> None:
+    viewer = client_for(Role.VIEWER)
+    listed = viewer.get("/api/v1/runs/", {"kind": "serve"})
+    assert listed.status_code == 200 and [r["id"] for r in listed.json()["results"]] == [world["serve"].pk]
+    refused = viewer.get("/api/v1/runs/", {"kind": "nope"})
+    assert refused.status_code == 400 and "serve" in str(refused.json()["fields"]["kind"])
