@@ -73,7 +73,7 @@ def main() -> None:
     from apps.gates.models import Deployment
     from apps.gates.services import gate_create
     from apps.realtime.models import Cycle, CycleStatus, Loop
-    from apps.realtime.services.loops import cycle_signal_rates, phase_durations, served_version
+    from apps.realtime.selectors import cycle_signal_rates, phase_durations, served_version
     from apps.realtime.services.loops import loop_create as make_loop
     from apps.realtime.services.serving import serve_endpoint_url, serve_launch, simulate_launch
     from apps.rewards.services import reward_config_create

@@ -3,10 +3,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.http import HttpRequest
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.permissions import SAFE_METHODS, BasePermission
 from rest_framework.request import Request
 
-from apps.accounts.models import ApiToken, Capability, User
+from apps.accounts.models import ROLE_CAPABILITIES, ApiToken, Capability, User
 
 
 def request_user(request: HttpRequest | Request) -> User:
@@ -16,6 +17,13 @@ def request_user(request: HttpRequest | Request) -> User:
     user = request.user
     assert isinstance(user, User), "this view needs a signed-in user"
     return user
+
+
+def require_capability(user: User, capability: str, what: str) -> None:
+    """For services: a PermissionDenied naming what was refused and the roles that hold `capability`."""
+    if not user.can(capability):
+        roles = " or ".join(role for role, caps in ROLE_CAPABILITIES.items() if capability in caps)
+        raise PermissionDenied(f"{what} needs the {capability} permission (role {roles})")
 
 
 def request_capabilities(request: Any) -> frozenset[str]:

@@ -15,10 +15,7 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.models import User
 from apps.common.validators import SLUG
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from workers.coding.stats import suite_statistics
-from workers.coding.task import SCHEMA as REPO_TASK_SCHEMA
-from workers.coding.task import RepoTaskError, parse_repo_task_row
-from workers.realtime.records import SESSION_FORMAT, SessionRecord
+from apps.datasets.rows import object_rows, repo_task_rows, session_rows, trajectory_rows
 from workers.search.corpus import (
     ChunkerConfig,
     ChunkerOptionError,
@@ -34,7 +31,6 @@ from workers.search.corpus import (
     validate_canonical,
 )
 from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
-from workers.trajectories import parse_trajectories_jsonl
 
 ChunkerOption = ChunkerConfig | Mapping[str, Any] | str | None
 CORPUS_SCHEMA = "corpus/v1"
@@ -42,98 +38,18 @@ TASKS_FILE_NAME = "tasks.jsonl"
 
 
 def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, object]]:
-    """Check a file against its kind's schema. Returns (row_count, report) or raises a 400 listing bad lines."""
-    if kind == DatasetKind.TRAJECTORIES:
-        result = parse_trajectories_jsonl(data)
-        if result.errors:
-            lines = [f"line {e.line}: {e.message}" for e in result.errors]
-            raise ValidationError({"file": lines})
-        if result.row_count == 0:
-            raise ValidationError({"file": ["the file holds no trajectories; upload JSONL, one object per line"]})
-        return result.row_count, {"rows": result.row_count, "errors": 0, "schema": "trajectory/v1"}
+    """Check a file against its kind's schema (apps.datasets.rows). Returns (row_count, report) or raises a 400
+    listing bad lines."""
     if kind == DatasetKind.CORPUS:
         _, row_count, report = corpus_chunks_from_upload(data=data)
         return row_count, report
+    if kind == DatasetKind.TRAJECTORIES:
+        return trajectory_rows(data)
     if kind == DatasetKind.REPO_TASKS:
-        return _repo_task_rows(data)
+        return repo_task_rows(data)
     if kind == DatasetKind.SESSIONS:
-        return _session_rows(data)
-    # Other kinds get their schemas in later issues; for now any non-empty JSONL of objects is accepted.
-    rows = 0
-    bad: list[str] = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            if not isinstance(json.loads(line), dict):
-                bad.append(f"line {number}: expected a JSON object")
-        except (ValueError, UnicodeDecodeError) as exc:
-            bad.append(f"line {number}: invalid JSON ({exc})")
-        rows += 1
-        if len(bad) >= 50:
-            break
-    if bad:
-        raise ValidationError({"file": bad})
-    if rows == 0:
-        raise ValidationError({"file": ["the file is empty; upload JSONL, one object per line"]})
-    return rows, {"rows": rows, "errors": 0, "schema": f"{kind}/jsonl"}
-
-
-def _repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
-    """Stored repository-task rows (schema repo_task/v1, each naming its snapshot by content hash); the report
-    carries the suite's statistics (workers.coding.stats)."""
-    parsed: list[dict[str, Any]] = []
-    bad: list[str] = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-            if not isinstance(row, dict):
-                raise ValueError("expected a JSON object")
-            parse_repo_task_row(row, index=number)
-        except RepoTaskError as exc:
-            bad.append(str(exc))
-        except (ValueError, UnicodeDecodeError) as exc:
-            bad.append(f"line {number}: {exc}")
-        else:
-            parsed.append(row)
-        if len(bad) >= 50:
-            break
-    if bad:
-        raise ValidationError({"file": bad})
-    if not parsed:
-        raise ValidationError({"file": ["the file holds no repository tasks"]})
-    report = {"rows": len(parsed), "errors": 0, "schema": REPO_TASK_SCHEMA, "statistics": suite_statistics(parsed)}
-    return len(parsed), report
-
-
-def _session_rows(data: bytes) -> tuple[int, dict[str, object]]:
-    """Every line a `session/v1` record (workers.realtime.records.SessionRecord): served turns and their feedback."""
-    from pydantic import ValidationError as PydanticError
-
-    rows, turns, with_feedback = 0, 0, 0
-    bad: list[str] = []
-    for number, line in enumerate(data.splitlines(), start=1):
-        if not line.strip():
-            continue
-        rows += 1
-        try:
-            record = SessionRecord.model_validate_json(line)
-        except PydanticError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "row"
-            bad.append(f"line {number}: {where}: {first['msg']}")
-            if len(bad) >= 50:
-                break
-            continue
-        turns += len(record.turns)
-        with_feedback += bool(record.feedback)
-    if bad:
-        raise ValidationError({"file": bad})
-    if rows == 0:
-        raise ValidationError({"file": [f"the file holds no sessions; one {SESSION_FORMAT} object per line"]})
-    return rows, {"rows": rows, "errors": 0, "schema": SESSION_FORMAT, "turns": turns, "with_feedback": with_feedback}
+        return session_rows(data)
+    return object_rows(data, kind=kind)  # other kinds get their schemas in later issues
 
 
 def sessions_version_create(
@@ -143,7 +59,7 @@ def sessions_version_create(
     if dataset.kind != DatasetKind.SESSIONS:
         raise ValidationError({"dataset": [f"{dataset.name} holds {dataset.kind}, not sessions"]})
     dataset_file_check_size(len(data))
-    row_count, checked = _session_rows(data)
+    row_count, checked = session_rows(data)
     return _version_store(
         dataset=dataset,
         data=data,
@@ -163,7 +79,7 @@ def repo_tasks_version_create(
     if dataset.kind != DatasetKind.REPO_TASKS:
         raise ValidationError({"dataset": [f"{dataset.name} holds {dataset.kind}, not repository tasks"]})
     dataset_file_check_size(len(data))
-    row_count, checked = _repo_task_rows(data)
+    row_count, checked = repo_task_rows(data)
     return _version_store(
         dataset=dataset,
         data=data,

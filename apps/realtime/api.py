@@ -1,5 +1,5 @@
-"""Real-time RL API (under /api/v1/): sessions and their feedback, serving runs and their A/B statistics, and the
-launches of the serve, simulate and sessiontrain kinds (through `POST /api/v1/runs/ {"kind": ...}`).
+"""Real-time RL API (under /api/v1/): sessions and their feedback, serving runs and their A/B statistics. The
+launches of the serve, simulate and sessiontrain kinds (`POST /api/v1/runs/ {"kind": ...}`) are in `launches`.
 
 GET  /api/v1/sessions/                       sessions, newest last turn first; filters below          (viewer)
 GET  /api/v1/sessions/<id>/                  one session with its turns and feedback                   (viewer)
@@ -37,27 +37,18 @@ from apps.common.errors import MAX_FIELD_ERRORS
 from apps.common.params import id_field, query_params
 from apps.common.routers import AppRouter
 from apps.common.schema import ErrorSerializer
-from apps.datasets.models import DatasetVersion
-from apps.gates.models import Gate
 from apps.realtime import selectors
 from apps.realtime.auth import CanPostFeedback, SimulateRunAuthentication, SimulateRunCredential
 from apps.realtime.control import keys_verify_view, target_view
 from apps.realtime.models import Feedback, Session, SessionTurn
 from apps.realtime.models.sessions import SIGNAL_CHOICES
 from apps.realtime.services.serving import (
-    SERVE,
-    SESSIONTRAIN,
-    SIMULATE,
     serve_endpoint_url,
-    serve_launch,
     serve_split_update,
-    session_train_launch,
-    simulate_launch,
 )
 from apps.realtime.services.sessions import FeedbackOutsideWindow, feedback_create
-from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
-from apps.runs.models import Checkpoint, Run
+from apps.runs.models import Run
 from workers.realtime.records import EVENT_ID_MAX, SESSION_ID_MAX, FeedbackIn
 
 # --- sessions -----------------------------------------------------------------------------------------------------
@@ -402,144 +393,6 @@ class ServingViewSet(viewsets.GenericViewSet):
         data = body.validated_data
         ab = None if data["deployment"] is None else {"deployment": data["deployment"], "share": data["share"]}
         return Response(self._payload(serve_split_update(run=run, ab=ab)))
-
-
-# --- launches (POST /api/v1/runs/ {"kind": ...}) --------------------------------------------------------------------
-
-
-class AbSerializer(serializers.Serializer):
-    deployment = serializers.IntegerField(min_value=1, max_value=2**63 - 1, help_text="Arm b's deployment")
-    share = serializers.FloatField(default=0.5, min_value=0.0, max_value=1.0, help_text="Arm b's share, in (0, 1)")
-
-
-class ServeLaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=[SERVE])
-    model_name = serializers.RegexField(
-        r"^[A-Za-z0-9._:/-]{1,100}$", max_length=100, help_text="The `model` clients ask for"
-    )
-    gate = serializers.PrimaryKeyRelatedField(
-        queryset=Gate.objects.all(),
-        required=False,
-        allow_null=True,
-        default=None,
-        help_text="Serve this gate's current deployment (followed as it changes)",
-    )
-    checkpoint = serializers.PrimaryKeyRelatedField(
-        queryset=Checkpoint.objects.select_related("run"),
-        required=False,
-        allow_null=True,
-        default=None,
-        help_text="Or serve this checkpoint",
-    )
-    base_model = serializers.CharField(
-        required=False,
-        allow_blank=True,
-        default="",
-        max_length=500,
-        help_text="The base model (a gate without a deployment serves it; alone, it is what is served)",
-    )
-    replicas = serializers.IntegerField(default=1, help_text="Replicas per arm")
-    ab = AbSerializer(required=False, allow_null=True, default=None, help_text="An A/B split: arm b's deployment")
-    http_host = serializers.CharField(default="127.0.0.1", max_length=200)
-    http_port = serializers.IntegerField(default=8100)
-    options = serializers.DictField(
-        required=False,
-        default=dict,
-        help_text="Further workers.jobs.specs.ServeSpec settings: backend, threads, max_new_tokens, max_context, ...",
-    )
-    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
-
-
-def serve_launch_from_api(user: User, data: dict[str, Any]) -> Run:
-    return serve_launch(
-        user=user,
-        model_name=data["model_name"],
-        gate=data["gate"],
-        checkpoint=data["checkpoint"],
-        base_model=data["base_model"],
-        replicas=data["replicas"],
-        ab=data["ab"],
-        http_host=data["http_host"],
-        http_port=data["http_port"],
-        options=data["options"],
-        name=data["name"],
-        tags=data["tags"],
-    )
-
-
-class SimulateLaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=[SIMULATE])
-    serve_run = serializers.PrimaryKeyRelatedField(queryset=Run.objects.all(), help_text="The serving run to play")
-    dataset_version = serializers.PrimaryKeyRelatedField(
-        queryset=DatasetVersion.objects.select_related("dataset"), help_text="A repo_tasks dataset version"
-    )
-    sessions = serializers.IntegerField(default=8, help_text="Sessions to play")
-    concurrency = serializers.IntegerField(default=2, help_text="Sessions in flight at once")
-    noise = serializers.FloatField(default=0.0, help_text="Chance a user's feedback is flipped")
-    tolerates_questions = serializers.FloatField(
-        default=0.0, help_text="Share of users who never complain about a clarifying question"
-    )
-    options = serializers.DictField(
-        required=False,
-        default=dict,
-        help_text="Further workers.jobs.specs.SimulateSpec settings: max_turns, max_tokens, temperature, seed, ...",
-    )
-    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
-
-
-def simulate_launch_from_api(user: User, data: dict[str, Any]) -> Run:
-    return simulate_launch(
-        user=user,
-        serve_run=data["serve_run"],
-        dataset_version=data["dataset_version"],
-        sessions=data["sessions"],
-        concurrency=data["concurrency"],
-        noise=data["noise"],
-        tolerates_questions=data["tolerates_questions"],
-        options=data["options"],
-        name=data["name"],
-        tags=data["tags"],
-    )
-
-
-class SessionTrainLaunchSerializer(serializers.Serializer):
-    kind = serializers.ChoiceField(choices=[SESSIONTRAIN])
-    dataset_version = serializers.PrimaryKeyRelatedField(
-        queryset=DatasetVersion.objects.select_related("dataset"), help_text="A sessions dataset version"
-    )
-    reward_version = serializers.PrimaryKeyRelatedField(
-        queryset=RewardConfigVersion.objects.all(), help_text="A session reward (with a session_feedback term)"
-    )
-    base_model = serializers.CharField(max_length=500)
-    checkpoint = serializers.PrimaryKeyRelatedField(
-        queryset=Checkpoint.objects.select_related("run"),
-        required=False,
-        allow_null=True,
-        default=None,
-        help_text="Start from this checkpoint (the deployed one); none: the base model",
-    )
-    config = serializers.DictField(required=False, default=dict, help_text="workers.rl.config.TrainConfig")
-    baseline = serializers.ChoiceField(choices=["batch_mean", "task_type_mean", "none"], default="batch_mean")
-    max_samples = serializers.IntegerField(default=4096)
-    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
-    tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
-
-
-def session_train_launch_from_api(user: User, data: dict[str, Any]) -> Run:
-    return session_train_launch(
-        user=user,
-        dataset_version=data["dataset_version"],
-        reward_version=data["reward_version"],
-        base_model=data["base_model"],
-        checkpoint=data["checkpoint"],
-        config=data["config"],
-        baseline=data["baseline"],
-        max_samples=data["max_samples"],
-        name=data["name"],
-        tags=data["tags"],
-    )
 
 
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root

@@ -26,7 +26,8 @@ from apps.accounts.permissions import request_user
 from apps.common.routers import AppRouter
 from apps.gates.models import Gate
 from apps.realtime.models import Cycle, Loop
-from apps.realtime.services.loops import loop_create, loop_set_paused, median_cycle_seconds, phase_durations
+from apps.realtime.selectors import median_cycle_seconds, phase_durations
+from apps.realtime.services.loops import loop_create, loop_set_paused
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Run
 

@@ -4,7 +4,7 @@ the `session_turn` events serving runs report (apps.runs.services.ingest)."""
 
 from __future__ import annotations
 
-from apps.realtime.api import (
+from apps.realtime.launches import (
     ServeLaunchSerializer,
     SessionTrainLaunchSerializer,
     SimulateLaunchSerializer,

@@ -15,7 +15,8 @@ from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.realtime.models import Cycle, Loop
-from apps.realtime.services.loops import cycle_signal_rates, loop_set_paused, median_cycle_seconds, phase_durations
+from apps.realtime.selectors import cycle_signal_rates, median_cycle_seconds, phase_durations
+from apps.realtime.services.loops import loop_set_paused
 
 app_name = "loops"
 

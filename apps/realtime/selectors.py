@@ -1,11 +1,13 @@
 """Reads for serving and sessions: serving runs, a serving run's target (what its replicas serve), sessions with
 their filters, one session with its turns and feedback, the session a client's feedback is about, and the A/B
-statistics of a serving run's arms (apps.realtime.stats)."""
+statistics of a serving run's arms (apps.realtime.stats); a loop's cycles: their phases' durations, the edit-kept
+rate of what each collected, the median cycle time, and the version serving reports."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 from collections import defaultdict
 from datetime import datetime
 from typing import Any
@@ -16,9 +18,9 @@ from apps.accounts.models import User
 from apps.gates.models import Deployment, Gate
 from apps.gates.selectors import current_deployment
 from apps.realtime import stats
-from apps.realtime.models import Feedback, Session, SessionTurn
+from apps.realtime.models import Cycle, CycleStatus, Feedback, Loop, Session, SessionTurn
 from apps.realtime.services.serving import SERVE, SIMULATE, checkpoint_base_model
-from apps.runs.models import Checkpoint, Run
+from apps.runs.models import Checkpoint, MetricPoint, Run
 from workers.realtime.records import Signal
 
 # --- serving runs ------------------------------------------------------------------------------------------------
@@ -255,3 +257,46 @@ def ab_stats(run: Run, *, since: datetime | None = None, until: datetime | None 
         "arms": arms,
         "comparisons": comparisons,
     }
+
+
+# --- loops and cycles ----------------------------------------------------------------------------------------------
+
+
+def served_version(serve_run_id: int) -> int | None:
+    """The policy version the serving run last reported for its main arm (`serve/policy_version/a`)."""
+    point = (
+        MetricPoint.objects.filter(run_id=serve_run_id, name="serve/policy_version/a")
+        .order_by("-step", "-pk")
+        .values_list("value", flat=True)
+        .first()
+    )
+    return int(point) if point is not None else None
+
+
+def median_cycle_seconds(loop: Loop) -> float | None:
+    """Median wall time of the loop's cycles that deployed (Cursor: about five hours)."""
+    times = [c.seconds for c in loop.cycles.filter(status=CycleStatus.DEPLOYED) if c.seconds is not None]
+    return statistics.median(times) if times else None
+
+
+def phase_durations(cycle: Cycle) -> list[dict[str, Any]]:
+    """The timeline with each phase's seconds (None while it runs)."""
+    out = []
+    for entry in cycle.timeline:
+        started = datetime.fromisoformat(entry["started_at"])
+        ended = datetime.fromisoformat(entry["ended_at"]) if entry.get("ended_at") else None
+        out.append({**entry, "seconds": (ended - started).total_seconds() if ended else None})
+    return out
+
+
+def cycle_signal_rates(cycle: Cycle) -> dict[str, dict[str, Any]]:
+    """Share of the cycle's collected sessions with an edit kept / a dissatisfied follow-up, with Wilson 95%
+    intervals (None without sessions)."""
+    sessions = Session.objects.filter(cycle=cycle)
+    n = sessions.count()
+    out: dict[str, dict[str, Any]] = {}
+    for signal in (Signal.EDIT_KEPT, Signal.DISSATISFIED_FOLLOWUP):
+        hits = sessions.filter(feedback__signal=signal).distinct().count()
+        low, high = stats.wilson_interval(hits, n) or (None, None)
+        out[str(signal)] = {"n": n, "hits": hits, "rate": hits / n if n else None, "low": low, "high": high}
+    return out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from apps.realtime.services.loops import loops_tick
+from apps.realtime.services.cycles import loops_tick
 
 
 @shared_task(name="apps.realtime.tasks.realtime_loops_tick", ignore_result=True)

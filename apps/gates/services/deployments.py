@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from django.db import transaction
 from django.utils import timezone
-from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import Capability, User
+from apps.accounts.permissions import require_capability
 from apps.gates.models import Approval, Deployment, Gate, GateDecision, Verdict
 from apps.gates.selectors import decision_payload, deployment_payload
 from apps.webhooks.services import webhook_emit
 
 
-def _require(user: User, capability: str, what: str) -> None:
-    if not user.can(capability):
-        raise PermissionDenied(f"{what} needs the {capability} permission (role approver or admin)")
-
-
 def gate_decision_approve(*, decision: GateDecision, user: User, approve: bool, note: str = "") -> GateDecision:
     """Record a human's approval or rejection, once. An approval of a decision whose rules passed makes its
     checkpoint the gate's deployment."""
-    _require(user, Capability.APPROVE, "approving or rejecting a gate decision")
+    require_capability(user, Capability.APPROVE, "approving or rejecting a gate decision")
     with transaction.atomic():
         locked = (
             GateDecision.objects.select_for_update(of=("self",))
@@ -107,7 +103,7 @@ def _make_current(
 
 def deployment_rollback(*, gate: Gate, user: User, note: str = "") -> Deployment:
     """Make the deployment before the current one current again (a new row linked to the one it replaces)."""
-    _require(user, Capability.APPROVE, "rolling a deployment back")
+    require_capability(user, Capability.APPROVE, "rolling a deployment back")
     with transaction.atomic():
         Gate.objects.select_for_update().get(pk=gate.pk)
         current = Deployment.objects.filter(gate=gate, is_current=True).first()

@@ -1,4 +1,4 @@
-"""The real-time RL loop's state machine (apps.realtime.services.loops), phase by phase, through the services.
+"""The real-time RL loop's state machine (apps.realtime.services.cycles), phase by phase, through the services.
 
 The Ray jobs a cycle starts (session training, the gate's evals) are played here as their ends would arrive
 (a succeeded run with a checkpoint, task results ingested), so every transition, failure and refusal is checked
@@ -16,7 +16,8 @@ from apps.accounts.models import Role
 from apps.gates.models import Deployment
 from apps.gates.services import gate_create
 from apps.realtime.models import Cycle, CyclePhase, CycleStatus, Feedback, Loop, Session, SessionTurn
-from apps.realtime.services.loops import cycle_advance, loop_create, loop_set_paused, loops_tick, session_record
+from apps.realtime.services.cycles import cycle_advance, loops_tick, session_record
+from apps.realtime.services.loops import loop_create, loop_set_paused
 from apps.rewards.services import reward_config_create
 from apps.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 from apps.runs.services import ingest_batch
@@ -384,7 +385,7 @@ def test_a_transient_database_error_rolls_the_tick_back_and_the_next_tick_goes_o
     other error fails the cycle (tested above through training and eval failures)."""
     from django.db import OperationalError
 
-    from apps.realtime.services import loops
+    from apps.realtime.services import cycles
 
     loop = _loop(world)
     for n in range(3):
@@ -394,7 +395,7 @@ def test_a_transient_database_error_rolls_the_tick_back_and_the_next_tick_goes_o
         raise OperationalError("deadlock detected")
 
     with monkeypatch.context() as patch:
-        patch.setattr(loops, "_collect", deadlocked)
+        patch.setattr(cycles, "_collect", deadlocked)
         assert loops_tick() == 0  # logged, rolled back
     assert not Cycle.objects.exists() and not Session.objects.filter(cycle__isnull=False).exists()
     assert loops_tick() == 1
