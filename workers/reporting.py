@@ -338,6 +338,10 @@ class Reporter:
     def task_result(self, **fields: Any) -> int:
         return self._add("task_result", **fields)
 
+    def session_turn(self, **fields: Any) -> int:
+        """One served completion as a turn of its client's session (workers.events.SessionTurnEvent)."""
+        return self._add("session_turn", **fields)
+
     def flag(
         self,
         *,

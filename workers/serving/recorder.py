@@ -92,8 +92,7 @@ class Recorder:
         failed = 0
         for fields in turns:
             try:
-                # Reporter has no public constructor for this kind yet: `_add` validates it as a SessionTurnEvent.
-                self.reporter._add("session_turn", **fields)
+                self.reporter.session_turn(**fields)
                 recorded += 1
             except (ValueError, TypeError) as exc:
                 failed += 1
