@@ -73,7 +73,7 @@ def main() -> None:
     from apps.gates.models import Deployment
     from apps.gates.services import gate_create
     from apps.realtime.models import Cycle, CycleStatus, Loop
-    from apps.realtime.selectors import cycle_signal_rates, phase_durations, served_version
+    from apps.realtime.selectors import cycle_signal_rates, median_cycle_seconds, phase_durations, served_version
     from apps.realtime.services.loops import loop_create as make_loop
     from apps.realtime.services.serving import serve_endpoint_url, serve_launch, simulate_launch
     from apps.rewards.services import reward_config_create
@@ -277,8 +277,7 @@ def main() -> None:
         Loop.objects.filter(pk=loop.pk).update(paused=True)
         run_cancel(run=Run.objects.get(pk=serve.pk), user=user)
 
-    deployed = [c["seconds"] for c in results["cycles"] if c["status"] == CycleStatus.DEPLOYED and c["seconds"]]
-    results["median_cycle_seconds"] = sorted(deployed)[len(deployed) // 2] if deployed else None
+    results["median_cycle_seconds"] = median_cycle_seconds(Loop.objects.get(pk=loop.pk))
     results["load_average"] = os.getloadavg()
     degraded = results["cycles"][-1]
     results["degraded_blocked"] = degraded["status"] == CycleStatus.BLOCKED

@@ -52,25 +52,6 @@ def validate_dataset_file(*, kind: str, data: bytes) -> tuple[int, dict[str, obj
     return object_rows(data, kind=kind)  # other kinds get their schemas in later issues
 
 
-def sessions_version_create(
-    *, dataset: Dataset, data: bytes, created_by: User, notes: str = "", report: Mapping[str, Any] | None = None
-) -> DatasetVersion:
-    """The next version of a sessions dataset from served sessions a real-time RL cycle froze (apps.realtime)."""
-    if dataset.kind != DatasetKind.SESSIONS:
-        raise ValidationError({"dataset": [f"{dataset.name} holds {dataset.kind}, not sessions"]})
-    dataset_file_check_size(len(data))
-    row_count, checked = session_rows(data)
-    return _version_store(
-        dataset=dataset,
-        data=data,
-        row_count=row_count,
-        report={**(report or {}), **checked},
-        filename="sessions.jsonl",
-        created_by=created_by,
-        notes=notes,
-    )
-
-
 def repo_tasks_version_create(
     *, dataset: Dataset, data: bytes, created_by: User, notes: str = "", report: Mapping[str, Any] | None = None
 ) -> DatasetVersion:
@@ -180,8 +161,10 @@ def dataset_version_create(
     created_by: User,
     notes: str = "",
     chunker: ChunkerOption = None,
+    report: Mapping[str, Any] | None = None,
 ) -> DatasetVersion:
     """Validate the whole file first, so a bad line leaves nothing behind; then store it as the next version.
+    `report` (e.g. what produced the file) is kept beside the validation's in the version's report.
 
     A corpus upload (documents JSONL or a zip, see `corpus_chunks_from_upload`) is chunked with `chunker` and
     stored as canonical chunk JSONL; its hash is that of the chunks, so the same documents chunked the same way
@@ -200,17 +183,17 @@ def dataset_version_create(
         )
     if dataset.kind == DatasetKind.CORPUS:
         upload_bytes = len(data)
-        data, row_count, report = corpus_chunks_from_upload(data=data, chunker=chunker)
-        report["upload_bytes"] = upload_bytes
+        data, row_count, checked = corpus_chunks_from_upload(data=data, chunker=chunker)
+        checked["upload_bytes"] = upload_bytes
     elif chunker not in (None, ""):
         raise ValidationError({"chunker": [f"only corpus datasets are chunked; {dataset.name} holds {dataset.kind}"]})
     else:
-        row_count, report = validate_dataset_file(kind=dataset.kind, data=data)
+        row_count, checked = validate_dataset_file(kind=dataset.kind, data=data)
     return _version_store(
         dataset=dataset,
         data=data,
         row_count=row_count,
-        report=report,
+        report={**(report or {}), **checked},
         filename=filename,
         created_by=created_by,
         notes=notes,

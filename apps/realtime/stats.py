@@ -20,26 +20,17 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from workers.evals import stats as evals_stats
+
 CONFIDENCE = 0.95
 BOOTSTRAP_RESAMPLES = 1000
 BOOTSTRAP_MAX_SAMPLES = 2000
 """Latencies per arm the bootstrap resamples at most (the newest): bounds its cost at 2M draws per arm."""
 
 
-def _z(confidence: float) -> float:
-    return float(stats.norm.ppf(0.5 + confidence / 2))
-
-
 def wilson_interval(successes: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float] | None:
-    """Wilson score interval of a proportion successes/n; None when n = 0."""
-    if n <= 0:
-        return None
-    z = _z(confidence)
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    """Wilson score interval of a proportion successes/n (workers.evals.stats); None when n = 0."""
+    return None if n <= 0 else evals_stats.wilson_interval(successes, n, confidence)
 
 
 def two_proportion_p_value(successes_a: int, n_a: int, successes_b: int, n_b: int) -> float | None:

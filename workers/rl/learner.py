@@ -80,7 +80,7 @@ def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
     return out
 
 
-def _untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
+def untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Drop names that share storage with an earlier one (tied embeddings and LM head): the receiver's model ties
     them too, so sending the tensor once halves that part of every sync."""
     seen: set[int] = set()
@@ -337,7 +337,7 @@ class Learner:
     def policy_state(self) -> dict[str, Tensor]:
         """The policy's full weights under the base model's parameter names (LoRA adapters merged in)."""
         if self.config.lora is None:
-            return _untied({k: v.detach() for k, v in self.model.state_dict().items()})
+            return untied({k: v.detach() for k, v in self.model.state_dict().items()})
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -352,7 +352,7 @@ class Learner:
                 continue
             name = key.replace(".base_layer", "")
             state[name] = (value + deltas[name]).detach() if name in deltas else value.detach()
-        return _untied(state)
+        return untied(state)
 
     def weight_update(self) -> tuple[bytes | None, dict[str, float]]:
         """The update for rollout workers: a delta against the last one sent (or the full weights); None when the

@@ -44,6 +44,7 @@ from workers.serving.openai_api import (
     ChatCompletionRequest,
     Envelope,
     completion_body,
+    completion_id,
     make_reply,
     models_body,
     parse_request,
@@ -485,7 +486,7 @@ class Router:
             arm = next(a for a in arms if a["name"] == name)
             payload = {
                 "request": body,
-                "request_id": f"chatcmpl-{uuid.uuid4().hex}",
+                "request_id": completion_id(),
                 "created": int(received),
                 "received_at": received,
                 "session_id": session_id,

@@ -12,7 +12,6 @@ the split does not change, whichever router replica handles it.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections import OrderedDict
@@ -133,7 +132,6 @@ class KeyVerifier:
         self._client = client or httpx.AsyncClient(timeout=timeout)
         self._cache: OrderedDict[str, tuple[float, Caller | APIError]] = OrderedDict()
         self._max = max_entries
-        self._lock = asyncio.Lock()
         self.calls = 0
 
     @staticmethod
@@ -178,7 +176,8 @@ class KeyVerifier:
     @staticmethod
     def _answer(answer: Caller | APIError) -> Caller:
         if isinstance(answer, APIError):
-            raise answer
+            # A fresh copy per refusal: raising the cached one would chain every refused request's frames onto it.
+            raise APIError.from_dict(answer.as_dict())
         return answer
 
     async def _ask(self, key: str) -> Caller | APIError:

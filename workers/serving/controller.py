@@ -72,7 +72,6 @@ class _ArmState:
     app: str
     sender: Any  # WeightSyncSender
     target: TargetArm | None = None  # what the replicas hold; None until the first sync
-    sync_version: int = -1
     ready: bool = False
     policy_version: int = 0
     history: list[dict[str, float]] = field(default_factory=list)
@@ -161,8 +160,8 @@ class ServingController:
         if self._router_up:
             return
         deadline = time.monotonic() + timeout
-        while _app_status(self.names.router_app)[0] != "RUNNING":
-            status, message = _app_status(self.names.router_app)
+        while (found := _app_status(self.names.router_app))[0] != "RUNNING":
+            status, message = found
             if status in ("DEPLOY_FAILED", "UNHEALTHY"):
                 raise RuntimeError(f"the router application failed to start: {message}")
             if time.monotonic() > deadline:
@@ -355,9 +354,8 @@ class ServingController:
         except Exception:
             state.sender.reset()  # the replicas never got this version: the next push must be full
             raise
-        report = ray.get(self.store.wait_synced.remote(name, update.version, self.spec.replicas, SYNC_TIMEOUT_SECONDS))
+        report = self._wait_synced(state, update.version)
         delivered = time.perf_counter()
-        state.sync_version = update.version
         state.target = arm
         state.policy_version = arm.policy_version
         state.ready = True

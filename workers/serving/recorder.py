@@ -121,9 +121,6 @@ class Recorder:
     def summary(self, data: Mapping[str, Any]) -> None:
         self.reporter.summary(data)
 
-    def progress(self, done: int, total: int) -> None:
-        self.reporter.progress(done, total)
-
     def totals(self) -> dict[str, int]:
         with self._lock:
             return dict(self._totals)

@@ -37,19 +37,6 @@ LIVE_SECONDS = 20.0
 """A replica that has not polled the store for this long is taken for dead (a poll returns within 5 s)."""
 
 
-def untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop names that share storage with an earlier one (tied embeddings and LM head), as the learner does."""
-    seen: set[int] = set()
-    out: dict[str, Tensor] = {}
-    for name, tensor in state.items():
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer in seen:
-            continue
-        seen.add(pointer)
-        out[name] = tensor
-    return out
-
-
 def policy_state(
     base_model: str, checkpoint: bytes | None, *, threads: int | None = None
 ) -> tuple[dict[str, Tensor], int | None]:
@@ -62,6 +49,7 @@ def policy_state(
     from transformers import AutoModelForCausalLM
 
     from workers.models.registry import resolve_base_model
+    from workers.rl.learner import untied
 
     path = str(resolve_base_model(base_model))
     if threads:

@@ -10,7 +10,6 @@ not allowed to post feedback at all (`FeedbackRefused`: the simulator stops); an
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Literal
 from urllib.parse import quote
@@ -45,8 +44,6 @@ class FeedbackPoster:
         self.wait_seconds = wait_seconds
         self._headers = {"Authorization": f"Bearer {token}"}
         self._client = client or httpx.Client(timeout=timeout_seconds)
-        self._lock = threading.Lock()
-        self.posted = 0
 
     def url(self, session_id: str) -> str:
         return f"{self.root}sessions/{quote(session_id, safe='')}/feedback/"
@@ -65,8 +62,6 @@ class FeedbackPoster:
             else:
                 status = response.status_code
                 if status in (200, 201):
-                    with self._lock:
-                        self.posted += 1
                     return "created" if status == 201 else "duplicate"
                 if status in (401, 403):
                     raise FeedbackRefused(

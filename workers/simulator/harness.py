@@ -74,10 +74,6 @@ class Reply:
     assistant_message: dict[str, Any]
     result_ids: list[str] = field(default_factory=list)
 
-    @property
-    def has_tool_calls(self) -> bool:
-        return bool(self.assistant_message.get("tool_calls"))
-
 
 def _block(name: str, arguments: str) -> str:
     """The `<tool_call>` block of one call (`format_tool_call`'s text); arguments that are not JSON are embedded as

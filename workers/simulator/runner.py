@@ -31,6 +31,7 @@ import openai
 from workers.envs.base import Task, TaskFieldError
 from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.registry import configure_storage
+from workers.evals import stats as evals_stats
 from workers.jobs.common import read_bytes, write_bytes
 from workers.jobs.specs import SimulateSpec
 from workers.realtime.records import Signal
@@ -107,15 +108,9 @@ def plan_session(spec: SimulateSpec, tasks: Sequence[Task], index: int) -> Sessi
     )
 
 
-def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
-    """The Wilson score interval of a rate (95% by default); (0, 1) with no trials."""
-    if trials <= 0:
-        return 0.0, 1.0
-    p = successes / trials
-    denominator = 1 + z * z / trials
-    centre = (p + z * z / (2 * trials)) / denominator
-    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+def wilson_interval(successes: int, trials: int) -> tuple[float, float]:
+    """The Wilson 95% interval of a rate (workers.evals.stats); (0, 1) with no trials."""
+    return evals_stats.wilson_interval(successes, trials) if trials > 0 else (0.0, 1.0)
 
 
 def _percentile(values: Sequence[float], q: float) -> float:

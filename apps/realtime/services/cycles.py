@@ -37,7 +37,7 @@ from rest_framework.exceptions import ValidationError
 
 from apps.benchmarks.models import Eval
 from apps.datasets.models import Dataset, DatasetKind
-from apps.datasets.services import dataset_create, sessions_version_create
+from apps.datasets.services import dataset_create, dataset_version_create
 from apps.gates.models import CheckStatus, GateCheck, Verdict
 from apps.gates.selectors import current_deployment
 from apps.gates.services.checks import gate_check_advance
@@ -111,6 +111,7 @@ def cycle_advance(*, loop_id: int) -> int:
         moved = 0
         for _ in range(len(CyclePhase.values)):
             before = (cycle.phase, cycle.status)
+            reason = cycle.reason
             try:
                 _step(loop, cycle)
             except ValidationError as exc:
@@ -120,9 +121,12 @@ def cycle_advance(*, loop_id: int) -> int:
             except Exception as exc:  # recorded on the cycle; the deployment is untouched
                 log.exception("cycle %s of loop %s failed in %s", cycle.number, loop.pk, cycle.phase)
                 _end(cycle, CycleStatus.FAILED, f"{cycle.phase}: {type(exc).__name__}: {exc}")
-            cycle.save()
             if (cycle.phase, cycle.status) == before:
+                # A waiting phase changes at most what it waits for: no row write on a tick that moved nothing.
+                if cycle.reason != reason:
+                    cycle.save(update_fields=["reason"])
                 break
+            cycle.save()
             moved += 1
             if cycle.status != CycleStatus.RUNNING:
                 break
@@ -182,9 +186,10 @@ def _collect(loop: Loop, cycle: Cycle) -> None:
     records = [session_record(s) for s in chosen]
     data = "".join(json.dumps(r.model_dump(mode="json"), separators=(",", ":")) + "\n" for r in records).encode()
     dataset = _sessions_dataset(loop)
-    version = sessions_version_create(
+    version = dataset_version_create(
         dataset=dataset,
         data=data,
+        filename="sessions.jsonl",
         created_by=loop.owner,
         notes=f"cycle {cycle.number} of the real-time loop of gate {loop.gate.name}",
         report={"cycle": cycle.number, "serve_run": loop.serve_run_id},

@@ -16,6 +16,7 @@ from apps.accounts.permissions import require_capability
 from apps.common.errors import pydantic_problems
 from apps.gates.models import Gate
 from apps.realtime.models import Loop
+from apps.realtime.services.serving import SERVE, has_session_feedback_term
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Run
 from workers.rl.config import TrainConfig
@@ -54,10 +55,6 @@ def training_settings(raw: object) -> dict[str, Any]:
     return merged
 
 
-def _is_session_reward(version: RewardConfigVersion) -> bool:
-    return any(term.get("type") == "session_feedback" for term in (version.spec or {}).get("terms", []))
-
-
 def loop_create(
     *,
     gate: Gate,
@@ -76,13 +73,13 @@ def loop_create(
     problems: dict[str, list[str]] = {}
     if Loop.objects.filter(gate=gate).exists():
         problems["gate"] = [f"gate {gate.name!r} already has a loop; change that one (pause, resume) instead"]
-    if serve_run.kind != "serve":
+    if serve_run.kind != SERVE:
         problems["serve_run"] = [f"run {serve_run.pk} is a {serve_run.kind} run; name a serve run"]
     elif serve_run.spec.get("gate") != gate.pk:
         problems["serve_run"] = [f"serve run {serve_run.pk} serves another gate's deployment, not {gate.name!r}'s"]
     elif serve_run.is_terminal:
         problems["serve_run"] = [f"serve run {serve_run.pk} has ended ({serve_run.status}); launch a new one"]
-    if not _is_session_reward(reward_version):
+    if not has_session_feedback_term(reward_version.spec):
         problems["reward_version"] = [
             f"{reward_version} holds no session_feedback term: a loop's reward is distilled from users' feedback"
         ]

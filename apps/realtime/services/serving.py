@@ -302,7 +302,8 @@ def simulate_launch(
 # --- sessiontrain -------------------------------------------------------------------------------------------------
 
 
-def _has_session_term(spec: Any) -> bool:
+def has_session_feedback_term(spec: Any) -> bool:
+    """Whether a reward spec (JSON) holds a session_feedback term: what a session reward needs."""
     terms = spec.get("terms") if isinstance(spec, Mapping) else None
     return any(isinstance(term, Mapping) and term.get("type") == "session_feedback" for term in terms or [])
 
@@ -332,7 +333,7 @@ def session_train_launch(
         problems["dataset_version"] = [
             f"{dataset_version} is a {dataset_version.dataset.kind} dataset; session training reads a sessions dataset"
         ]
-    if not _has_session_term(reward_version.spec):
+    if not has_session_feedback_term(reward_version.spec):
         problems["reward_version"] = [f"{reward_version} has no session_feedback term; sessions need one"]
     raw = dict(config or {})
     if raw.get("base_model", base_model) != base_model:

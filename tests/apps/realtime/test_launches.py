@@ -10,7 +10,7 @@ import pytest
 from django.core.files.base import ContentFile
 
 from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
-from apps.datasets.services import dataset_create, sessions_version_create
+from apps.datasets.services import dataset_create, dataset_version_create
 from apps.realtime.selectors import serve_target
 from apps.realtime.services.serving import session_train_launch
 from apps.rewards.services import reward_config_create
@@ -185,8 +185,8 @@ def sessions_version(users):  # type: ignore[no-untyped-def]
     event = turn_event("s-1", 0)
     row = {"session_id": "s-1", "serve_run_id": 1, "turns": [event["turn"]], "started_at": 1.0, "ended_at": 2.0}
     dataset = dataset_create(name="rt-sessions", kind=DatasetKind.SESSIONS, owner=users["operator"])
-    return sessions_version_create(
-        dataset=dataset, data=(json.dumps(row) + "\n").encode(), created_by=users["operator"]
+    return dataset_version_create(
+        dataset=dataset, data=(json.dumps(row) + "\n").encode(), filename="sessions.jsonl", created_by=users["operator"]
     )
 
 
