@@ -98,9 +98,13 @@ def _known_deployments(ids: set[int]) -> set[int]:
 def _sessions_for(run: Run, events: list[Any]) -> dict[str, int]:
     """{client session id: Session pk} for every session of `events`, creating the missing ones."""
     ids = {event.session_id for event in events}
-    found = dict(
-        Session.objects.filter(serve_run=run, client_session_id__in=ids).values_list("client_session_id", "pk")
+    rows = list(
+        Session.objects.filter(serve_run=run, client_session_id__in=ids).values_list(
+            "client_session_id", "pk", "task_type"
+        )
     )
+    found = {session_id: pk for session_id, pk, _ in rows}
+    typed = {session_id for session_id, _, task_type in rows if task_type}
     missing = [event for event in events if event.session_id not in found]
     if missing:
         token_ids = {event.token_id for event in missing if event.token_id is not None}
@@ -133,7 +137,8 @@ def _sessions_for(run: Run, events: list[Any]) -> dict[str, int]:
         if event.task_type:
             named.setdefault(event.session_id, event.task_type)
     for session_id, task_type in named.items():  # a session whose first turns named no task type takes a later one's
-        Session.objects.filter(pk=found[session_id], task_type="").update(task_type=task_type)
+        if session_id not in typed:
+            Session.objects.filter(pk=found[session_id], task_type="").update(task_type=task_type)
     return found
 
 
