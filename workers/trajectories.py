@@ -167,6 +167,13 @@ class Trajectory(BaseModel):
     feedback: list[FeedbackSignal] = Field(
         default_factory=list, description="Served sessions: the users' feedback signals (session_feedback term)"
     )
+    gold_table: dict[str, Any] | None = Field(
+        default=None, description="Wide-search tasks: the reference table (workers.swarm.table.GoldTable's JSON)"
+    )
+    swarm: dict[str, Any] | None = Field(
+        default=None,
+        description="Agent swarm episodes: agents, sub-agent runs with their conversations, stages, critical steps",
+    )
     session_turns: list[int] = Field(
         default_factory=list,
         description="Served sessions: the client's turn index of each served completion, in order (feedback names "

@@ -73,7 +73,17 @@ def indexes(request: HttpRequest) -> HttpResponse:
 
 
 # The form's numeric fields, in order, with their help text from the typed parameters.
-NUMBER_FIELDS = ("num_tasks", "max_hops", "distractors", "min_distractors", "seed", "max_candidates")
+NUMBER_FIELDS = (
+    "num_tasks",
+    "max_hops",
+    "distractors",
+    "min_distractors",
+    "seed",
+    "max_candidates",
+    "wide_min_rows",
+    "wide_max_rows",
+)
+TEXT_FIELDS = ("shape", "wide_style", "wide_columns")
 SAMPLE_TASKS = 5
 
 
@@ -87,6 +97,10 @@ def _params_from_post(post: Any) -> dict[str, Any]:
         raw = post.get(name, "").strip()
         if raw:
             params[name] = int(raw) if raw.lstrip("-").isdigit() else raw
+    for name in TEXT_FIELDS:
+        raw = post.get(name, "").strip()
+        if raw:
+            params[name] = raw
     return params
 
 
@@ -130,7 +144,14 @@ def datagen_new(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "search/datagen_new.html",
-        {"corpora": corpora, "fields": fields, "values": values, "errors": errors, "default_model": defaults.model},
+        {
+            "corpora": corpora,
+            "fields": fields,
+            "values": values,
+            "errors": errors,
+            "default_model": defaults.model,
+            "default_columns": ", ".join(defaults.wide_columns),
+        },
     )
 
 
@@ -158,7 +179,8 @@ def datagen_detail(request: HttpRequest, run_id: int) -> HttpResponse:
                     break
     dropped = []
     if report is not None:
-        dropped = [(reason, report["dropped"].get(reason, 0)) for reason in DROP_REASONS]
+        reasons = DROP_REASONS if report.get("per_hop") else tuple(report.get("dropped", {}))
+        dropped = [(reason, report["dropped"].get(reason, 0)) for reason in reasons]
     return render(
         request,
         "search/datagen_detail.html",

@@ -14,9 +14,10 @@ from workers.envs.coding import CodingEnv
 from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.exact_answer import ExactAnswerEnv
 from workers.envs.search import SearchEnv
+from workers.envs.swarm import SwarmEnv
 
 ENVIRONMENTS: dict[str, type[Environment]] = {
-    cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, CodingEnv, CodingAgentEnv)
+    cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, SwarmEnv, CodingEnv, CodingAgentEnv)
 }
 """Every environment a run may name."""
 

@@ -54,6 +54,15 @@ def generate(spec: DatagenSpec, reporter: Reporter | None = None) -> SynthResult
 
     say(f"reading corpus {spec.corpus_label} from {spec.corpus_uri}")
     chunks = list(iter_chunks_jsonl(read_bytes(spec.corpus_uri, spec.storage_options)))
+    if params.shape == "wide":
+        from workers.swarm.wide import synthesize_wide
+
+        say(f"generating up to {params.num_tasks} wide tasks (columns {', '.join(params.wide_columns)})")
+        wide = synthesize_wide(chunks, params.wide_params(), corpus_label=spec.corpus_label)
+        result = SynthResult(tasks=wide.tasks, report=wide.report)
+        if reporter is not None:
+            reporter.progress(len(result.tasks), params.num_tasks)
+        return _write(spec, result, reporter, say, started)
     corpus = SynthCorpus(chunks)
     say(f"{len(chunks)} chunks, {len(corpus.doc_chunks)} documents, {len(corpus.names)} names")
     generator = make_generator(params, corpus)
@@ -74,6 +83,10 @@ def generate(spec: DatagenSpec, reporter: Reporter | None = None) -> SynthResult
         corpus_hash=spec.corpus_hash,
         on_progress=on_progress,
     )
+    return _write(spec, result, reporter, say, started)
+
+
+def _write(spec: DatagenSpec, result: SynthResult, reporter: Reporter | None, say: Any, started: float) -> SynthResult:
     tasks = dump_tasks_jsonl(result.tasks)
     report = json.dumps(result.report, indent=2, ensure_ascii=False).encode()
     write_bytes(spec.output_uri, tasks, spec.storage_options)

@@ -37,6 +37,8 @@ from workers.jobs.common import (
 )
 from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
+from workers.rewards.schema import validate_reward_spec
+from workers.rewards.score import annealed_weights
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import FilledBatch, HardUpsampler, dynamic_sampling_batch
@@ -110,9 +112,17 @@ class _RolloutActor:
         return True
 
     def rollout(
-        self, rows: list[dict[str, Any]], group_size: int, seed: int, id_prefix: str, f_beta: float | None = None
+        self,
+        rows: list[dict[str, Any]],
+        group_size: int,
+        seed: int,
+        id_prefix: str,
+        f_beta: float | None = None,
+        step: int | None = None,
     ) -> RolloutResult:
-        return self.worker.rollout(rows, group_size=group_size, seed=seed, id_prefix=id_prefix, f_beta=f_beta)
+        return self.worker.rollout(
+            rows, group_size=group_size, seed=seed, id_prefix=id_prefix, f_beta=f_beta, step=step
+        )
 
     def apply(self, blob: bytes, version: int) -> int:
         state = self.receiver.receive(blob)
@@ -188,6 +198,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
     config = spec.config
     opts = spec.storage_options
+    reward_spec = validate_reward_spec(spec.reward)
     with reporter_for(spec) as reporter:
         env_cls = get_environment(config.environment)
         raw = read_bytes(spec.input_uri, opts)
@@ -284,6 +295,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                             config.seed * 100_003 + step + 1_000_003 * round_,
                             f"s{step + 1}-{f'r{round_}-' if round_ else ''}w{len(futures)}-",
                             f_beta(step),
+                            step,
                         )
                     )
                     at += share
@@ -379,6 +391,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             beta = f_beta(step)
             if beta is not None:
                 metrics["f_beta"] = beta
+            metrics.update(annealed_weights(reward_spec, step))
             metrics.update(
                 {
                     "staleness": float(staleness),

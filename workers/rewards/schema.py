@@ -86,6 +86,11 @@ class _Term(BaseModel):
         """Unweighted value of this term for one trajectory (dimensionless; penalties are magnitudes >= 0)."""
         raise NotImplementedError
 
+    def scale(self, step: int | None) -> float:
+        """What the weight is multiplied by at training step `step` (0-based; None outside training): 1, unless the
+        term anneals (`Anneal`)."""
+        return 1.0
+
     def drops(self, trajectory: Trajectory) -> bool:
         """Whether this term leaves the trajectory out: it has no reward to train on (a served session without
         feedback under `no_feedback="drop"`). `workers.rewards.score` marks the result `dropped`."""
@@ -442,6 +447,117 @@ class SessionFeedbackTerm(_Term):
         return math.fsum(kept) / len(kept) if kept else 0.0
 
 
+# --- Kimi K2.5's PARL (methods.md section 1, K1 and K2) -----------------------------------------------------------
+
+
+class Anneal(BaseModel):
+    """A weight annealed to zero over training (K1: "λ1 and λ2 are annealed to zero over the course of training";
+    the source gives no schedule). At 0-based step t the weight is multiplied by 1 − t/steps ("linear") or
+    ½(1 + cos(π·t/steps)) ("cosine"), and by 0 from `steps` on. Outside training (evaluation, re-scoring: no step)
+    the factor is 1."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schedule: Literal["linear", "cosine"] = Field(default="linear", description="How the weight falls to 0")
+    steps: int = Field(default=100, ge=1, le=10_000_000, description="Training steps until the weight is 0")
+
+    def factor(self, step: int | None) -> float:
+        if step is None:
+            return 1.0
+        t = min(max(step, 0), self.steps) / self.steps
+        if self.schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * t))
+        return 1.0 - t
+
+
+class ItemF1Term(_Term):
+    """WideSearch's item-level F1 of the answer table against the task's gold table (methods.md B2,
+    `workers.swarm.table.score_table`); `level: row` scores rows instead (a row counts when all its cells are
+    right). 0 without a gold table (a deep task: pair the term with an answer term)."""
+
+    kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"answer", "gold_table"}),))
+    type: Literal["item_f1"] = "item_f1"
+    level: Literal["item", "row"] = Field(default="item", description="item: cell-level F1; row: row-level F1")
+
+    def value(self, trajectory: Trajectory) -> float:
+        from workers.swarm.metrics import table_metrics
+
+        scores = table_metrics({"answer": trajectory.answer, "gold_table": trajectory.gold_table})
+        return scores.get("item_f1" if self.level == "item" else "row_f1", 0.0)
+
+
+def _swarm_stats(trajectory: Trajectory) -> dict[str, float]:
+    from workers.swarm.metrics import swarm_stats
+
+    return swarm_stats({"swarm": trajectory.swarm})
+
+
+class ParallelInstantiationTerm(_Term):
+    """PARL's r_parallel, the instantiation reward against serial collapse (K1). Ours (the source gives no form):
+    min(1, k / `saturation`), k the sub-agents the episode launched; annealed to 0 by `anneal`."""
+
+    kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"swarm"}),))
+    type: Literal["parallel_instantiation"] = "parallel_instantiation"
+    saturation: int = Field(default=4, ge=1, le=1024, description="Sub-agents launched that earn the full reward")
+    anneal: Anneal | None = Field(default_factory=Anneal, description="Anneal the weight to 0 (K1); null: constant")
+
+    def scale(self, step: int | None) -> float:
+        return self.anneal.factor(step) if self.anneal is not None else 1.0
+
+    def value(self, trajectory: Trajectory) -> float:
+        launched = _swarm_stats(trajectory).get("subagents", 0.0)
+        # methods.md K1 r_parallel (form ours): min(1, launched / saturation)
+        return min(1.0, launched / self.saturation)
+
+
+class SubagentFinishTerm(_Term):
+    """PARL's r_finish, the sub-agent finish rate against spurious parallelism (K1). Ours: finished / launched over
+    the episode's sub-agents (0 when none was launched); a sub-agent that failed, ran out of steps or was cut counts
+    as unfinished, and with `duplicates_unfinished` so does each task that repeats an earlier one verbatim.
+    Annealed to 0 by `anneal`."""
+
+    kind: ClassVar[TermKind] = "gain"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"swarm"}),))
+    type: Literal["subagent_finish"] = "subagent_finish"
+    duplicates_unfinished: bool = Field(
+        default=True, description="A task repeating an earlier task of the episode counts as unfinished"
+    )
+    anneal: Anneal | None = Field(default_factory=Anneal, description="Anneal the weight to 0 (K1); null: constant")
+
+    def scale(self, step: int | None) -> float:
+        return self.anneal.factor(step) if self.anneal is not None else 1.0
+
+    def value(self, trajectory: Trajectory) -> float:
+        stats = _swarm_stats(trajectory)
+        launched = stats.get("subagents", 0.0)
+        if not launched:
+            return 0.0
+        finished = stats.get("finish_rate", 0.0) * launched
+        if self.duplicates_unfinished:
+            finished = max(0.0, finished - stats.get("duplicate_tasks", 0.0))
+        # methods.md K1 r_finish (form ours): finished / launched
+        return finished / launched
+
+
+class CriticalStepsTerm(_Term):
+    """Critical steps (K2) as a penalty: `per_step` for each critical step beyond `free_steps`, capped at `cap`.
+    The hard cap is the swarm environment's `max_critical_steps`; the source says only that training is
+    constrained by critical steps, not how, so both are offered."""
+
+    kind: ClassVar[TermKind] = "penalty"
+    reads: ClassVar[TermInputs] = TermInputs((frozenset({"swarm"}),))
+    type: Literal["critical_steps"] = "critical_steps"
+    free_steps: int = Field(default=10, ge=0, description="Critical steps that cost nothing")
+    per_step: float = Field(default=0.02, ge=0, allow_inf_nan=False, description="Cost of each further step")
+    cap: float = Field(default=0.5, ge=0, allow_inf_nan=False, description="Bound on the total")
+
+    def value(self, trajectory: Trajectory) -> float:
+        critical = _swarm_stats(trajectory).get("critical_steps", 0.0)
+        return min(self.cap, self.per_step * max(0.0, critical - self.free_steps))
+
+
 TERM_CLASSES: tuple[type[_Term], ...] = (
     ExactMatchTerm,
     NormalizedMatchTerm,
@@ -456,6 +572,10 @@ TERM_CLASSES: tuple[type[_Term], ...] = (
     TodoLeftTerm,
     LengthPenaltyTerm,
     SessionFeedbackTerm,
+    ItemF1Term,
+    ParallelInstantiationTerm,
+    SubagentFinishTerm,
+    CriticalStepsTerm,
 )
 """Every term type, in the order UIs list them: the one place a new term class is named."""
 TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
@@ -651,6 +771,29 @@ def coding_agent_spec(length_weight: float = 0.1) -> RewardSpec:
             LengthPenaltyTerm(weight=length_weight),
         ]
     )
+
+
+def parl_spec(
+    lambda_parallel: float = 0.1,
+    lambda_finish: float = 0.1,
+    anneal_steps: int = 100,
+    schedule: Literal["linear", "cosine"] = "linear",
+    critical_penalty: float = 0.0,
+) -> RewardSpec:
+    """Kimi K2.5's PARL reward (methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 annealed to 0
+    over `anneal_steps` steps. r_perf is the task's own metric: item-F1 of the table for a wide task, the answer
+    (normalised match) for a deep one (each is 0 on the other kind). With `critical_penalty` > 0 the critical
+    steps penalty (K2) is added with that weight. λ values and schedule are ours: the source gives none."""
+    anneal = Anneal(schedule=schedule, steps=anneal_steps)
+    terms: list[Any] = [
+        ItemF1Term(),
+        NormalizedMatchTerm(),
+        ParallelInstantiationTerm(weight=lambda_parallel, anneal=anneal),
+        SubagentFinishTerm(weight=lambda_finish, anneal=anneal),
+    ]
+    if critical_penalty > 0:
+        terms.append(CriticalStepsTerm(weight=critical_penalty))
+    return RewardSpec(terms=terms)
 
 
 def with_f_beta(spec: RewardSpec, beta: float) -> RewardSpec:

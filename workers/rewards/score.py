@@ -53,21 +53,33 @@ def combine_reward(spec: RewardSpec, gains: float, penalty: float, *, completed:
     return raw
 
 
-def score_trajectory(spec: RewardSpec, traj: Trajectory) -> RewardResult:
-    """Score one trajectory with `spec`; returns the reward (reward units) and its parts."""
+def score_trajectory(spec: RewardSpec, traj: Trajectory, *, step: int | None = None) -> RewardResult:
+    """Score one trajectory with `spec`; returns the reward (reward units) and its parts. `step` (0-based, training
+    only) scales the weights of annealed terms (`_Term.scale`: PARL's λ1, λ2); None leaves every weight as set."""
     values: dict[str, float] = {}
     gains = 0.0
     penalty = 0.0
     for term in spec.terms:
         value = term.value(traj)
         values[term.name] = value
+        weight = term.weight * term.scale(step)
         if term.kind == "gain":
-            gains += term.weight * value
+            gains += weight * value
         else:
-            penalty += term.weight * value
+            penalty += weight * value
     raw = combine_reward(spec, gains, penalty, completed=traj.error is None)
     dropped = any(term.drops(traj) for term in spec.terms)
     return RewardResult(reward=raw, terms=values, pre_penalty=gains, penalty=penalty, dropped=dropped)
+
+
+def annealed_weights(spec: RewardSpec, step: int) -> dict[str, float]:
+    """The current weight of each annealed term at training step `step` (0-based), as run metrics
+    `reward/lambda/<term name>`: PARL's λ1 and λ2 charted as they fall to 0."""
+    return {
+        f"reward/lambda/{term.name}": term.weight * term.scale(step)
+        for term in spec.terms
+        if getattr(term, "anneal", None) is not None
+    }
 
 
 def score_many(spec: RewardSpec, trajs: Iterable[Trajectory]) -> list[RewardResult]:

@@ -15,6 +15,7 @@ are in ``workers/rl/CONVENTIONS.md`` ("What each algorithm means").
 | dapo (P3) | ÷ group std | token sum ÷ tokens of the filled batch | none | filtered, batch refilled |
 | cispo (P4) | ÷ group std | token sum ÷ tokens of the trained batch | none | filtered (Context-1) |
 | gspo (P5) | ÷ group std | (1/G) Σ_i per sequence, mean over every group | none | skipped, still counted |
+| kimi (K3) | no std | token sum ÷ tokens of the batch (N) | none; τ·(log ρ)² in the loss | kept (their τ term counts) |
 
 DAPO also adds its soft overlong penalty (eq. 13) to the reward.
 """
@@ -28,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Literal
 if TYPE_CHECKING:
     from workers.rl.config import TrainConfig
 
-Algorithm = Literal["grpo", "dr_grpo", "composer", "dapo", "cispo", "gspo"]
+Algorithm = Literal["grpo", "dr_grpo", "composer", "dapo", "cispo", "gspo", "kimi"]
 KLEstimator = Literal["k1", "k2", "k3"]
 KLPlacement = Literal["loss", "reward"]
 AdvantageScale = Literal["none", "group"]
 
-ALGORITHMS: tuple[Algorithm, ...] = ("grpo", "dr_grpo", "composer", "dapo", "cispo", "gspo")
+ALGORITHMS: tuple[Algorithm, ...] = ("grpo", "dr_grpo", "composer", "dapo", "cispo", "gspo", "kimi")
 KL_ESTIMATORS: tuple[KLEstimator, ...] = ("k1", "k2", "k3")
 KL_PLACEMENTS: tuple[KLPlacement, ...] = ("loss", "reward")
 
@@ -93,6 +94,9 @@ class LossConfig:
             sample in one episode; required for those, ignored by the other algorithms.
         cispo_mask: CISPO only: also drop tokens with (A > 0 and ρ > 1 + epsilon_high) or (A < 0 and
             ρ < 1 - epsilon_low), P4's unified mask M, which recovers PPO-style token dropping.
+        tau: Kimi only (K3): weight of the quadratic term τ·(log ρ)² per token. For ``kimi`` the epsilons bound the
+            log-ratio, not the ratio: a token with log ρ outside [−epsilon_low, epsilon_high] gets no policy
+            gradient, whatever its advantage's sign (K3's "Clip" as a gradient mask).
         source: where the values come from, for help text in the UI; not compared.
     """
 
@@ -104,12 +108,13 @@ class LossConfig:
     kl_placement: KLPlacement = "loss"
     max_completion_length: int | None = None
     cispo_mask: bool = False
+    tau: float = 0.0
     source: str = field(default="", compare=False)
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}.")
-        for name in ("epsilon_low", "epsilon_high", "kl_coef"):
+        for name in ("epsilon_low", "epsilon_high", "kl_coef", "tau"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a finite number >= 0; got {value!r}.")
@@ -134,6 +139,10 @@ class LossConfig:
             raise ValueError(f"cispo_mask must be true or false; got {self.cispo_mask!r}.")
         if self.cispo_mask and self.algorithm != "cispo":
             raise ValueError(f"cispo_mask applies only to algorithm='cispo'; unset it for {self.algorithm!r}.")
+        if self.tau > 0 and self.algorithm != "kimi":
+            raise ValueError(
+                f"tau (K3's quadratic term) applies only to algorithm='kimi'; unset it for {self.algorithm!r}."
+            )
 
     @property
     def kl_in_loss(self) -> bool:
@@ -223,6 +232,21 @@ class LossConfig:
                 max_completion_length=max_completion_length,
                 source="GSPO (arXiv 2507.18071): sequence-level ratio clipped to [1 - 3e-4, 1 + 4e-4], no KL.",
             )
+        if algorithm == "kimi":
+            return cls(
+                algorithm="kimi",
+                epsilon_low=math.log(2.0),
+                epsilon_high=math.log(2.0),
+                kl_coef=0.0,
+                tau=0.01,
+                max_completion_length=max_completion_length,
+                source=(
+                    "Kimi K2.5 (arXiv 2602.02276) K3: advantage r − mean(r) without std, token sum ÷ the batch's "
+                    "tokens N, a token whose log-ratio leaves [α, β] gets no gradient, minus τ·(log ρ)². The report "
+                    "gives neither α, β nor τ: ours are the log-ratio band [−ln 2, ln 2] (ratio in [0.5, 2]) and "
+                    "τ = 0.01. Kimi optimises with MuonClip; Crucible uses AdamW."
+                ),
+            )
         raise ValueError(f"algorithm must be one of {', '.join(ALGORITHMS)}; got {algorithm!r}.")
 
 
@@ -233,6 +257,7 @@ LOSS_OVERRIDES: tuple[str, ...] = (
     "kl_estimator",
     "kl_placement",
     "cispo_mask",
+    "tau",
 )
 """The loss settings a run may override (`TrainConfig.loss`); the others follow from the algorithm and the run."""
 
@@ -291,6 +316,7 @@ METHOD_DEFAULTS: dict[Algorithm, MethodDefaults] = {
     "dapo": MethodDefaults("DAPO (P3)", "group", True, True, True),
     "cispo": MethodDefaults("CISPO (P4) as Context-1 ran it", "group", False, False, True),
     "gspo": MethodDefaults("GSPO (P5)", "group", False, False, False),
+    "kimi": MethodDefaults("Kimi K2.5 (K3)", "none", False, False, False),
 }
 
 
@@ -392,7 +418,8 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
         notes.append(
             "dynamic_sampling is off: DAPO (P3) over-samples and refills the batch with groups that have signal."
         )
-    drop_default = True if (dynamic or method.drops_equal_groups) else not loss.kl_in_loss
+    # A group whose rewards are all equal still has a loss term when the KL or Kimi's τ term is in the loss.
+    drop_default = True if (dynamic or method.drops_equal_groups) else not (loss.kl_in_loss or loss.tau > 0)
     drop_source = "Groups whose rewards are all equal have advantage 0: " + (
         "the method leaves them out"
         if method.drops_equal_groups
@@ -444,6 +471,8 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
     for name in LOSS_OVERRIDES:
         if name == "cispo_mask" and algorithm != "cispo":
             continue
+        if name == "tau" and algorithm != "kimi":
+            continue
         if name in ("kl_estimator", "kl_placement") and loss.kl_coef == 0:
             continue
         value = getattr(loss, name)
@@ -482,11 +511,13 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
 
 
 LOSS_SETTING_MEANING: dict[str, str] = {
-    "epsilon_low": "The ratio's clip floor is 1 − epsilon_low (CISPO: of the importance weight; >= 1: none)",
-    "epsilon_high": "The ratio's clip ceiling is 1 + epsilon_high",
+    "epsilon_low": "The ratio's clip floor is 1 − epsilon_low (CISPO: of the importance weight; >= 1: none; kimi: "
+    "the log-ratio's floor is −epsilon_low)",
+    "epsilon_high": "The ratio's clip ceiling is 1 + epsilon_high (kimi: the log-ratio's ceiling is epsilon_high)",
     "kl_coef": "β, the weight of the KL to the reference policy (0: no KL, no reference copy)",
     "kl_estimator": "methods.md P6: k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r",
     "cispo_mask": "P4's unified mask: also drop the tokens PPO's clip would have zeroed",
+    "tau": "K3: weight of the quadratic term τ·(log π_θ/π_old)² (kimi only)",
 }
 
 

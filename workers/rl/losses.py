@@ -74,7 +74,8 @@ class LossOutput:
         kl: mean per-token KL estimate over valid tokens (nats); 0.0 when ``kl_coef`` is 0.
         clip_fraction: share of valid tokens (sequences for GSPO) with (A > 0 and ρ > 1 + ε_high) or
             (A < 0 and ρ < 1 − ε_low): the clip zeroes their gradient, or, for CISPO, caps their weight (and the
-            unified mask drops them when ``cispo_mask`` is set).
+            unified mask drops them when ``cispo_mask`` is set); for Kimi (K3), with log ρ outside
+            [−ε_low, ε_high], whose policy gradient the mask zeroes whatever the sign of A.
         ratio_mean: mean of ρ over valid tokens (of s_i over non-empty sequences for GSPO); 0.0 with none.
         ratio_max: largest such ratio; 0.0 with none.
         ratio_count: how many units ``clip_fraction`` and ``ratio_mean`` average over: valid tokens, or non-empty
@@ -179,7 +180,7 @@ def policy_loss(
     Normalisation (|o_i| = valid tokens of sequence i, N = Σ_i |o_i|):
         grpo, gspo: mean over sequences of the per-sequence token mean (P1, P5); empty sequences count as 0.
         dr_grpo, composer: token sum / (B · max_completion_length) (P2, C1).
-        dapo, cispo: token sum / N (P3, P4).
+        dapo, cispo, kimi: token sum / N (P3, P4, K3).
 
     The computation runs in at least float32. Returns a `LossOutput`.
 
@@ -216,6 +217,13 @@ def policy_loss(
             if config.cispo_mask:
                 # methods.md P4 unified form: M = 0 where the PPO clip would have zeroed the gradient.
                 per_token = per_token * (~clipped).to(dtype)
+        elif config.algorithm == "kimi":
+            # methods.md K3: Clip(ρ, α, β)·A − τ·(log ρ)², "Clip" a gradient mask: a token whose log-ratio leaves
+            # [α, β] = [−ε_low, ε_high] keeps its value but gets no policy gradient, whatever the sign of A.
+            ratio = torch.exp(log_ratio)
+            clipped = (log_ratio.detach() < -config.epsilon_low) | (log_ratio.detach() > config.epsilon_high)
+            policy_term = torch.where(clipped, ratio.detach(), ratio) * adv_tok
+            per_token = -policy_term + config.tau * log_ratio.square()
         else:
             # methods.md P1/P2/P3: min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) per token.
             ratio = torch.exp(log_ratio)

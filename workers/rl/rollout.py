@@ -133,10 +133,12 @@ class RolloutWorker:
         seed: int,
         id_prefix: str = "",
         f_beta: float | None = None,
+        step: int | None = None,
     ) -> RolloutResult:
         """`group_size` episodes per task row, all turns batched across every live episode. Trajectory ids are
         `<id_prefix><task id>-<index>`: give each call a distinct prefix (the trainer uses step and worker).
-        `f_beta`, when given, replaces the beta of the reward's f_beta terms (the X3 schedule)."""
+        `f_beta`, when given, replaces the beta of the reward's f_beta terms (the X3 schedule); `step`, the training
+        step (0-based), scales the weights of annealed terms (PARL's λ1, λ2)."""
         reward = self.reward if f_beta is None else with_f_beta(self.reward, f_beta)
         started = time.perf_counter()
         version = self.backend.policy_version
@@ -193,7 +195,9 @@ class RolloutWorker:
                 still.append(episode)
             live = still
             turn += 1
-        samples = [self._score(e, f"{id_prefix}{e.env.task.id}-{i}", version, reward) for i, e in enumerate(episodes)]
+        samples = [
+            self._score(e, f"{id_prefix}{e.env.task.id}-{i}", version, reward, step) for i, e in enumerate(episodes)
+        ]
         return RolloutResult(
             samples=samples,
             generation_seconds=time.perf_counter() - started,
@@ -209,9 +213,11 @@ class RolloutWorker:
         budget = getattr(env, "context_limit", None)
         return max(self.max_context_tokens, int(budget) + self.max_new_tokens) if budget else self.max_context_tokens
 
-    def _score(self, episode: _Episode, trajectory_id: str, version: int, reward: RewardSpec) -> Sample:
+    def _score(
+        self, episode: _Episode, trajectory_id: str, version: int, reward: RewardSpec, step: int | None = None
+    ) -> Sample:
         record = episode.env.trajectory(trajectory_id)
-        result = score_trajectory(reward, Trajectory.model_validate(record))
+        result = score_trajectory(reward, Trajectory.model_validate(record), step=step)
         counts = record.get("counts", {})
         return Sample(
             task_id=str(episode.env.task.id),

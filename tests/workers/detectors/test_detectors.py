@@ -38,6 +38,8 @@ TRAJECTORY_DETECTORS = [
     "malformed_tool_calls",
     "repetition",
     "search_once_then_quit",
+    "serial_collapse",
+    "spurious_parallelism",
     "terminal_only",
 ]
 
@@ -482,6 +484,8 @@ def test_flag_rates_count_flagged_trajectories_and_each_detector() -> None:
         "flags/malformed_tool_calls": 0.0,
         "flags/repetition": 0.5,
         "flags/search_once_then_quit": 0.0,
+        "flags/serial_collapse": 0.0,
+        "flags/spurious_parallelism": 0.0,
         "flags/terminal_only": 0.0,
     }
     assert flag_metrics([]) == {}
@@ -585,7 +589,11 @@ RECALL_SUGGESTIONS: list[tuple[dict[str, Any], str]] = [
 ]
 
 
-@pytest.mark.parametrize("name", [*detectors(), "a_retired_detector"])
+SWARM_DETECTORS = ("serial_collapse", "spurious_parallelism")
+
+
+# The swarm detectors suggest PARL terms, tested with them in tests/workers/swarm/test_swarm_detectors.py.
+@pytest.mark.parametrize("name", [*(n for n in detectors() if n not in SWARM_DETECTORS), "a_retired_detector"])
 def test_suggest_penalty_gives_what_the_control_plane_suggested_for_every_detector(name: str) -> None:
     from workers.detectors import suggest_penalty
 

@@ -42,6 +42,7 @@ from workers.rewards.schema import (
     TermInputs,
     coding_agent_spec,
     context1_spec,
+    parl_spec,
     validate_reward_spec,
 )
 from workers.rewards.score import score_trajectory
@@ -614,6 +615,10 @@ def test_term_inputs_keeps_its_old_values() -> None:
         "todo_left": TermInputs((frozenset({"diff"}),)),
         "length_penalty": TermInputs((frozenset({"length_stats"}),)),
         "session_feedback": TermInputs((frozenset({"feedback"}),)),
+        "item_f1": TermInputs((frozenset({"answer", "gold_table"}),)),
+        "parallel_instantiation": TermInputs((frozenset({"swarm"}),)),
+        "subagent_finish": TermInputs((frozenset({"swarm"}),)),
+        "critical_steps": TermInputs((frozenset({"swarm"}),)),
     }
 
 
@@ -651,9 +656,11 @@ def test_a_renamed_incompatible_term_is_reported_under_its_name() -> None:
 
 
 def test_make_env_refuses_an_unknown_name_listing_the_choices() -> None:
-    expected = "unknown environment 'swarm'; choose one of: calculator, coding, coding_agent, exact_answer, search"
+    expected = (
+        "unknown environment 'hive'; choose one of: calculator, coding, coding_agent, exact_answer, search, swarm"
+    )
     with pytest.raises(ValueError, match=re.escape(expected)):
-        make_env("swarm")
+        make_env("hive")
 
 
 def test_make_env_names_a_missing_required_parameter() -> None:
@@ -677,6 +684,7 @@ def test_every_registered_environment_has_a_description_and_a_matching_name() ->
         "coding_agent",
         "exact_answer",
         "search",
+        "swarm",
     ]
     assert all(description for _, description in environment_choices())
     assert all(cls.name == name for name, cls in ENVIRONMENTS.items())
@@ -728,6 +736,7 @@ CONTROL_PLANE_FACTS: dict[str, tuple[str, str, bool, dict[str, Any]]] = {
     "coding": ("tests_passed", "pass@1", False, {"terms": [{"type": "tests_passed"}]}),
     "search": ("output_recall", "mean_score", True, context1_spec().model_dump(mode="json")),
     "coding_agent": ("tests_passed", "pass@1", False, coding_agent_spec().model_dump(mode="json")),
+    "swarm": ("task_score", "mean_score", True, parl_spec(0.0, 0.0).model_dump(mode="json")),
 }
 
 
@@ -746,12 +755,12 @@ def test_an_environments_eval_reward_can_score_its_own_episodes() -> None:
         validate_reward_spec(cls.eval_reward())  # raises when the spec is not one
 
 
-def test_only_search_names_corpus_chunks() -> None:
+def test_only_the_search_environments_name_corpus_chunks() -> None:
     from workers.envs.search import SearchEnv
 
     row = {"gold_chunk_ids": ["a", "b"], "answer_chunk_ids": ["b"], "distractor_chunk_ids": ["c"], "other": ["d"]}
     assert SearchEnv.referenced_chunk_ids(row) == {"a", "b", "c"}
     assert SearchEnv.referenced_chunk_ids({"gold_chunk_ids": "not a list"}) == set()
     for name, cls in ENVIRONMENTS.items():
-        if cls is not SearchEnv:
+        if not issubclass(cls, SearchEnv):  # the swarm environment is built on the search harness
             assert cls.referenced_chunk_ids(row) == set(), name

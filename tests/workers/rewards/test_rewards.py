@@ -463,6 +463,10 @@ def test_term_types_lists_every_term() -> None:
         "todo_left",
         "length_penalty",
         "session_feedback",
+        "item_f1",
+        "parallel_instantiation",
+        "subagent_finish",
+        "critical_steps",
     )
 
 
@@ -564,6 +568,10 @@ def test_the_spec_validates_every_term_type_through_the_derived_union() -> None:
         "TodoLeftTerm",
         "LengthPenaltyTerm",
         "SessionFeedbackTerm",
+        "ItemF1Term",
+        "ParallelInstantiationTerm",
+        "SubagentFinishTerm",
+        "CriticalStepsTerm",
     ]
     with pytest.raises(RewardSpecError, match="unknown term type 'nope'; use one of: exact_match"):
         validate_reward_spec({"terms": [{"type": "nope"}]})

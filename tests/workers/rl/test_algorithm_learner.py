@@ -200,3 +200,23 @@ def test_gspos_clip_fraction_is_per_sequence_across_micro_batches(model_path):
     assert metrics["clip_fraction"] == pytest.approx(0.25)
     assert metrics["ratio_mean"] == pytest.approx((3 + math.exp(0.01)) / 4, abs=1e-5)
     assert metrics["ratio_max"] == pytest.approx(math.exp(0.01), abs=1e-5)
+
+
+def test_kimi_keeps_equal_groups_subtracts_the_group_mean_and_divides_by_the_batch_tokens(model_path):
+    """K3: advantage r − mean(r) (no std), every group trained (its τ term counts even when A = 0), the token sum
+    (policy term masked outside the log-ratio band, plus τ·(log ρ)² everywhere) divided by the batch's N tokens."""
+    learner = Learner(model_path, _config(algorithm="kimi", loss={"epsilon_low": 0.2, "epsilon_high": 0.2, "tau": 0.1}))
+    assert learner.settings.scale_rewards == "none" and not learner.settings.drop_equal_groups
+    lengths = {0: 3, 1: 3, 2: 8, 3: 8}
+    samples = _batch(learner, lengths, [1.0, 1.0, 0.0, 1.0])
+
+    metrics = learner.train_step(samples)
+
+    assert metrics["dropped_groups"] == 0
+    adv = {0: 0.0, 1: 0.0, 2: -0.5, 3: 0.5}
+    token_sum = sum(
+        math.exp(d) * adv[i] - 0.1 * d * d for i in range(4) for d in DELTAS.get(i, [0.0] * 8)[: lengths[i]]
+    )
+    assert metrics["loss"] == pytest.approx(-token_sum / sum(lengths.values()), abs=2e-6)
+    outside = sum(1 for i in (2, 3) for d in DELTAS[i] if abs(d) > 0.2)
+    assert metrics["clip_fraction"] == pytest.approx(outside / sum(lengths.values()), abs=1e-6)

@@ -545,3 +545,57 @@ def test_micro_batch_losses_with_the_batch_normalisers_add_up_to_the_whole_batch
     (grad_parts,) = torch.autograd.grad(sum(parts), logp)
     assert torch.allclose(sum(parts), whole, rtol=1e-12)
     assert torch.allclose(grad_parts, grad_whole, rtol=1e-12)
+
+
+# --- Kimi K2.5 (K3) ---------------------------------------------------------------------------------------------
+# With the band [−0.25, 0.4] on log ρ, token (0, 1) (log ρ −0.3) sits below it and token (0, 2) (log ρ 0.5) above
+# it: both keep their value but lose their policy gradient, whatever the advantage's sign.
+
+
+def _kimi(tau: float = 0.1) -> LossConfig:
+    return LossConfig(algorithm="kimi", epsilon_low=0.25, epsilon_high=0.4, tau=tau)
+
+
+def test_kimi_loss_is_minus_ratio_times_advantage_plus_tau_log_ratio_squared_over_the_token_count() -> None:
+    data = batch()
+
+    out = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], _kimi())
+
+    # methods.md K3: −(1/N) Σ (ρ·A − τ·(log ρ)²), N = 5 valid tokens
+    total = sum(rho(i, t) * ADV[i] - 0.1 * LOG_RATIO[i][t] ** 2 for i, t in VALID)
+    assert out.loss.item() == pytest.approx(-total / 5, abs=1e-12)
+    assert out.clip_fraction == pytest.approx(2 / 5)  # tokens (0, 1) and (0, 2) leave the band
+
+
+def test_kimi_gradient_is_masked_outside_the_log_ratio_band_and_keeps_the_quadratic_term() -> None:
+    data = batch()
+
+    out = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], _kimi())
+
+    # d/dlogp of −ρ·A/N is −ρ·A/N inside the band, 0 outside; d/dlogp of τ·(log ρ)²/N is 2τ·log ρ/N everywhere
+    def expected(i: int, t: int) -> float:
+        inside = -0.25 <= LOG_RATIO[i][t] <= 0.4
+        return (-rho(i, t) * ADV[i] if inside else 0.0) / 5 + 2 * 0.1 * LOG_RATIO[i][t] / 5
+
+    grid = [[expected(0, 0), expected(0, 1), expected(0, 2)], [expected(1, 0), expected(1, 1), 0.0]]
+    assert_grid(grad_of(out.loss, data["logp"]), grid)
+
+
+def test_kimi_on_policy_loss_is_minus_the_token_mean_advantage_with_no_quadratic_gradient() -> None:
+    data = batch()
+    old = data["logp"].detach().clone()
+
+    out = policy_loss(data["logp"], old, data["advantages"], data["mask"], _kimi(tau=0.5))
+
+    assert out.loss.item() == pytest.approx(-(3 * 1.0 + 2 * -0.5) / 5, abs=1e-12)
+    assert out.clip_fraction == 0.0
+    grid = [[-1.0 / 5] * 3, [0.5 / 5, 0.5 / 5, 0.0]]
+    assert_grid(grad_of(out.loss, data["logp"]), grid)
+
+
+def test_kimi_defaults_name_their_choices_and_tau_is_refused_elsewhere() -> None:
+    config = LossConfig.defaults("kimi")
+    assert (config.epsilon_low, config.epsilon_high, config.tau) == (math.log(2.0), math.log(2.0), 0.01)
+    assert "ours" in config.source and "MuonClip" in config.source
+    with pytest.raises(ValueError, match="tau .* applies only to algorithm='kimi'"):
+        LossConfig(algorithm="grpo", epsilon_low=0.2, epsilon_high=0.2, tau=0.1)
