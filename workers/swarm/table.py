@@ -287,6 +287,37 @@ def _column_map(predicted: Sequence[str], gold: GoldTable) -> dict[str, int]:
     return out
 
 
+def key_of(row: Mapping[str, str], gold: GoldTable) -> tuple[str, ...]:
+    """A row's key: its normalised key-column cells."""
+    return tuple(normalize_cell(row.get(key, "")) for key in gold.key_columns)
+
+
+def predicted_rows(table: Table, gold: GoldTable) -> tuple[dict[tuple[str, ...], dict[str, str]], int] | None:
+    """The predicted rows by key, their cells under the gold column names (steps 1-2: columns mapped, rows
+    deduplicated on the key, the first row of a key kept, a row without a key left out), and how many columns
+    mapped; None when a key column maps onto nothing."""
+    mapping = _column_map(table.columns, gold)
+    if any(key not in mapping for key in gold.key_columns):
+        return None
+    predicted: dict[tuple[str, ...], dict[str, str]] = {}
+    for cells in table.rows:
+        row = {column: cells[index] for column, index in mapping.items()}
+        key = key_of(row, gold)
+        if all(key) and key not in predicted:
+            predicted[key] = row
+    return predicted, len(mapping)
+
+
+def row_cell_scores(row: Mapping[str, str], gold_row: Mapping[str, str], gold: GoldTable) -> list[float]:
+    """Step 4: each gold column's score for a matched row (key cells score 1)."""
+    return [
+        1.0
+        if column in gold.key_columns
+        else cell_score(row.get(column, ""), gold_row[column], gold.metrics.get(column, "exact_match"), gold.tolerance)
+        for column in gold.columns
+    ]
+
+
 def score_table(answer: str | None, gold: GoldTable) -> TableScore:
     """Score the first Markdown table in `answer` against `gold` (module docstring, steps 1-5). No table, or one
     whose columns miss a key column, scores 0 with `parsed` telling which."""
@@ -295,36 +326,21 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
     zero = TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, len(gold.rows), 0, 0, table is not None)
     if table is None:
         return zero
-    mapping = _column_map(table.columns, gold)
-    if any(key not in mapping for key in gold.key_columns):
-        return TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, len(table.rows), len(gold.rows), 0, len(mapping), True)
-
-    def key_of(values: Mapping[str, str]) -> tuple[str, ...]:
-        return tuple(normalize_cell(values.get(key, "")) for key in gold.key_columns)
-
-    predicted: dict[tuple[str, ...], dict[str, str]] = {}
-    for cells in table.rows:
-        row = {column: cells[index] for column, index in mapping.items()}
-        key = key_of(row)
-        if all(key) and key not in predicted:  # deduplicated on the key; a row without a key matches nothing
-            predicted[key] = row
+    paired = predicted_rows(table, gold)
+    if paired is None:
+        mapped = len(_column_map(table.columns, gold))
+        return TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, len(table.rows), len(gold.rows), 0, mapped, True)
+    predicted, mapped = paired
     n_pred = len(predicted)
     tp = 0.0
     rows_right = 0
     matched = 0
     for gold_row in gold.rows:
-        found = predicted.get(key_of(gold_row))
+        found = predicted.get(key_of(gold_row, gold))
         if found is None:
             continue
         matched += 1
-        scores = [
-            1.0
-            if column in gold.key_columns
-            else cell_score(
-                found.get(column, ""), gold_row[column], gold.metrics.get(column, "exact_match"), gold.tolerance
-            )
-            for column in gold.columns
-        ]
+        scores = row_cell_scores(found, gold_row, gold)
         tp += math.fsum(scores)
         rows_right += 1 if min(scores) >= 1.0 else 0
     # methods.md B2: P_item = TP / (n_pred_rows · |C|), R_item = TP / (n_gt_rows · |C|)
@@ -345,6 +361,6 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
         predicted_rows=n_pred,
         gold_rows=len(gold.rows),
         matched_rows=matched,
-        mapped_columns=len(mapping),
+        mapped_columns=mapped,
         parsed=True,
     )

@@ -269,3 +269,34 @@ def test_a_search_benchmark_pins_its_corpus_index_and_checks_the_tasks_chunks(cl
     assert made.status_code == 201, made.json()
     version = BenchmarkVersion.objects.get(pk=made.json()["id"])
     assert version.env_params["index_uri"] == search_world["index"].uri
+
+
+def test_a_swarm_run_launches_on_a_corpus_with_the_parl_reward_and_kimis_loss(client_for, search_world):
+    """Kimi's agent swarm (issue 19) launches like search: the corpus version's index fills index_uri, and the
+    PARL reward (its terms read the `swarm` and `gold_table` fields the swarm environment produces) fits it."""
+    from apps.rewards.services import reward_config_create
+    from workers.rewards.schema import parl_spec
+
+    search_world["ready"]()
+    owner = search_world["owner"]
+    parl = reward_config_create(
+        name="parl", description="", spec=parl_spec(anneal_steps=10).model_dump(mode="json"), owner=owner
+    ).versions.get()
+    config = {**TINY, "environment": "swarm", "algorithm": "kimi", "env_params": {"max_turns": 3}}
+    launched = _search_launch(
+        client_for, search_world, corpus_version=search_world["corpus"].pk, config=config, reward_version=parl.pk
+    )
+    assert launched.status_code == 201, launched.json()
+    run = Run.objects.get(pk=launched.json()["id"])
+    assert run.spec["config"]["env_params"]["index_uri"] == search_world["index"].uri
+    assert run.spec["config"]["algorithm"] == "kimi"
+    bad = _search_launch(
+        client_for,
+        search_world,
+        corpus_version=search_world["corpus"].pk,
+        config={**config, "env_params": {"step_preset": "fast"}},
+        reward_version=parl.pk,
+    )
+    assert (
+        bad.status_code == 400 and "step_preset must be one of browsecomp, widesearch, in_house" in bad.json()["detail"]
+    )
