@@ -174,6 +174,10 @@ class Trajectory(BaseModel):
         default=None,
         description="Agent swarm episodes: agents, sub-agent runs with their conversations, stages, critical steps",
     )
+    judgements: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Rubric judgements by reward term name (workers.rewards.judge): scores, the judge's text, key",
+    )
     session_turns: list[int] = Field(
         default_factory=list,
         description="Served sessions: the client's turn index of each served completion, in order (feedback names "

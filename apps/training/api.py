@@ -21,6 +21,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run, RunKind
 from apps.training import services
+from apps.training.rft import MAX_PER_TASK, rft_dataset_create
 
 
 class TrainingLaunchSerializer(serializers.Serializer):
@@ -79,12 +80,40 @@ def launch_from_api(user: User, data: dict[str, Any]) -> Run:
     )
 
 
+class RFTSerializer(serializers.Serializer):
+    dataset = serializers.CharField(max_length=100, help_text="The trajectories dataset to add a version to (created)")
+    min_reward = serializers.FloatField(default=1.0, help_text="Keep trajectories with at least this reward")
+    per_task = serializers.IntegerField(
+        default=1, min_value=1, max_value=MAX_PER_TASK, help_text="Trajectories kept per task, best first"
+    )
+
+
+class RFTResultSerializer(serializers.Serializer):
+    dataset = serializers.CharField()
+    dataset_version = serializers.IntegerField()
+    report = serializers.JSONField()
+
+
 class RunResumeViewSet(viewsets.GenericViewSet):
-    """`POST /api/v1/runs/<id>/resume/`: training owns resuming, so the route lives here beside the runs API."""
+    """`POST /api/v1/runs/<id>/resume/` and `.../rft/`: training owns resuming and RFT exports, so the routes live
+    here beside the runs API."""
 
     queryset = Run.objects.all()
     serializer_class = RunSerializer
-    capability_map = {"resume": Capability.LAUNCH}
+    capability_map = {"resume": Capability.LAUNCH, "rft": Capability.LAUNCH}
+
+    @extend_schema(request=RFTSerializer, responses={201: RFTResultSerializer})
+    @action(detail=True, methods=["post"])
+    def rft(self, request: Request, pk: str | None = None) -> Response:
+        """The run's successful trajectories (reward >= min_reward, best per_task of each task, stored records only)
+        as a new version of a trajectories dataset: RFT data for a later SFT run (Kimi K2.5)."""
+        body = RFTSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        version = rft_dataset_create(
+            run=get_object_or_404(Run, pk=pk), user=request_user(request), **body.validated_data
+        )
+        out = {"dataset": version.dataset.name, "dataset_version": version.pk, "report": version.validation_report}
+        return Response(out, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses={201: RunSerializer})
     @action(detail=True, methods=["post"])

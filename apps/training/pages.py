@@ -304,10 +304,84 @@ def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
     return redirect("runs:detail", run_id=child.pk)
 
 
+@needs(Capability.LAUNCH)
+@require_POST
+def run_rft_view(request: HttpRequest, run_id: int) -> HttpResponse:
+    """The run page's "Export for RFT" form: its successful trajectories as a trajectories dataset version."""
+    from apps.training.rft import rft_dataset_create
+
+    run = get_object_or_404(Run, pk=run_id)
+    raw_reward, raw_per_task = request.POST.get("min_reward", "1").strip(), request.POST.get("per_task", "1").strip()
+    try:
+        min_reward: Any = float(raw_reward)
+    except ValueError:
+        min_reward = raw_reward  # the service names the field
+    per_task: Any = int(raw_per_task) if raw_per_task.isdigit() else raw_per_task
+    try:
+        version = rft_dataset_create(
+            run=run,
+            dataset=request.POST.get("dataset", "").strip(),
+            user=request_user(request),
+            min_reward=min_reward,
+            per_task=per_task,
+        )
+    except ValidationError as exc:
+        messages.error(request, "; ".join(validation_messages(exc)))
+        return redirect("runs:detail", run_id=run.pk)
+    kept = version.validation_report.get("rft", {}).get("kept")
+    messages.info(request, f"{version} holds {kept} trajectories of run {run.pk} for RFT.")
+    return redirect("datasets:detail", dataset_id=version.dataset_id)
+
+
+JUDGE_SAMPLE = 5000
+"""Most recent trajectories of a reward version's runs that the judge agreement reads."""
+
+
+@needs(Capability.READ)
+def judge_agreement_view(request: HttpRequest, config_id: int) -> HttpResponse:
+    """The reward config page's fragment: for each version with a rubric_judge term, how its judgements agree with
+    the version's other (code-verified) gain terms over the trajectories its runs scored (Kimi K2.5's GRMs sit "on
+    top of verified reward signals": this says whether the judge sees what the verified reward sees)."""
+    from apps.rewards.models import RewardConfig
+    from apps.runs.models import TrajectorySummary
+    from workers.rewards.judge import agreement
+    from workers.rewards.schema import RewardSpecError, validate_reward_spec
+
+    config = get_object_or_404(RewardConfig, pk=config_id)
+    tables = []
+    for version in config.versions.order_by("-number"):
+        try:
+            spec = validate_reward_spec(version.spec)
+        except RewardSpecError:
+            continue
+        judged = [t.name for t in spec.terms if t.type == "rubric_judge"]
+        verified = [t.name for t in spec.terms if t.kind == "gain" and t.type != "rubric_judge"]
+        if not judged:
+            continue
+        terms = list(
+            TrajectorySummary.objects.filter(run__reward_version=version)
+            .order_by("-pk")
+            .values_list("terms", flat=True)[:JUDGE_SAMPLE]
+        )
+        rows = []
+        for j in judged:
+            for v in verified:
+                pairs = [
+                    (float(t[j]), float(t[v]))
+                    for t in terms
+                    if isinstance(t, dict) and isinstance(t.get(j), int | float) and isinstance(t.get(v), int | float)
+                ]
+                rows.append(agreement(pairs, j, v))
+        tables.append({"version": version, "rows": rows, "trajectories": len(terms)})
+    return render(request, "rewards/_judge_agreement.html", {"tables": tables})
+
+
 app_name = "training"
 urlpatterns = [
     route("runs/new/rescore/", rescore_new, name="rescore-new"),
     route("runs/new/train/", train_new, name="train-new"),
     route("runs/new/sft/", sft_new, name="sft-new"),
     route("runs/<int:run_id>/resume/", run_resume_view, name="resume"),
+    route("runs/<int:run_id>/rft/", run_rft_view, name="rft"),
+    route("rewards/<int:config_id>/judge-agreement/", judge_agreement_view, name="judge-agreement"),
 ]

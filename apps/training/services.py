@@ -32,7 +32,9 @@ from workers.envs.registry import get_environment
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import model_name_problems
 
-SCRIPTED_TEACHERS = {"scripted-search": "search", "scripted-coding": "coding_agent"}
+SCRIPTED_TEACHERS = {"scripted-search": "search", "scripted-coding": "coding_agent", "scripted-swarm": "swarm"}
+RECORDS_TEACHER = "records"
+"""`teacher_model` of an SFT run on a trajectories dataset (RFT): the stored records are the examples."""
 """Agents written as code that the SFT warm-up takes as its teacher, with the environment each one plays."""
 """Teachers that are programs, not models (workers.search.teacher): no model check for them."""
 
@@ -166,14 +168,24 @@ def run_launch_sft(
     the kept ones. Checked like a training run: the config, the models, the environment, every task row, the
     reward's inputs, the training-data guards and, for search, the corpus index and the tasks' chunk ids."""
     config = {"environment": SFTConfig.model_fields["environment"].default, **config}
-    config = with_corpus_index(config, corpus_version)
+    if dataset_version.dataset.kind != DatasetKind.TRAJECTORIES:  # on records no environment runs: no index
+        config = with_corpus_index(config, corpus_version)
     try:
         parsed = SFTConfig.model_validate(config)
     except PydanticError as exc:
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
+    on_records = dataset_version.dataset.kind == DatasetKind.TRAJECTORIES
+    if on_records != (parsed.teacher_model == RECORDS_TEACHER):
+        problems["config.teacher_model"] = [
+            f"an SFT run on a trajectories dataset trains on its records: set teacher_model to {RECORDS_TEACHER!r}"
+            if on_records
+            else f"teacher_model {RECORDS_TEACHER!r} trains on stored trajectories: pick a trajectories dataset "
+            "version (an RFT export), or a teacher"
+        ]
+    allowed = (*SCRIPTED_TEACHERS, RECORDS_TEACHER)
     for field, name in (("teacher_model", parsed.teacher_model), ("base_model", parsed.base_model)):
-        if found := model_name_problems(name, allow=tuple(SCRIPTED_TEACHERS) if field == "teacher_model" else ()):
+        if found := model_name_problems(name, allow=allowed if field == "teacher_model" else ()):
             problems[f"config.{field}"] = found
     plays = SCRIPTED_TEACHERS.get(parsed.teacher_model)
     if plays is not None and plays != parsed.environment:
@@ -181,16 +193,33 @@ def run_launch_sft(
             f"{parsed.teacher_model!r} is an agent for environment {plays!r}, not {parsed.environment!r}; pick the "
             "scripted agent of this environment or a model"
         ]
-    episode_problems(
-        problems,
-        environment=parsed.environment,
-        env_params=parsed.env_params,
-        dataset_version=dataset_version,
-        reward_version=reward_version,
-        corpus_version=corpus_version,
-    )
+    if not on_records:
+        episode_problems(
+            problems,
+            environment=parsed.environment,
+            env_params=parsed.env_params,
+            dataset_version=dataset_version,
+            reward_version=reward_version,
+            corpus_version=corpus_version,
+        )
     if problems:
         raise ValidationError(problems)
+    if on_records:
+        # RFT: the SFT run continues the lineage of the run whose trajectories it trains on.
+        source = (dataset_version.validation_report or {}).get("rft", {}).get("run")
+        parent = Run.objects.filter(pk=source).first() if isinstance(source, int) else None
+        spec_records: dict[str, Any] = {"config": parsed.model_dump(mode="json"), "records": True}
+        return run_create(
+            kind=RunKind.SFT,
+            name=name or f"RFT of {parsed.base_model} on {dataset_version}",
+            job=sft_job,
+            spec=spec_records,
+            dataset_version=dataset_version,
+            reward_version=reward_version,
+            tags=list(tags),
+            created_by=created_by,
+            parent=parent,
+        )
     carried = training_data_guards(
         dataset_version=dataset_version, allow_contamination=allow_contamination, allow_excluded=allow_excluded
     )

@@ -72,6 +72,70 @@ def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any =
     return losses
 
 
+RECORDS = "records"
+"""`teacher_model` of an SFT run on stored trajectories (an RFT export): no teacher runs, the records are the data."""
+
+
+def record_samples(records: list[dict[str, Any]], tokenizer: Any) -> list[Any]:
+    """Stored trajectory records as SFT samples in the student's tokens: the conversation up to the first reply is
+    the prompt, every reply (closed with `<|im_end|>`) is trained, the messages between replies are context. A reply
+    that made several tool calls is stored as one assistant turn with its text and one empty turn per further call;
+    those empty turns are skipped. Rewritten contexts (prunes, self-summaries) are not replayed: the record's turns
+    are trained as one conversation."""
+    from workers.envs.base import Message
+    from workers.models.base import encode_chat
+    from workers.rl.rollout import Sample, chatml_continuation
+
+    samples: list[Any] = []
+    for group, record in enumerate(records):
+        turns = [t for t in record.get("turns") or [] if isinstance(t, dict)]
+        messages: list[Message] = [
+            {"role": str(t.get("role") or "user"), "content": str(t.get("content") or "")}
+            for t in turns
+            if not (t.get("role") == "assistant" and not t.get("content") and t.get("tool"))
+        ]
+        first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+        if first is None:
+            continue
+        ids: list[int] = list(encode_chat(tokenizer, messages[:first]))
+        start = len(ids)
+        mask: list[int] = []
+        pending: list[Message] = []
+        for message in messages[first:]:
+            if message["role"] != "assistant":
+                pending.append(message)
+                continue
+            if pending:
+                more = chatml_continuation(tokenizer, pending, closed=True)
+                ids += more
+                mask += [0] * len(more)
+                pending = []
+            reply = tokenizer.encode(message["content"] + "<|im_end|>", add_special_tokens=False)
+            ids += reply
+            mask += [1] * len(reply)
+        raw_counts = record.get("counts")
+        counts: dict[str, Any] = raw_counts if isinstance(raw_counts, dict) else {}
+        samples.append(
+            Sample(
+                task_id=str(record.get("task_id") or record.get("id")),
+                group=group,
+                token_ids=ids,
+                completion_start=start,
+                loss_mask=mask,
+                old_logprobs=[0.0] * len(mask),
+                reward=1.0,
+                terms={},
+                policy_version=0,
+                num_turns=int(counts.get("turns", 0) or 0),
+                malformed_tool_calls=int(counts.get("malformed_tool_calls", 0) or 0),
+                finish_reason="stop",
+                error=None,
+                trajectory=record,
+            )
+        )
+    return samples
+
+
 def generate(
     config: SFTConfig, rows: list[dict[str, Any]], reward: dict[str, Any], progress: Any = None, bind: Any = None
 ) -> list[Any]:
@@ -82,18 +146,20 @@ def generate(
     from workers.models.registry import resolve_base_model
     from workers.rl.rollout import RolloutWorker
     from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent, scripted_rollout
+    from workers.swarm.scripted import SCRIPTED_SWARM_TEACHER, ScriptedOrchestrator
 
     samples: list[Any] = []
-    if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_CODING_TEACHER):
+    if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_CODING_TEACHER, SCRIPTED_SWARM_TEACHER):
         from transformers import AutoTokenizer
 
         from workers.models.base import encode_chat
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
         for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
-            if config.teacher_model == SCRIPTED_TEACHER:
+            if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_SWARM_TEACHER):
+                agent = ScriptedSearchAgent() if config.teacher_model == SCRIPTED_TEACHER else ScriptedOrchestrator()
                 samples += scripted_rollout(
-                    ScriptedSearchAgent(),
+                    agent,
                     tokenizer,
                     lambda messages: encode_chat(tokenizer, messages),
                     rows,
@@ -158,23 +224,34 @@ def run(spec: SFTSpec) -> dict[str, Any]:
             reporter.log(f"{len(rows) - len(kept_rows)} excluded task(s) left out of the warm-up")
             rows = kept_rows
         rows = rows[: config.max_tasks]
-        for index, row in enumerate(rows, start=1):
-            env_cls.validate_task_row(row, index=index)
-        reporter.log(f"{len(rows)} tasks x {config.rollouts_per_task} rollouts with {config.teacher_model}")
         started = time.perf_counter()
-        samples = generate(config, rows, spec.reward, lambda done: reporter.progress(done, 2 * len(rows)))
-        generation_seconds = time.perf_counter() - started
-        records = [s.trajectory for s in samples]
-        teacher_metrics = mean_metrics(s.episode_metrics for s in samples)
-        own_rule = env_cls.select_for_sft(records)
-        if own_rule is not None:  # the environment's own rule (coding: solved episodes)
-            kept_indices, report = own_rule
+        if config.teacher_model == RECORDS:
+            # RFT: the rows are trajectories already filtered by reward and deduplicated by task at export.
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
+            samples = record_samples(rows, tokenizer)
+            reporter.log(f"{len(samples)} stored trajectories (of {len(rows)} records) as SFT examples")
+            kept_indices = list(range(len(samples)))
+            report: dict[str, Any] = {"source": "records", "generated": len(rows), "kept": len(samples)}
+            generation_seconds = time.perf_counter() - started
         else:
-            selected = select_trajectories(records, config.filter)
-            kept_indices, report = selected.kept, selected.report(len(records))
+            for index, row in enumerate(rows, start=1):
+                env_cls.validate_task_row(row, index=index)
+            reporter.log(f"{len(rows)} tasks x {config.rollouts_per_task} rollouts with {config.teacher_model}")
+            samples = generate(config, rows, spec.reward, lambda done: reporter.progress(done, 2 * len(rows)))
+            generation_seconds = time.perf_counter() - started
+            records = [s.trajectory for s in samples]
+            own_rule = env_cls.select_for_sft(records)
+            if own_rule is not None:  # the environment's own rule (coding: solved episodes)
+                kept_indices, report = own_rule
+            else:
+                selected = select_trajectories(records, config.filter)
+                kept_indices, report = selected.kept, selected.report(len(records))
+        teacher_metrics = mean_metrics(s.episode_metrics for s in samples)
         report["teacher_metrics"] = teacher_metrics
         reporter.summary({"sft_filter": report})
-        reporter.log(f"generated {len(records)} trajectories in {generation_seconds:.0f}s; kept {len(kept_indices)}")
+        reporter.log(f"generated {len(samples)} trajectories in {generation_seconds:.0f}s; kept {len(kept_indices)}")
         for sample in samples:
             reporter.trajectory(**_trajectory_summary(sample, 0))
         kept = [samples[i] for i in kept_indices]

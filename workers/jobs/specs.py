@@ -78,7 +78,8 @@ class SFTConfig(BaseModel):
         min_length=1,
         description=(
             "Generates the trajectories: a model, or a scripted agent: 'scripted-search' (workers.search.teacher) "
-            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent"
+            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent, 'scripted-swarm' "
+            "(workers.swarm.scripted, the orchestrator that fans items out to sub-agents) for swarm"
         ),
     )
     base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")

@@ -180,6 +180,60 @@ def _wait_for_resources(actors: list[Any], reporter: Reporter, config: TrainConf
         reporter.log("resources granted; starting")
 
 
+TOGGLE_BUDGETS_FILE = "toggle-budgets.json"
+
+
+def _toggle_budgets(
+    spec: TrainSpec, rows: list[dict[str, Any]], rollouts: list[Any], reporter: Reporter
+) -> dict[str, float]:
+    """K5's budgets, computed once and stored beside the run's outputs (a resumed run reads them back). With
+    `budget_from="prepass"` every task is rolled out once (`group_size` samples) with the initial policy now; with
+    "first_rollout" the budgets fill in as tasks are first rolled out (`_toggled`)."""
+    from workers.rl.toggle import task_budgets
+
+    config = spec.config
+    assert config.toggle is not None
+    uri = f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}"
+    try:
+        stored = json.loads(read_bytes(uri, spec.storage_options))
+        reporter.log(f"toggle: {len(stored)} task budgets read back from {uri}")
+        return {str(k): float(v) for k, v in stored.items()}
+    except (OSError, ValueError):
+        pass
+    if config.toggle.budget_from != "prepass":
+        return {}
+    reporter.log(f"toggle: rolling out {len(rows)} tasks once to fix their length budgets (K5)")
+    futures = [
+        worker.rollout.remote(rows[i :: len(rollouts)], config.group_size, config.seed + 7_919, f"budget-w{i}-")
+        for i, worker in enumerate(rollouts)
+        if rows[i :: len(rollouts)]
+    ]
+    samples = [s for result in ray.get(futures) for s in result.samples]
+    budgets = task_budgets(samples, rho=config.toggle.rho, correct_at=config.toggle.correct_at)
+    write_bytes(uri, json.dumps(budgets).encode(), spec.storage_options)
+    reporter.log(f"toggle: budgets for {len(budgets)} of {len(rows)} tasks (the others had no correct sample)")
+    return budgets
+
+
+def _toggled(
+    batch: list[Sample], config: TrainConfig, step: int, budgets: dict[str, float]
+) -> tuple[list[Sample], dict[str, float]]:
+    """The batch with K4's rewards for `step` (copies: the rolled-out samples keep their task reward)."""
+    import dataclasses
+
+    from workers.rl.toggle import apply_toggle, task_budgets
+
+    toggle = config.toggle
+    assert toggle is not None
+    if toggle.budget_from == "first_rollout":
+        fresh = [s for s in batch if s.task_id not in budgets]
+        for task, budget in task_budgets(fresh, rho=toggle.rho, correct_at=toggle.correct_at).items():
+            budgets.setdefault(task, budget)
+    rewards, metrics = apply_toggle(batch, config.group_size, step=step, config=toggle, budgets=budgets)
+    metrics["toggle/task_reward_mean"] = sum(s.reward for s in batch) / max(len(batch), 1)
+    return [dataclasses.replace(s, reward=r) for s, r in zip(batch, rewards, strict=True)], metrics
+
+
 def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
     return {
         "trajectory_id": sample.trajectory["id"],
@@ -264,6 +318,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
 
         per_step = config.prompts_per_step
         shares = [per_step // workers + (1 if i < per_step % workers else 0) for i in range(workers)]
+        budgets = _toggle_budgets(spec, rows, rollouts, reporter) if config.toggle is not None else {}
 
         def f_beta(step: int) -> float | None:
             # methods.md X3: beta annealed between epochs
@@ -369,7 +424,15 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 upsampler.record(samples)
             if config.mode == "async" and step + 1 < config.steps:
                 pending = launch(step + 1)  # generated with the current weights while this step trains
+            toggle_metrics: dict[str, float] = {}
+            if config.toggle is not None:
+                batch, toggle_metrics = _toggled(batch, config, step, budgets)
             metrics = ray.get(learner.train_step.remote(batch))
+            if toggle_metrics:
+                # reward_mean stays the task reward; the learner trained on the toggled one
+                metrics["toggled_reward_mean"] = metrics["reward_mean"]
+                metrics["reward_mean"] = toggle_metrics.pop("toggle/task_reward_mean")
+                metrics.update(toggle_metrics)
             if filled is not None:
                 # reward_mean stays the policy's reward on fresh prompts (every generated episode); the filtered
                 # batch it trained on is biased towards groups with signal.
@@ -424,6 +487,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 blob = ray.get(learner.checkpoint.remote((step + 1) * per_step))
                 uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}.pt"
+                if config.toggle is not None and budgets:  # first_rollout budgets grow: keep them for a resume
+                    write_bytes(f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}", json.dumps(budgets).encode(), opts)
                 if upsampler is not None:  # before the checkpoint: a checkpoint with its checksum is complete
                     write_bytes(uri + UPSAMPLE_STATE_SUFFIX, json.dumps(upsampler.state()).encode(), opts)
                 write_checkpoint(uri, blob, opts)

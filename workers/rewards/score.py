@@ -16,7 +16,7 @@ import bisect
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import Any, TypedDict
 
 from workers.rewards.schema import RewardSpec
 from workers.trajectories import Trajectory
@@ -70,6 +70,17 @@ def score_trajectory(spec: RewardSpec, traj: Trajectory, *, step: int | None = N
     raw = combine_reward(spec, gains, penalty, completed=traj.error is None)
     dropped = any(term.drops(traj) for term in spec.terms)
     return RewardResult(reward=raw, terms=values, pre_penalty=gains, penalty=penalty, dropped=dropped)
+
+
+def judgements_of(spec: RewardSpec, traj: Trajectory) -> dict[str, Any]:
+    """The judgement of each judged term (`rubric_judge`) of `spec` on `traj`, by term name, as JSON: cached by the
+    scoring that just ran, so this asks no model again. The rollout worker stores them with the record."""
+    out: dict[str, Any] = {}
+    for term in spec.terms:
+        judgement = getattr(term, "judgement", None)
+        if judgement is not None:
+            out[term.name] = judgement(traj).to_json()
+    return out
 
 
 def annealed_weights(spec: RewardSpec, step: int) -> dict[str, float]:

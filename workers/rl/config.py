@@ -126,6 +126,38 @@ class UpsampleHardConfig(_Strict):
         return f"by {self.by}, strength {self.strength:g}, max_weight {self.max_weight:g}"
 
 
+class ToggleConfig(BaseModel):
+    """K4/K5's settings (the run spec's `toggle`; JSON writes `lambda`)."""
+
+    lambda_: float = Field(
+        default=0.5,
+        alias="lambda",
+        ge=0.0,
+        le=1.0,
+        description="K4's λ: a group whose mean reward is below it keeps every reward (ours: 0.5)",
+    )
+    m: int = Field(default=10, ge=1, le=1_000_000, description="K4's m: steps per phase (ours: 10)")
+    rho: float = Field(
+        default=75.0, gt=0.0, le=100.0, description="K5's ρ: the percentile of correct lengths that is the budget"
+    )
+    correct_at: float = Field(
+        default=1.0, description="A sample is correct (counts towards the budget) when its task reward reaches this"
+    )
+    budget_from: Literal["prepass", "first_rollout"] = Field(
+        default="prepass",
+        description="prepass: roll every task out once before step 1 (the source); first_rollout: each task's "
+        "first group (no extra pass)",
+    )
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    def describe(self) -> str:
+        return (
+            f"λ {self.lambda_:g}, m {self.m}, ρ {self.rho:g}, correct at {self.correct_at:g}, budget from "
+            f"{self.budget_from}"
+        )
+
+
 def environment_default_algorithm(environment: str) -> Algorithm | None:
     """The algorithm environment `environment` trains with when a run names none (`Environment.default_algorithm`);
     None for an unknown environment (the environment check names it) or one without a default. Raises ValueError
@@ -240,6 +272,12 @@ class TrainConfig(_Strict):
         description="Draw each step's prompts with weights that grow with the turns or tokens their past rollouts "
         "needed (Composer 2's hard-data upsampling); off: uniform",
     )
+    toggle: ToggleConfig | None = Field(
+        default=None,
+        description="Kimi K2.5's Toggle (K4/K5): in alternate phases of m steps, zero the reward of correct samples "
+        "longer than their task's budget (a percentile of correct lengths fixed at the start) unless the group is "
+        "still mostly failing; None: off",
+    )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     detectors: DetectorConfig = Field(
         default_factory=default_detector_config,
@@ -332,7 +370,21 @@ def settings_for(config: TrainConfig) -> EffectiveSettings:
             f"upsample_hard is on ({upsample.describe()}): prompts are drawn with weights that favour tasks whose "
             f"rollouts needed more {upsample.by}, not uniformly as {config.algorithm}'s source does.",
         )
-    return dataclasses.replace(settings, rows=(*settings.rows, row), notes=notes)
+    toggle = config.toggle
+    toggle_row = SettingRow("toggle", toggle.describe() if toggle else "off", toggle is not None, TOGGLE_SOURCE)
+    if toggle is not None and toggle.budget_from == "first_rollout":
+        notes += (
+            "toggle.budget_from is first_rollout: each task's budget comes from its first rolled-out group, not from "
+            "a pass over every task at the start of training (Kimi K2.5 K5).",
+        )
+    return dataclasses.replace(settings, rows=(*settings.rows, row, toggle_row), notes=notes)
+
+
+TOGGLE_SOURCE = (
+    "Kimi K2.5 K4/K5: in phase 0 (⌊t/m⌋ even) a correct sample longer than its task's budget (the ρ-th percentile "
+    "of correct lengths, fixed at the start) gets reward 0 unless its group's mean reward is below λ; λ, m, ρ are "
+    "ours (the source gives none). Off by default"
+)
 
 
 def loss_config_for(config: TrainConfig) -> LossConfig:

@@ -23,7 +23,7 @@ from workers.envs.base import Environment, Message
 from workers.envs.registry import make_env
 from workers.models.base import PolicyBackend, SamplingParams
 from workers.rewards.schema import RewardSpec, validate_reward_spec, with_f_beta
-from workers.rewards.score import score_trajectory
+from workers.rewards.score import judgements_of, score_trajectory
 from workers.trajectories import Trajectory
 
 
@@ -217,7 +217,11 @@ class RolloutWorker:
         self, episode: _Episode, trajectory_id: str, version: int, reward: RewardSpec, step: int | None = None
     ) -> Sample:
         record = episode.env.trajectory(trajectory_id)
-        result = score_trajectory(reward, Trajectory.model_validate(record), step=step)
+        parsed = Trajectory.model_validate(record)
+        result = score_trajectory(reward, parsed, step=step)
+        judged = judgements_of(reward, parsed)
+        if judged:
+            record["judgements"] = judged  # the evidence, and what the trajectory page re-scores with
         counts = record.get("counts", {})
         return Sample(
             task_id=str(episode.env.task.id),

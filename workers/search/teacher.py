@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from workers.envs.base import Environment, Message
 from workers.envs.registry import make_env
@@ -27,6 +27,12 @@ SCRIPTED_TEACHER = "scripted-search"
 _QUOTED = re.compile(r"[“\"]([^”\"]{12,})[”\"]")
 _LABEL = re.compile(r"\[chunk (\S+) \|")
 MAX_QUERY_WORDS = 32
+
+
+class ScriptedAgent(Protocol):
+    """A teacher written as code: the next reply for a conversation (a new conversation starts a new episode)."""
+
+    def reply(self, messages: Sequence[Message]) -> str: ...
 
 
 class ScriptedSearchAgent:
@@ -54,7 +60,7 @@ class ScriptedSearchAgent:
 
 
 def scripted_rollout(
-    agent: ScriptedSearchAgent,
+    agent: ScriptedAgent,
     tokenizer: Any,
     encode_chat: Any,
     task_rows: Sequence[Mapping[str, Any]],

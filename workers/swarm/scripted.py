@@ -28,6 +28,8 @@ from workers.swarm.subagents import passages
 from workers.swarm.table import render_markdown_table
 from workers.swarm.wide import HEADING_PATTERN, entity_heading, read_attributes
 
+SCRIPTED_SWARM_TEACHER = "scripted-swarm"
+"""The SFT job's `teacher_model` value that selects the scripted orchestrator (swarm mode)."""
 Mode = Literal["swarm", "single"]
 LOOKUP_AGENT = "lookup"
 LOOKUP_PROMPT = "You look up one API item in the corpus and report the attributes you are asked for, one per line."
@@ -50,9 +52,14 @@ def task_shape(prompt: str) -> tuple[list[str], list[str], str | None]:
 class ScriptedOrchestrator:
     """A deterministic orchestrator policy (`act(messages) -> reply`) for one episode; see the module docstring."""
 
+    name = SCRIPTED_SWARM_TEACHER
+
     def __init__(self, mode: Mode = "swarm", *, max_parallel: int = 8) -> None:
         self.mode = mode
         self.max_parallel = max_parallel
+        self._reset()
+
+    def _reset(self) -> None:
         self.items: list[str] = []
         self.columns: list[str] = []
         self.document: str | None = None
@@ -76,6 +83,13 @@ class ScriptedOrchestrator:
                 name = values.get("name")
                 if name:
                     self._values[name] = {k: v for k, v in values.items() if v != "not found"}
+
+    def reply(self, messages: Sequence[Message]) -> str:
+        """`act`, starting over when `messages` hold no reply yet: one instance plays many episodes in turn (the
+        SFT job's teacher interface)."""
+        if not any(m["role"] == "assistant" for m in messages):
+            self._reset()
+        return self.act(messages)
 
     def act(self, messages: Sequence[Message]) -> str:
         if not self._started:

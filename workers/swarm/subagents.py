@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import re
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -195,28 +194,13 @@ class ScriptedSearcher:
 
 # --- model sub-agents ---------------------------------------------------------------------------------------------
 
-_backends: dict[str, tuple[Any, threading.Lock]] = {}
-_backends_lock = threading.Lock()
-
-
-def frozen_backend(checkpoint: str) -> tuple[Any, threading.Lock]:
-    """The transformers backend of `checkpoint` (a built-in name or a model directory), loaded once per process,
-    and the lock that keeps two threads from generating on it at once."""
-    from workers.models.registry import resolve_base_model
-
-    path = str(resolve_base_model(checkpoint))
-    with _backends_lock:
-        if path not in _backends:
-            from workers.models.hf import HFBackend
-
-            _backends[path] = (HFBackend(path), threading.Lock())
-        return _backends[path]
-
 
 class ModelPolicy:
     """A frozen checkpoint as a sub-agent: each reply is sampled from the re-encoded conversation."""
 
     def __init__(self, job: SubagentJob) -> None:
+        from workers.models.frozen import frozen_backend
+
         self.backend, self._lock = frozen_backend(job.checkpoint)
         self.job = job
         self.tokens = 0

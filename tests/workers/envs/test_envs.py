@@ -619,6 +619,7 @@ def test_term_inputs_keeps_its_old_values() -> None:
         "parallel_instantiation": TermInputs((frozenset({"swarm"}),)),
         "subagent_finish": TermInputs((frozenset({"swarm"}),)),
         "critical_steps": TermInputs((frozenset({"swarm"}),)),
+        "rubric_judge": TermInputs((frozenset({"turns"}),)),
     }
 
 

@@ -467,6 +467,7 @@ def test_term_types_lists_every_term() -> None:
         "parallel_instantiation",
         "subagent_finish",
         "critical_steps",
+        "rubric_judge",
     )
 
 
@@ -572,6 +573,7 @@ def test_the_spec_validates_every_term_type_through_the_derived_union() -> None:
         "ParallelInstantiationTerm",
         "SubagentFinishTerm",
         "CriticalStepsTerm",
+        "RubricJudgeTerm",
     ]
     with pytest.raises(RewardSpecError, match="unknown term type 'nope'; use one of: exact_match"):
         validate_reward_spec({"terms": [{"type": "nope"}]})

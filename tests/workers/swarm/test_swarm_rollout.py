@@ -68,3 +68,31 @@ def test_a_swarm_rollout_anneals_parl_and_trains_with_kimis_loss(
     early[1].reward = 0.0  # a group with signal
     metrics = learner.train_step(early)
     assert metrics["loss"] == metrics["loss"] and learner.version == 1  # finite, one optimizer step taken
+
+
+def test_the_scripted_swarm_teacher_gives_sft_samples_of_the_orchestrators_replies_only(
+    swarm_index: SearchIndex, wide_task: dict[str, Any]
+) -> None:
+    from workers.models.base import encode_chat
+    from workers.search.teacher import scripted_rollout
+    from workers.swarm.scripted import ScriptedOrchestrator
+
+    tokenizer = ScriptedBackend([]).tokenizer
+    teacher = ScriptedOrchestrator()
+    samples = scripted_rollout(
+        teacher,
+        tokenizer,
+        lambda messages: encode_chat(tokenizer, messages),
+        [wide_task, wide_task],  # one instance plays both episodes: it starts over on a new conversation
+        environment="swarm",
+        env_params={"index_uri": "memory://teacher", "subagent_runner": "threads"},
+        reward=parl_spec().model_dump(mode="json"),
+        bind=lambda env: env.bind_index(swarm_index),
+    )
+    assert [s.terms["item_f1"] for s in samples] == [1.0, 1.0]
+    for sample in samples:
+        trained = tokenizer.decode(
+            [t for t, m in zip(sample.token_ids[sample.completion_start :], sample.loss_mask, strict=True) if m]
+        )
+        assert "create_subagent" in trained and "| name |" in trained
+        assert "[sub-agent lookup" not in trained  # the sub-agents' messages are context, not targets
