@@ -536,7 +536,7 @@ class SubagentFinishTerm(_Term):
             return 0.0
         finished = stats.get("finish_rate", 0.0) * launched
         if self.duplicates_unfinished:
-            finished = max(0.0, finished - stats.get("duplicate_tasks", 0.0))
+            finished = stats.get("finished_distinct", finished)
         # methods.md K1 r_finish (form ours): finished / launched
         return finished / launched
 

@@ -5,7 +5,8 @@
 - `task_score`: the task's own metric, item-F1 for a wide task and final-answer-found for a deep one;
 - the swarm's shape: `critical_steps` (K2), `total_steps`, `subagents` launched, `spawned` (1 when any was),
   `parallelism` (the most sub-agents one stage launched), `finish_rate` (finished / launched; only for episodes
-  that launched one), `duplicate_tasks` and `orchestration_errors` (every refused create or assign).
+  that launched one), `finished_distinct` (finished sub-agents whose task repeats no earlier one),
+  `duplicate_tasks` and `orchestration_errors` (every refused create or assign).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from workers.swarm.table import TableSpecError, gold_table_from, score_table
+from workers.swarm.table import TableSpecError, gold_table_from, normalize_cell, score_table
 
 
 def swarm_stats(record: Mapping[str, Any]) -> dict[str, float]:
@@ -38,6 +39,14 @@ def swarm_stats(record: Mapping[str, Any]) -> dict[str, float]:
     }
     if subagents:
         out["finish_rate"] = sum(1 for s in subagents if s.get("finished")) / len(subagents)
+        seen: set[str] = set()
+        distinct = 0
+        for sub in subagents:  # a task repeating an earlier one (normalised) is not a distinct finished task
+            key = normalize_cell(sub.get("prompt"))
+            if sub.get("finished") and key not in seen:
+                distinct += 1
+            seen.add(key)
+        out["finished_distinct"] = float(distinct)
     return out
 
 

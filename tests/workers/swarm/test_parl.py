@@ -29,8 +29,13 @@ def _record(subagents: list[dict[str, Any]], *, critical: int = 5, duplicates: i
     )
 
 
-def _sub(finished: bool) -> dict[str, Any]:
-    return {"agent": "a", "prompt": "p", "finished": finished, "steps": 3}
+def _sub(finished: bool, prompt: str | None = None) -> dict[str, Any]:
+    global _counter
+    _counter += 1
+    return {"agent": "a", "prompt": prompt or f"task {_counter}", "finished": finished, "steps": 3}
+
+
+_counter = 0
 
 
 def test_r_parallel_saturates_and_r_finish_is_the_finish_rate_minus_duplicates() -> None:
@@ -38,15 +43,17 @@ def test_r_parallel_saturates_and_r_finish_is_the_finish_rate_minus_duplicates()
     terms = score_trajectory(spec, _record([_sub(True), _sub(False)])).terms
     assert terms["parallel_instantiation"] == pytest.approx(2 / 4)
     assert terms["subagent_finish"] == pytest.approx(1 / 2)
-    many = score_trajectory(spec, _record([_sub(True)] * 6, duplicates=2)).terms
+    repeated = [_sub(True), _sub(True), _sub(True), _sub(True), _sub(True, "task 1"), _sub(False, "task 2")]
+    repeated[0]["prompt"], repeated[1]["prompt"] = "task 1", "task 2"
+    many = score_trajectory(spec, _record(repeated, duplicates=2)).terms
     assert many["parallel_instantiation"] == 1.0
-    assert many["subagent_finish"] == pytest.approx(4 / 6)  # two repeated tasks count as unfinished
+    assert many["subagent_finish"] == pytest.approx(4 / 6)  # the repeats of task 1 and task 2 are not distinct
     none = score_trajectory(spec, _record([])).terms
     assert (none["parallel_instantiation"], none["subagent_finish"]) == (0.0, 0.0)
 
 
 def test_lambdas_anneal_to_zero_linearly_or_by_cosine() -> None:
-    record = _record([_sub(True)] * 4)  # r_parallel = r_finish = 1
+    record = _record([_sub(True) for _ in range(4)])  # r_parallel = r_finish = 1
     linear = parl_spec(lambda_parallel=0.2, lambda_finish=0.1, anneal_steps=10)
     assert score_trajectory(linear, record, step=0).reward == pytest.approx(0.3)
     assert score_trajectory(linear, record, step=5).reward == pytest.approx(0.15)

@@ -54,7 +54,7 @@ def test_a_parl_run_on_the_swarm_with_kimis_loss_and_the_toggle(
 
     train.run(spec)
 
-    metrics = {step: m for name, (step, m), _ in reporter.calls if name == "metric"}
+    metrics = {args[0]: args[1] for name, args, _ in reporter.calls if name == "metric" and len(args) == 2}
     assert sorted(metrics) == [1, 2]
     assert metrics[1]["reward/lambda/parallel_instantiation"] == pytest.approx(0.2)
     assert metrics[2]["reward/lambda/parallel_instantiation"] == pytest.approx(0.1)
