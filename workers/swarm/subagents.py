@@ -240,14 +240,19 @@ def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> Subagent
     from workers.envs.search import SearchEnv
 
     started = time.perf_counter()
-    env = SearchEnv(
-        index_uri=job.index_uri,
-        max_turns=job.max_steps,
-        token_budget=job.token_budget,
-        training=False,
-        system_prompt="\n\n".join(part for part in (job.system_prompt.strip(), SUBAGENT_INSTRUCTIONS) if part),
-        max_output_docs=10,
-    )
+    try:
+        env = SearchEnv(
+            index_uri=job.index_uri,
+            max_turns=job.max_steps,
+            token_budget=job.token_budget,
+            reserve_tokens=min(1_024, job.token_budget // 4),
+            result_budget=min(2_048, job.token_budget // 4),
+            training=False,
+            system_prompt="\n\n".join(part for part in (job.system_prompt.strip(), SUBAGENT_INSTRUCTIONS) if part),
+            max_output_docs=10,
+        )
+    except ValueError as exc:
+        return _failed(job, exc, time.perf_counter() - started)
     if index is not None:
         env.bind_index(index)
     elif job.storage_options:
@@ -376,14 +381,21 @@ def _run_threads(
                     out.append(_cut(job, timeout_s, time.perf_counter() - started))
                     pool.shutdown(wait=False, cancel_futures=True)
                     pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="subagent")
+                except Exception as exc:  # run_subagent never raises; a thread that died all the same
+                    out.append(_failed(job, exc, time.perf_counter() - started))
             return out
         started = time.perf_counter()
         futures = [pool.submit(run_subagent, job, index) for job in jobs]
         concurrent.futures.wait(futures, timeout=timeout_s)
-        return [
-            future.result() if future.done() else _cut(job, timeout_s, time.perf_counter() - started)
-            for job, future in zip(jobs, futures, strict=True)
-        ]
+        out = []
+        for job, future in zip(jobs, futures, strict=True):
+            if not future.done():
+                out.append(_cut(job, timeout_s, time.perf_counter() - started))
+            elif future.exception() is not None:  # run_subagent never raises; a thread that died all the same
+                out.append(_failed(job, future.exception() or RuntimeError("?"), time.perf_counter() - started))
+            else:
+                out.append(future.result())
+        return out
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
 

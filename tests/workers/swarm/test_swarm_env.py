@@ -230,3 +230,11 @@ def test_a_deep_task_is_scored_by_its_answer(swarm_index: SearchIndex) -> None:
     assert record["task_kind"] == "deep" and record["swarm"]["subagents"]
     metrics = swarm_episode_metrics(record)
     assert metrics["task_score"] == metrics["final_answer_found"]
+
+
+def test_a_small_sub_agent_budget_still_runs_and_serial_runs_one_at_a_time(swarm_index: SearchIndex) -> None:
+    env = _env(swarm_index, subagent_token_budget=2048, subagent_runner="serial")
+    env.reset(env.validate_task_row({"id": "t", "prompt": "q", "gold_chunk_ids": ["lib:alpha#1"]}))
+    env.step(_create() + _assign("finder", "Find `alpha.open` and report: document."))
+    [sub] = env.swarm_record()["subagents"]
+    assert sub["finished"] and "document: lib:alpha" in sub["message"]
