@@ -300,3 +300,25 @@ def test_a_swarm_run_launches_on_a_corpus_with_the_parl_reward_and_kimis_loss(cl
     assert (
         bad.status_code == 400 and "step_preset must be one of browsecomp, widesearch, in_house" in bad.json()["detail"]
     )
+
+
+def test_wide_and_deep_swarm_benchmarks_pin_the_index_and_score_by_the_tasks_own_metric(client_for, search_world):
+    """Benchmark versions of both task shapes on the swarm environment (issue 19): wide rows carry their gold table
+    (refused when malformed), deep rows their answer; both are scored by `task_score` (item-F1 or answer found)."""
+    from apps.benchmarks.models import BenchmarkVersion
+
+    search_world["ready"]()
+    client = client_for("operator")
+    bench = client.post("/api/v1/benchmarks/", {"name": "swarm-bench", "environment": "swarm"}, format="json")
+    assert bench.status_code == 201 and bench.json()["score_field"] == "task_score"
+    url = f"/api/v1/benchmarks/{bench.json()['id']}/versions/"
+    table = {"columns": ["name", "document"], "key_columns": ["name"], "rows": [{"name": "x", "document": "doc"}]}
+    wide = {"id": "w1", "prompt": "Tabulate x.", "gold_chunk_ids": ["doc#1"], "table": table}
+    deep = {"id": "d1", "prompt": "Which passage is about lighthouses?", "answer": "1", "gold_chunk_ids": ["doc#1"]}
+    corpus = search_world["corpus"].pk
+    broken = {**wide, "table": {**table, "key_columns": ["missing"]}}
+    refused = client.post(url, {"tasks": [broken], "corpus_version": corpus}, format="json")
+    assert refused.status_code == 400 and "key_columns" in refused.json()["detail"]
+    made = client.post(url, {"tasks": [wide, deep], "corpus_version": corpus}, format="json")
+    assert made.status_code == 201, made.json()
+    assert BenchmarkVersion.objects.get(pk=made.json()["id"]).env_params["index_uri"] == search_world["index"].uri
