@@ -123,5 +123,36 @@ class RunResumeViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
+class LineageSerializer(serializers.Serializer):
+    dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
+    reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
+    corpus_version = serializers.PrimaryKeyRelatedField(
+        queryset=DatasetVersion.objects.select_related("dataset"), required=False, allow_null=True, default=None
+    )
+    name = serializers.CharField(required=False, allow_blank=True, default="", max_length=150)
+    sft = serializers.JSONField(default=dict, help_text="Stage 1: workers.jobs.specs.SFTConfig (a teacher)")
+    rl = serializers.JSONField(default=dict, help_text="Stage 2: TrainConfig without base_model")
+    rft = serializers.JSONField(default=dict, help_text="Stage 3: min_reward, per_task, epochs, learning_rate")
+    rl2 = serializers.JSONField(default=dict, help_text="Stage 4: TrainConfig without base_model")
+
+
+class LineageViewSet(viewsets.GenericViewSet):
+    """`POST /api/v1/lineages/`: SFT → RL → RFT → RL as one lineage (apps.training.lineage); returns stage 1's run."""
+
+    queryset = Run.objects.all()
+    serializer_class = LineageSerializer
+    capability_map = {"create": Capability.LAUNCH}
+
+    @extend_schema(request=LineageSerializer, responses={201: RunSerializer})
+    def create(self, request: Request) -> Response:
+        from apps.training.lineage import lineage_launch
+
+        body = LineageSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = lineage_launch(created_by=request_user(request), **body.validated_data)
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunResumeViewSet, basename="run-resume")
+router.register("lineages", LineageViewSet, basename="lineage")

@@ -7,6 +7,7 @@ from apps.runs import kinds
 from apps.runs.models import RunKind
 from apps.training import services
 from apps.training.api import TrainingLaunchSerializer, launch_from_api
+from apps.training.lineage import lineage_advance
 from workers.jobs.specs import RescoreSpec, SFTSpec, TrainSpec
 
 # All three launch through `POST /api/v1/runs/` with one input; training's checkpoints start its auto-evals.
@@ -27,3 +28,5 @@ for kind, spec, job, on_checkpoints in (
         )
     )
 kinds.subscribe(RunKind.EVAL, "succeeded", "training.eval_curve", services.eval_curve_after_eval)
+for kind in (RunKind.SFT, RunKind.TRAIN):  # the next stage of an SFT → RL → RFT → RL lineage
+    kinds.subscribe(kind, "succeeded", "training.lineage", lineage_advance)

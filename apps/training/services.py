@@ -184,8 +184,9 @@ def run_launch_sft(
             "version (an RFT export), or a teacher"
         ]
     allowed = (*SCRIPTED_TEACHERS, RECORDS_TEACHER)
-    for field, name in (("teacher_model", parsed.teacher_model), ("base_model", parsed.base_model)):
-        if found := model_name_problems(name, allow=allowed if field == "teacher_model" else ()):
+    for field, model in (("teacher_model", parsed.teacher_model), ("base_model", parsed.base_model)):
+        # (not `name`: that is the run's name, given by the caller)
+        if found := model_name_problems(model, allow=allowed if field == "teacher_model" else ()):
             problems[f"config.{field}"] = found
     plays = SCRIPTED_TEACHERS.get(parsed.teacher_model)
     if plays is not None and plays != parsed.environment:

@@ -79,25 +79,35 @@ def attempt_score(sample: Any, score_field: str) -> float:
     return min(1.0, max(0.0, float(value)))
 
 
-def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
-    """The transformers backend for the base model, with the checkpoint's weights loaded when one is named."""
+def checkpoint_policy_state(
+    base_model: str, checkpoint_uri: str, opts: dict[str, Any], threads: int
+) -> tuple[Any, int]:
+    """A trainer checkpoint's policy weights under `base_model`'s parameter names (LoRA merged) and its version."""
     import torch
 
+    from workers.models.registry import resolve_base_model
+    from workers.rl.config import TrainConfig
+    from workers.rl.learner import Learner
+
+    blob = read_bytes(checkpoint_uri, opts)
+    payload = torch.load(io.BytesIO(blob), weights_only=False)
+    train_config = TrainConfig.model_validate(payload["config"])
+    learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
+    learner.load_checkpoint(blob)
+    state, version = learner.policy_state(), learner.version
+    del learner
+    return state, version
+
+
+def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
+    """The transformers backend for the base model, with the checkpoint's weights loaded when one is named."""
     from workers.models import make_backend
     from workers.models.registry import resolve_base_model
 
     backend = make_backend("transformers", str(resolve_base_model(config.base_model)), threads=config.threads)
     if config.checkpoint_uri:
-        from workers.rl.config import TrainConfig
-        from workers.rl.learner import Learner
-
-        blob = read_bytes(config.checkpoint_uri, opts)
-        payload = torch.load(io.BytesIO(blob), weights_only=False)
-        train_config = TrainConfig.model_validate(payload["config"])
-        learner = Learner(str(resolve_base_model(config.base_model)), train_config, threads=config.threads)
-        learner.load_checkpoint(blob)
-        backend.load_state_dict(learner.policy_state(), learner.version)
-        del learner
+        state, version = checkpoint_policy_state(config.base_model, config.checkpoint_uri, opts, config.threads)
+        backend.load_state_dict(state, version)
     return backend
 
 

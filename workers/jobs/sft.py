@@ -72,6 +72,10 @@ def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any =
     return losses
 
 
+def _shown(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
 RECORDS = "records"
 """`teacher_model` of an SFT run on stored trajectories (an RFT export): no teacher runs, the records are the data."""
 
@@ -270,6 +274,16 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         model: Any = AutoModelForCausalLM.from_pretrained(
             str(resolve_base_model(config.base_model)), dtype=torch.float32, local_files_only=True
         )
+        if config.checkpoint_uri:
+            from workers.jobs.evaluate import checkpoint_policy_state
+
+            state, version = checkpoint_policy_state(config.base_model, config.checkpoint_uri, opts, config.threads)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+            if unexpected:
+                raise ValueError(
+                    f"{config.checkpoint_uri} holds weights {_shown(unexpected)} not in the model"
+                )
+            reporter.log(f"starting from {config.checkpoint_uri} (policy version {version})")
 
         def progress(done: int, total: int) -> None:
             reporter.progress(len(rows) + round(len(rows) * done / max(total, 1)), 2 * len(rows))

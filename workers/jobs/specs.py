@@ -83,6 +83,10 @@ class SFTConfig(BaseModel):
         ),
     )
     base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
+    checkpoint_uri: str | None = Field(
+        default=None,
+        description="A trainer checkpoint of base_model whose weights the fine-tuning starts from (RFT after RL)",
+    )
     environment: str = Field(default="search", min_length=1)
     env_params: dict[str, Any] = Field(default_factory=dict)
     rollouts_per_task: int = Field(default=4, ge=1, le=64, description="Episodes per task before filtering")

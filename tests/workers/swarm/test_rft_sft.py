@@ -65,3 +65,45 @@ def test_an_sft_run_on_records_fine_tunes_without_a_teacher(
     assert summary["fine_tuned"] is True and summary["sft_filter"]["source"] == "records"
     assert summary["sft_filter"]["kept"] == 2
     assert (tmp_path / "out" / "sft" / "model" / "config.json").is_file()
+
+
+def test_rft_fine_tunes_from_a_trainer_checkpoint(
+    swarm_index: SearchIndex, wide_task: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The RFT stage of a lineage starts from the RL run's checkpoint, not from the base model."""
+    import torch
+
+    from workers.rl.config import TrainConfig
+    from workers.rl.learner import Learner
+
+    learner = Learner(resolve_base_model(TINY_LLAMA), TrainConfig(base_model=TINY_LLAMA, learning_rate=0.0))
+    with torch.no_grad():
+        next(learner.model.parameters()).add_(0.5)  # weights the base model does not have
+    (tmp_path / "ckpt.pt").write_bytes(learner.checkpoint_bytes(data_position=0))
+    reporter = RecordingReporter()
+    monkeypatch.setattr(sft, "reporter_for", lambda spec: reporter)
+    (tmp_path / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(swarm_index, wide_task)))
+    spec = SFTSpec(
+        run_id=2,
+        kind="sft",
+        ingest_url="http://127.0.0.1:9/",
+        input_uri=f"file://{tmp_path}/rft.jsonl",
+        reward={"terms": [{"type": "item_f1"}]},
+        output_prefix=f"file://{tmp_path}/out",
+        config={
+            "teacher_model": "records",
+            "base_model": TINY_LLAMA,
+            "checkpoint_uri": f"file://{tmp_path}/ckpt.pt",
+            "environment": "swarm",
+            "epochs": 1,
+            "learning_rate": 1e-9,
+        },
+    )
+    assert sft.run(spec)["fine_tuned"] is True
+    logs = [args[0] for name, args, _ in reporter.calls if name == "log"]
+    assert any(line.startswith(f"starting from file://{tmp_path}/ckpt.pt") for line in logs)
+    from transformers import AutoModelForCausalLM
+
+    tuned = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out" / "sft" / "model"), local_files_only=True)
+    expected = next(learner.model.parameters()).detach()
+    assert torch.allclose(next(tuned.parameters()).detach(), expected, atol=1e-4)  # the checkpoint's, not the base's
