@@ -280,9 +280,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
             state, version = checkpoint_policy_state(config.base_model, config.checkpoint_uri, opts, config.threads)
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected:
-                raise ValueError(
-                    f"{config.checkpoint_uri} holds weights {_shown(unexpected)} not in the model"
-                )
+                raise ValueError(f"{config.checkpoint_uri} holds weights {_shown(unexpected)} not in the model")
             reporter.log(f"starting from {config.checkpoint_uri} (policy version {version})")
 
         def progress(done: int, total: int) -> None:
