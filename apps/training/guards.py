@@ -33,7 +33,8 @@ def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | N
         return config
     if not needs_index:
         return config
-    return {**config, "env_params": with_index_uri(dict(config.get("env_params") or {}), corpus_version)}
+    params = dict(config.get("env_params") or {})
+    return {**config, "env_params": with_index_uri(params, corpus_version, environment=str(environment))}
 
 
 def episode_problems(

@@ -119,7 +119,7 @@ def _version_params(
         raise ValidationError({"provenance": [f"choose one of: {', '.join(TaskProvenance.values)}"]})
     params = dict(env_params or {})
     if get_environment(benchmark.environment).needs_corpus_index and "index_uri" not in params:
-        params = with_index_uri(params, corpus_version)
+        params = with_index_uri(params, corpus_version, environment=benchmark.environment)
         assert corpus_version is not None  # with_index_uri refuses None
         missing = corpus_missing_chunks(list(tasks), corpus_version, environment=benchmark.environment)
         if missing:

@@ -15,14 +15,16 @@ from workers.envs.registry import get_environment
 from workers.search.types import iter_chunks_jsonl
 
 
-def with_index_uri(env_params: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
+def with_index_uri(
+    env_params: dict[str, Any], corpus_version: DatasetVersion | None, *, environment: str = "search"
+) -> dict[str, Any]:
     """`env_params` with `index_uri` set to the ready index of `corpus_version` (400 naming `corpus_version` when it
-    is missing, not a corpus, or has no index yet)."""
+    is missing, not a corpus, or has no index yet); `environment` names the environment in the message."""
     if corpus_version is None:
         raise ValidationError(
             {
                 "corpus_version": [
-                    "environment 'search' needs corpus_version: the id of the corpus dataset version to search"
+                    f"environment '{environment}' needs corpus_version: the id of the corpus dataset version to search"
                 ]
             }
         )
