@@ -300,6 +300,8 @@ def test_a_swarm_run_launches_on_a_corpus_with_the_parl_reward_and_kimis_loss(cl
     assert (
         bad.status_code == 400 and "step_preset must be one of browsecomp, widesearch, in_house" in bad.json()["detail"]
     )
+    no_corpus = _search_launch(client_for, search_world, config=config, reward_version=parl.pk)
+    assert no_corpus.status_code == 400 and "environment 'swarm' needs corpus_version" in no_corpus.json()["detail"]
 
 
 def test_wide_and_deep_swarm_benchmarks_pin_the_index_and_score_by_the_tasks_own_metric(client_for, search_world):
