@@ -21,6 +21,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run, RunKind
 from apps.training import services
+from apps.training.lineage import lineage_launch
 from apps.training.rft import MAX_PER_TASK, rft_dataset_create
 
 
@@ -145,8 +146,6 @@ class LineageViewSet(viewsets.GenericViewSet):
 
     @extend_schema(request=LineageSerializer, responses={201: RunSerializer})
     def create(self, request: Request) -> Response:
-        from apps.training.lineage import lineage_launch
-
         body = LineageSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         run = lineage_launch(created_by=request_user(request), **body.validated_data)

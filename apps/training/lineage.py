@@ -29,6 +29,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Checkpoint, Run, RunStatus
 from apps.training import services
 from apps.training.guards import train_config_check
+from apps.training.rft import rft_dataset_create
 from workers.jobs.specs import SFTConfig
 from workers.rl.config import TrainConfig
 
@@ -167,8 +168,6 @@ def lineage_advance(*, run_id: int) -> None:
                     corpus_version=corpus,
                 )
             else:  # stage "rl": RFT = export its successful trajectories, fine-tune from its latest checkpoint
-                from apps.training.rft import rft_dataset_create
-
                 checkpoint = Checkpoint.objects.filter(run=run).order_by("-step").first()
                 if checkpoint is None:
                     _stop(run, "the RL run saved no checkpoint to fine-tune from")

@@ -18,9 +18,10 @@ from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.datasets.models import DatasetKind, DatasetVersion
-from apps.rewards.models import RewardConfigVersion
-from apps.runs.models import Run
+from apps.rewards.models import RewardConfig, RewardConfigVersion
+from apps.runs.models import Run, TrajectorySummary
 from apps.training import services
+from apps.training.rft import rft_dataset_create
 from workers.envs.registry import environment_choices
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
@@ -308,8 +309,6 @@ def run_resume_view(request: HttpRequest, run_id: int) -> HttpResponse:
 @require_POST
 def run_rft_view(request: HttpRequest, run_id: int) -> HttpResponse:
     """The run page's "Export for RFT" form: its successful trajectories as a trajectories dataset version."""
-    from apps.training.rft import rft_dataset_create
-
     run = get_object_or_404(Run, pk=run_id)
     raw_reward, raw_per_task = request.POST.get("min_reward", "1").strip(), request.POST.get("per_task", "1").strip()
     try:
@@ -342,8 +341,6 @@ def judge_agreement_view(request: HttpRequest, config_id: int) -> HttpResponse:
     """The reward config page's fragment: for each version with a rubric_judge term, how its judgements agree with
     the version's other (code-verified) gain terms over the trajectories its runs scored (Kimi K2.5's GRMs sit "on
     top of verified reward signals": this says whether the judge sees what the verified reward sees)."""
-    from apps.rewards.models import RewardConfig
-    from apps.runs.models import TrajectorySummary
     from workers.rewards.judge import agreement
     from workers.rewards.schema import RewardSpecError, validate_reward_spec
 

@@ -11,13 +11,16 @@ from typing import Any
 from django.db import transaction
 
 from apps.accounts.models import Role, User
+from apps.benchmarks.models import BenchmarkVersion
 from apps.benchmarks.services import benchmark_import_humaneval
+from apps.coding.services import CODEGEN, codegen_launch
 from apps.datasets.models import Dataset, DatasetKind
 from apps.datasets.services import corpus_version_create, dataset_create, dataset_version_create
 from apps.gates.models import Gate
 from apps.gates.services import gate_create
 from apps.rewards.models import RewardConfig
 from apps.rewards.services import reward_config_create
+from apps.runs.models import Run, RunStatus
 from workers.envs.registry import arithmetic_tasks
 from workers.rewards.schema import coding_agent_spec, context1_spec
 from workers.search.corpus import DocumentSource
@@ -186,10 +189,6 @@ def start_coding_demo() -> str:
     vendored libraries, whose held-out quarter becomes the benchmark `demo-coding-bench` (the rest is
     `demo-repo-tasks-train`); once that benchmark exists, the gate `coding-agent-demo` on it. Idempotent: a
     generation already done or on its way is not started again. Returns what it did, for the console."""
-    from apps.benchmarks.models import BenchmarkVersion
-    from apps.coding.services import CODEGEN, codegen_launch
-    from apps.runs.models import Run, RunStatus
-
     admin = _demo_users()[Role.ADMIN]
     version = BenchmarkVersion.objects.filter(benchmark__name=CODING_BENCHMARK).order_by("-number").first()
     if version is not None:
