@@ -21,7 +21,6 @@ Paired per held-out task: item-F1 and critical steps of PARL vs SFT and of swarm
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -30,12 +29,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from scipy import stats  # noqa: E402
+from search_learning_check import held_out, log, paired  # noqa: E402  (the same split, log and paired tests)
 
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
@@ -63,14 +61,6 @@ ENV = {
 MAX_NEW_TOKENS = 320
 
 
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def held_out(task_id: str) -> bool:
-    return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 3 == 0
-
-
 def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str) -> list[dict[str, float]]:
     """One greedy episode per task; each row holds the episode's metrics and its wall-clock seconds."""
     out: list[dict[str, float]] = []
@@ -86,29 +76,6 @@ def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str) -> 
         f"({time.perf_counter() - started:.0f}s)"
     )
     return out
-
-
-def paired(after: list[dict[str, float]], before: list[dict[str, float]], metric: str) -> dict[str, Any]:
-    a = np.array([row.get(metric, 0.0) for row in after])
-    b = np.array([row.get(metric, 0.0) for row in before])
-    diff = a - b
-    rng = np.random.default_rng(0)
-    boots = [diff[rng.integers(0, len(diff), len(diff))].mean() for _ in range(10_000)]
-    nonzero = diff[diff != 0]
-    wilcoxon_p = float(stats.wilcoxon(a, b, zero_method="pratt").pvalue) if len(nonzero) else 1.0
-    sign_p = float(stats.binomtest(int((nonzero > 0).sum()), len(nonzero), 0.5).pvalue) if len(nonzero) else 1.0
-    return {
-        "metric": metric,
-        "tasks": len(diff),
-        "before": float(b.mean()),
-        "after": float(a.mean()),
-        "difference": float(diff.mean()),
-        "ci95": [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))],
-        "improved": int((diff > 0).sum()),
-        "worse": int((diff < 0).sum()),
-        "wilcoxon_p": wilcoxon_p,
-        "sign_test_p": sign_p,
-    }
 
 
 def main() -> None:

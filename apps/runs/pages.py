@@ -30,6 +30,7 @@ from apps.rewards.services import reward_spec_diff
 from apps.runs import kinds, selectors, services
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
+from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory
@@ -238,9 +239,15 @@ def trajectory_detail(request: HttpRequest, run_id: int, trajectory_id: str) -> 
     if record is not None:
         breakdown: list[dict[str, Any]] = []
         reward = None
+        result = None
         if run.reward_version is not None:
             spec = validate_reward_spec(run.reward_version.spec)
-            result = score_trajectory(spec, Trajectory.model_validate(record))
+            try:
+                with stored_judgements_only():  # a web request never loads a judge model
+                    result = score_trajectory(spec, Trajectory.model_validate(record))
+            except JudgeUnavailable as exc:
+                context["rescore_problem"] = str(exc)
+        if result is not None:
             reward = result
             for term in spec.terms:
                 value = result.terms[term.name]

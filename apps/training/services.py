@@ -205,36 +205,31 @@ def run_launch_sft(
         )
     if problems:
         raise ValidationError(problems)
+    spec: dict[str, Any] = {"config": parsed.model_dump(mode="json")}
+    parent: Run | None = None
     if on_records:
-        # RFT: the SFT run continues the lineage of the run whose trajectories it trains on.
+        # RFT: the records were filtered at export; the run continues the lineage of the run that wrote them.
         source = (dataset_version.validation_report or {}).get("rft", {}).get("run")
         parent = Run.objects.filter(pk=source).first() if isinstance(source, int) else None
-        spec_records: dict[str, Any] = {"config": parsed.model_dump(mode="json"), "records": True}
-        return run_create(
-            kind=RunKind.SFT,
-            name=name or f"RFT of {parsed.base_model} on {dataset_version}",
-            job=sft_job,
-            spec=spec_records,
-            dataset_version=dataset_version,
-            reward_version=reward_version,
-            tags=list(tags),
-            created_by=created_by,
-            parent=parent,
+        default_name, run_tags = f"RFT of {parsed.base_model} on {dataset_version}", list(tags)
+    else:
+        carried = training_data_guards(
+            dataset_version=dataset_version, allow_contamination=allow_contamination, allow_excluded=allow_excluded
         )
-    carried = training_data_guards(
-        dataset_version=dataset_version, allow_contamination=allow_contamination, allow_excluded=allow_excluded
-    )
-    spec: dict[str, Any] = {"config": parsed.model_dump(mode="json"), **carried}
-    if corpus_version is not None:
-        spec["corpus_version"] = corpus_version.pk
+        spec.update(carried)
+        if corpus_version is not None:
+            spec["corpus_version"] = corpus_version.pk
+        default_name = f"SFT warm-up of {parsed.base_model} on {dataset_version.dataset.name}"
+        run_tags = _with_contamination_tag(tags, carried)
     return run_create(
         kind=RunKind.SFT,
-        name=name or f"SFT warm-up of {parsed.base_model} on {dataset_version.dataset.name}",
+        name=name or default_name,
         job=sft_job,
         spec=spec,
         dataset_version=dataset_version,
         reward_version=reward_version,
-        tags=_with_contamination_tag(tags, carried),
+        parent=parent,
+        tags=run_tags,
         created_by=created_by,
     )
 

@@ -12,8 +12,9 @@ A judgement (per-criterion scores, the judge's text as evidence, how long it too
 judge, the rubric, the scale and the trajectory view, and cached in this process and on disk
 (`$CRUCIBLE_JUDGE_CACHE`, default `~/.cache/crucible/judgements`), so scoring the same trajectory twice asks the
 judge once. The rollout worker stores each judgement with the trajectory record (`judgements`, by term name);
-scoring a record that carries its judgement for the same key never calls the model, which is how the trajectory
-page re-scores without loading one.
+scoring a record that carries its judgement for the same key never calls the model. The trajectory page scores
+within `stored_judgements_only()`: a record without its judgement is reported as not judged, never judged in the
+web request.
 
 The sources publish no rubric text ("multiple alternative GRM rubrics tailored to different task contexts");
 `DEFAULT_CRITERIA` follows the criteria they name.
@@ -21,13 +22,15 @@ The sources publish no rubric text ("multiple alternative GRM rubrics tailored t
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import json
 import os
 import re
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -156,6 +159,24 @@ def _default_root() -> Path:
 CACHE = JudgementCache(_default_root())
 
 
+_models_allowed: contextvars.ContextVar[bool] = contextvars.ContextVar("judge_models_allowed", default=True)
+
+
+class JudgeUnavailable(RuntimeError):
+    """A judgement was needed where no judge model may run (a web request) and none is stored or cached."""
+
+
+@contextlib.contextmanager
+def stored_judgements_only() -> Iterator[None]:
+    """Within this block a judgement comes from the record or the cache only; needing the model raises
+    `JudgeUnavailable` (the control plane re-scores pages this way: a web request never loads a model)."""
+    token = _models_allowed.set(False)
+    try:
+        yield
+    finally:
+        _models_allowed.reset(token)
+
+
 def judge_trajectory(
     record: Mapping[str, Any],
     *,
@@ -179,6 +200,11 @@ def judge_trajectory(
     hit = CACHE.get(key)
     if hit is not None:
         return Judgement(**{**hit.to_json(), "cached": True})
+    if not _models_allowed.get():
+        raise JudgeUnavailable(
+            f"term {term_name!r}: this record carries no judgement by {judge} for its current content, and no judge "
+            "model runs here; re-score it in a job (a re-scoring run) to judge it"
+        )
     from workers.models.base import SamplingParams
     from workers.models.frozen import frozen_backend
 

@@ -284,38 +284,58 @@ def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> Subagent
     if env._task is not None and env.done:
         record = env.trajectory(job.run_id)
         turns, steps = record["turns"], int(record["counts"]["turns"])
+    seconds, tokens = time.perf_counter() - started, int(getattr(policy, "tokens", 0) or 0)
     if error is not None:
         if error.startswith("no final answer within max_turns"):
             error = f"ran out of its {job.max_steps} steps without a final message"
-        message = f"error: sub-agent {job.agent} did not finish: {error}"
+        return _unfinished(job, error, seconds, steps=steps, tokens=tokens, turns=turns)
     return SubagentResult(
         run_id=job.run_id,
         agent=job.agent,
         prompt=job.prompt,
         message=message,
-        finished=error is None,
+        finished=True,
         steps=steps,
-        error=error,
-        seconds=time.perf_counter() - started,
-        tokens=int(getattr(policy, "tokens", 0) or 0),
+        seconds=seconds,
+        tokens=tokens,
         turns=turns,
         checkpoint=job.checkpoint,
     )
 
 
-def _cut(job: SubagentJob, timeout_s: float, seconds: float) -> SubagentResult:
+def _unfinished(
+    job: SubagentJob,
+    error: str,
+    seconds: float,
+    *,
+    steps: int = 0,
+    tokens: int = 0,
+    turns: list[dict[str, Any]] | None = None,
+    cut: bool = False,
+) -> SubagentResult:
+    """A sub-agent that did not finish: its message back says so and why."""
     return SubagentResult(
         run_id=job.run_id,
         agent=job.agent,
         prompt=job.prompt,
-        message=f"error: sub-agent {job.agent} did not finish: cut at its time limit of {timeout_s:g}s",
+        message=f"error: sub-agent {job.agent} did not finish: {error}",
         finished=False,
-        steps=job.max_steps,
-        error=f"cut at its time limit of {timeout_s:g}s",
+        steps=steps,
+        error=error,
         seconds=seconds,
+        tokens=tokens,
+        turns=turns or [],
         checkpoint=job.checkpoint,
-        cut=True,
+        cut=cut,
     )
+
+
+def _cut(job: SubagentJob, timeout_s: float, seconds: float) -> SubagentResult:
+    return _unfinished(job, f"cut at its time limit of {timeout_s:g}s", seconds, steps=job.max_steps, cut=True)
+
+
+def _failed(job: SubagentJob, exc: BaseException, seconds: float) -> SubagentResult:
+    return _unfinished(job, f"sub-agent failed: {type(exc).__name__}: {exc}", seconds)
 
 
 # --- many sub-agents at once --------------------------------------------------------------------------------------
@@ -348,21 +368,6 @@ def _run_ray(jobs: Sequence[SubagentJob], timeout_s: float, cpus: float) -> list
         except Exception as exc:  # the task's worker died: that sub-agent failed
             out.append(_failed(job, exc, time.perf_counter() - started))
     return out
-
-
-def _failed(job: SubagentJob, exc: BaseException, seconds: float) -> SubagentResult:
-    error = f"sub-agent failed: {type(exc).__name__}: {exc}"
-    return SubagentResult(
-        run_id=job.run_id,
-        agent=job.agent,
-        prompt=job.prompt,
-        message=f"error: sub-agent {job.agent} did not finish: {error}",
-        finished=False,
-        steps=0,
-        error=error,
-        seconds=seconds,
-        checkpoint=job.checkpoint,
-    )
 
 
 def _run_threads(

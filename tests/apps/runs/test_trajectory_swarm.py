@@ -4,6 +4,7 @@ cell by cell against the gold table, from a record the swarm environment wrote."
 
 from __future__ import annotations
 
+import html
 import re
 from typing import Any
 
@@ -67,3 +68,19 @@ def test_the_swarm_timeline_and_the_answer_table(client, users, run) -> None:  #
     assert "name: a.open" in text  # the message back, and the conversation under it
     table = _text(html.split('id="wide-table"', 1)[1].split("</section>", 1)[0])
     assert "item-F1 0.750" in table and "answered: m:x" in table
+
+
+def test_a_record_without_its_judgement_is_not_judged_in_the_web_request(client, users, run, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from apps.rewards.services import reward_config_create
+
+    def no_model(checkpoint: str) -> None:
+        raise AssertionError("the page loaded a judge model")
+
+    monkeypatch.setattr("workers.models.frozen.frozen_backend", no_model)
+    spec = {"terms": [{"type": "rubric_judge", "judge": "tiny-llama-smollm2-tokenizer"}]}
+    config = reward_config_create(name="judged-page", description="", spec=spec, owner=users["operator"])
+    run.reward_version = config.versions.get()
+    run.save(update_fields=["reward_version"])
+    _stored(run, _record())
+    text = html.unescape(_text(_page(client, users, run)))
+    assert "Not re-scored here: term 'rubric_judge': this record carries no judgement" in text

@@ -111,3 +111,15 @@ def test_agreement_by_hand() -> None:
     assert found.pearson == pytest.approx(r)
     assert judge.agreement([(0.5, 1.0), (0.6, 1.0)], "g", "v").pearson is None  # the verified side is constant
     assert judge.agreement([], "g", "v").n == 0
+
+
+def test_where_no_model_may_run_a_missing_judgement_is_refused_not_computed(
+    cache: judge.JudgementCache, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_model(checkpoint: str) -> Any:
+        raise AssertionError("a judge model was loaded")
+
+    monkeypatch.setattr("workers.models.frozen.frozen_backend", no_model)
+    spec = validate_reward_spec({"terms": [{"type": "rubric_judge", "judge": "tiny-llama-smollm2-tokenizer"}]})
+    with judge.stored_judgements_only(), pytest.raises(judge.JudgeUnavailable, match="re-score it in a job"):
+        score_trajectory(spec, Trajectory.model_validate(RECORD))

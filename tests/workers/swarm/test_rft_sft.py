@@ -27,6 +27,20 @@ def _records(index: SearchIndex, task: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _records_spec(tmp_path: Path, records: list[dict[str, Any]], **config: Any) -> SFTSpec:
+    """An SFT job on `records` (written to rft.jsonl) with teacher "records" and the tiny model, one epoch."""
+    (tmp_path / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return SFTSpec(
+        run_id=1,
+        kind="sft",
+        ingest_url="http://127.0.0.1:9/",
+        input_uri=f"file://{tmp_path}/rft.jsonl",
+        reward={"terms": [{"type": "item_f1"}]},
+        output_prefix=f"file://{tmp_path}/out",
+        config={"teacher_model": "records", "base_model": TINY_LLAMA, "environment": "swarm", "epochs": 1, **config},
+    )
+
+
 def test_record_samples_train_the_replies_only(swarm_index: SearchIndex, wide_task: dict[str, Any]) -> None:
     tokenizer = load_tokenizer(resolve_base_model(TINY_LLAMA))
     [sample, _] = sft.record_samples(_records(swarm_index, wide_task), tokenizer)
@@ -43,24 +57,8 @@ def test_an_sft_run_on_records_fine_tunes_without_a_teacher(
 ) -> None:
     reporter = RecordingReporter()
     monkeypatch.setattr(sft, "reporter_for", lambda spec: reporter)
-    (tmp_path / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(swarm_index, wide_task)))
-    spec = SFTSpec(
-        run_id=1,
-        kind="sft",
-        ingest_url="http://127.0.0.1:9/",
-        input_uri=f"file://{tmp_path}/rft.jsonl",
-        reward={"terms": [{"type": "item_f1"}]},
-        output_prefix=f"file://{tmp_path}/out",
-        config={
-            "teacher_model": "records",
-            "base_model": TINY_LLAMA,
-            "environment": "swarm",
-            "epochs": 1,
-            "learning_rate": 1e-4,
-        },
-    )
 
-    summary = sft.run(spec)
+    summary = sft.run(_records_spec(tmp_path, _records(swarm_index, wide_task), learning_rate=1e-4))
 
     assert summary["fine_tuned"] is True and summary["sft_filter"]["source"] == "records"
     assert summary["sft_filter"]["kept"] == 2
@@ -82,22 +80,8 @@ def test_rft_fine_tunes_from_a_trainer_checkpoint(
     (tmp_path / "ckpt.pt").write_bytes(learner.checkpoint_bytes(data_position=0))
     reporter = RecordingReporter()
     monkeypatch.setattr(sft, "reporter_for", lambda spec: reporter)
-    (tmp_path / "rft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records(swarm_index, wide_task)))
-    spec = SFTSpec(
-        run_id=2,
-        kind="sft",
-        ingest_url="http://127.0.0.1:9/",
-        input_uri=f"file://{tmp_path}/rft.jsonl",
-        reward={"terms": [{"type": "item_f1"}]},
-        output_prefix=f"file://{tmp_path}/out",
-        config={
-            "teacher_model": "records",
-            "base_model": TINY_LLAMA,
-            "checkpoint_uri": f"file://{tmp_path}/ckpt.pt",
-            "environment": "swarm",
-            "epochs": 1,
-            "learning_rate": 1e-9,
-        },
+    spec = _records_spec(
+        tmp_path, _records(swarm_index, wide_task), learning_rate=1e-9, checkpoint_uri=f"file://{tmp_path}/ckpt.pt"
     )
     assert sft.run(spec)["fine_tuned"] is True
     logs = [args[0] for name, args, _ in reporter.calls if name == "log"]
