@@ -1,7 +1,7 @@
 """Learning check for Kimi's agent swarm on a CPU: SFT warm-up on the scripted orchestrator, then PARL with Kimi's
 loss, on wide tasks over the Python standard-library docs; and a single agent beside the swarm, same model.
 
-    .venv/bin/python bench/swarm_learning_check.py            # SmolLM2: 45 tasks and 6 steps take over an hour
+    .venv/bin/python bench/swarm_learning_check.py            # SmolLM2: hours (--tasks 45 --steps 6: over one)
     .venv/bin/python bench/swarm_learning_check.py --quick    # a smoke run with the tiny test model
 
 Everything is the project's own code in one process (no Ray, no control plane; sub-agents run on threads), so the
