@@ -53,12 +53,9 @@ ENV = {
     "reserve_tokens": 256,
     "result_budget": 400,
     "top_k": 3,
-    "max_turns": 6,
     "subagent_max_steps": 5,
     "subagent_runner": "threads",
-    "max_parallel": 6,
 }
-MAX_NEW_TOKENS = 320
 
 
 def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str) -> list[dict[str, float]]:
@@ -89,28 +86,40 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-6, help="PARL learning rate (full parameters)")
     parser.add_argument("--sft-lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--train-tasks", type=int, default=0, help="at most this many train tasks (0: all)")
+    parser.add_argument("--min-rows", type=int, default=6, help="items per wide task, at least")
+    parser.add_argument("--max-rows", type=int, default=8, help="items per wide task, at most")
+    parser.add_argument("--max-parallel", type=int, default=8, help="assign_task calls per reply (environment)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="per orchestrator reply")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "swarm_learning_check.json"))
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
         args.tasks, args.steps, args.prompts_per_step, args.group_size, args.sft_epochs = 9, 2, 2, 2, 1
+        args.min_rows, args.max_rows = 3, 3
+    # a single agent needs one search per item and a last turn for the table: the turn limit must not decide the
+    # comparison, so it is the item count plus slack
+    env = {**ENV, "max_parallel": args.max_parallel, "max_turns": args.max_rows + 3}
     import torch
 
     torch.set_num_threads(args.threads)
     random.seed(0)
     started = time.perf_counter()
-    figures: dict[str, Any] = {"command": " ".join(sys.argv), "model": model, "env_params": ENV}
+    figures: dict[str, Any] = {"command": " ".join(sys.argv), "model": model, "env_params": env}
 
     chunks, _ = build_corpus(stdlib_documents())
     work = Path(tempfile.mkdtemp(prefix="crucible-swarm-check-"))
     index_uri = f"file://{work}/index"
     save_index(SearchIndex.build(chunks, IndexConfig(dense=False)), index_uri)
-    env_params = {**ENV, "index_uri": index_uri}
+    env_params = {**env, "index_uri": index_uri}
     made = synthesize_wide(
-        chunks, WideParams(num_tasks=args.tasks, min_rows=3, max_rows=3, columns=["document", "kind"])
+        chunks,
+        WideParams(num_tasks=args.tasks, min_rows=args.min_rows, max_rows=args.max_rows, columns=["document", "kind"]),
     )
     train = [t for t in made.tasks if not held_out(t["id"])]
     test = [t for t in made.tasks if held_out(t["id"])]
+    if args.train_tasks:
+        train = train[: args.train_tasks]
     log(f"{len(chunks)} chunks; {len(made.tasks)} wide tasks: {len(train)} train, {len(test)} held out")
     figures.update({"chunks": len(chunks), "train_tasks": len(train), "held_out_tasks": len(test)})
     reward = parl_spec(lambda_parallel=0.1, lambda_finish=0.1, anneal_steps=args.steps).model_dump(mode="json")
@@ -123,7 +132,7 @@ def main() -> None:
             env_params=params,
             reward=reward,
             temperature=temperature,
-            max_new_tokens=MAX_NEW_TOKENS,
+            max_new_tokens=args.max_new_tokens,
             max_context_tokens=8192,
         )
 
@@ -154,7 +163,7 @@ def main() -> None:
             samples = generate(config, train, reward)
         else:
             samples = scripted_rollout(
-                ScriptedOrchestrator("single"),
+                ScriptedOrchestrator("single", max_parallel=env_params["max_parallel"]),
                 tokenizer,
                 lambda messages: encode_chat(tokenizer, messages),
                 train,
@@ -187,7 +196,7 @@ def main() -> None:
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,
         max_tokens_per_pack=8192,
-        sampling={"temperature": 1.0, "max_new_tokens": MAX_NEW_TOKENS},
+        sampling={"temperature": 1.0, "max_new_tokens": args.max_new_tokens},
     )
     learner = Learner(swarm_sft, config, threads=args.threads)
     rollout = worker_for(swarm_sft, 1.0, env_params)

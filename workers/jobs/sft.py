@@ -161,7 +161,12 @@ def generate(
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
         for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
             if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_SWARM_TEACHER):
-                agent = ScriptedSearchAgent() if config.teacher_model == SCRIPTED_TEACHER else ScriptedOrchestrator()
+                agent = (
+                    ScriptedSearchAgent()
+                    if config.teacher_model == SCRIPTED_TEACHER
+                    # the teacher never asks for more parallel tasks per reply than the environment accepts
+                    else ScriptedOrchestrator(max_parallel=int(config.env_params.get("max_parallel", 8)))
+                )
                 samples += scripted_rollout(
                     agent,
                     tokenizer,

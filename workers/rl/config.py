@@ -75,6 +75,37 @@ class ComputeRequest(_Strict):
     rollout_workers: int = Field(default=1, ge=1, le=256, description="Rollout actors generating in parallel")
 
 
+class LearnerConfig(_Strict):
+    """How the learner spreads over devices (`workers.rl.distributed`). `single`: one process, as before. `ddp`:
+    `ranks` replicas (torch DistributedDataParallel) for a model that fits one device. `fsdp2`: parameters,
+    gradients and optimizer state sharded over `ranks` (torch FSDP2, `fully_shard` per transformer block) for one
+    that does not. Either way the update is the one a single learner would make on the same batch: the batch is
+    split across ranks and every loss normaliser counts the whole batch."""
+
+    strategy: Literal["single", "ddp", "fsdp2"] = Field(
+        default="single", description="single: one process; ddp: replicated ranks; fsdp2: sharded ranks"
+    )
+    ranks: int = Field(default=1, ge=1, le=1024, description="Learner processes (one per GPU on GPU nodes)")
+    mixed_precision: Literal["fp32", "bf16"] = Field(
+        default="fp32",
+        description="fsdp2 only: bf16 computes forward and backward in bfloat16 and reduces gradients in fp32",
+    )
+    cpu_offload: bool = Field(
+        default=False, description="fsdp2 only: keep sharded parameters, gradients and optimizer state in CPU memory"
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> LearnerConfig:
+        if self.strategy == "single" and self.ranks != 1:
+            raise ValueError(f"learner.ranks={self.ranks} needs learner.strategy ddp or fsdp2 (single is one process)")
+        if self.strategy != "fsdp2" and (self.mixed_precision != "fp32" or self.cpu_offload):
+            raise ValueError(
+                "learner.mixed_precision and learner.cpu_offload are FSDP2 options: set learner.strategy to fsdp2 "
+                "or leave them at fp32 / false"
+            )
+        return self
+
+
 class BetaSchedule(_Strict):
     """Context-1's F-beta anneal (methods.md X3): beta = `start` in the first epoch, moving linearly to `end` by
     epoch `epochs` - 1 and staying there. It overrides the beta of every f_beta term of the reward config."""
@@ -279,6 +310,10 @@ class TrainConfig(_Strict):
         "still mostly failing; None: off",
     )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
+    learner: LearnerConfig = Field(
+        default_factory=LearnerConfig,
+        description="The learner's strategy across devices: single, ddp or fsdp2 over `ranks` processes",
+    )
     detectors: DetectorConfig = Field(
         default_factory=default_detector_config,
         description="Reward-hacking detectors run on every episode, {name: {enabled, thresholds}} "
@@ -305,6 +340,16 @@ class TrainConfig(_Strict):
         algorithm = info.data.get("algorithm")
         if algorithm is not None:
             loss_config(algorithm, value, max_completion_length=DEFAULT_MAX_COMPLETION_LENGTH)  # raises naming it
+        return value
+
+    @field_validator("learner")
+    @classmethod
+    def _learner_fits(cls, value: LearnerConfig, info: ValidationInfo) -> LearnerConfig:
+        if value.strategy == "fsdp2" and info.data.get("lora") is not None:
+            raise ValueError(
+                "learner.strategy fsdp2 does not train LoRA adapters here (they are small enough to replicate): use "
+                "learner.strategy ddp with lora, or full-parameter training with fsdp2"
+            )
         return value
 
     @field_validator("dynamic_sampling")

@@ -8,6 +8,7 @@ whole batch's normalisers, so their gradients add up to the batch's.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import random
@@ -20,6 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from workers.rl import distributed
 from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_advantages
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
@@ -80,6 +82,12 @@ def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
     return out
 
 
+def _as_float(value: Tensor) -> float:
+    """A scalar tensor as a float; a DTensor (FSDP2's gradient norm) is made whole first."""
+    full = getattr(value, "full_tensor", None)
+    return float(full() if callable(full) else value)
+
+
 def untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
     """Drop names that share storage with an earlier one (tied embeddings and LM head): the receiver's model ties
     them too, so sending the tensor once halves that part of every sync."""
@@ -119,6 +127,7 @@ class Learner:
         self.loss_config = self.settings.loss
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
         self.device = torch.device(device)
+        self.model_path = str(model_path)
         model = model.to(self.device)
         self.reference: Any = None
         if self.loss_config.kl_coef > 0 and config.lora is None:
@@ -138,12 +147,27 @@ class Learner:
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
+        self.rank, self.world_size = distributed.rank_and_world()
+        if config.learner.strategy != "single" and not torch.distributed.is_initialized():
+            raise RuntimeError(
+                f"learner.strategy {config.learner.strategy} runs in a process group: start it with "
+                "workers.rl.learner_group.LearnerGroup (or init_process_group first)"
+            )
+        if config.learner.strategy == "single" and self.world_size > 1:
+            raise RuntimeError("learner.strategy single in a process group of several ranks: use ddp or fsdp2")
+        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
+        # The module forward runs through (DDP's wrapper or the FSDP2 root); `self.model` stays the transformers
+        # model (sharded in place under FSDP2) for state dicts, LoRA and saving.
+        self.engine: Any = distributed.wrap(model, config.learner, self.device)
+        if self.reference is not None:
+            self.reference = distributed.wrap(self.reference, config.learner, self.device, trainable=False)
         self.model: Any = model
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.version = 0
         self.step = 0
         self.sender = WeightSyncSender()
+        self._sent_version: int | None = None  # the policy version last gathered for the rollout workers
         self.temperature = config.sampling.temperature or 1.0
 
     # --- training -------------------------------------------------------------------------------------------
@@ -207,36 +231,52 @@ class Learner:
         ratio_max = 0.0
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        for group in _micro_batches([samples[i] for i in kept], cfg.max_tokens_per_pack):
-            batch = [samples[kept[j]] for j in group]
-            advantages = adv.advantages[[kept[j] for j in group]].to(torch.float32).to(self.device)
+        # This rank's share of the trained samples (all of them on one rank), in micro-batches; every rank runs as
+        # many as the rank with the most, the extra ones on a stand-in sample whose loss counts zero.
+        mine = kept
+        if self.world_size > 1:
+            shares = distributed.shard_by_tokens([samples[i].total_tokens for i in kept], self.world_size)
+            mine = [kept[j] for j in shares[self.rank]]
+        plan: list[list[int] | None] = [
+            [mine[j] for j in group] for group in _micro_batches([samples[i] for i in mine], cfg.max_tokens_per_pack)
+        ]
+        rounds = int(distributed.all_reduce_max(float(len(plan))))
+        plan += [None] * (rounds - len(plan))
+        for at, members in enumerate(plan):
+            real = members is not None
+            indices = members if members is not None else kept[:1]
+            batch = [samples[i] for i in indices]
+            advantages = adv.advantages[indices].to(torch.float32).to(self.device)
             seqs, starts, owners = _flatten_segments(batch)
             # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
             # mask hides, so short rows packed first-fit beat one long row (helper measurement: 1.7x vs 0.17x).
             row = max(len(seq) for seq in seqs)
-            logps, entropy = completion_logprobs(
-                self.model,
-                seqs,
-                starts,
-                max_tokens_per_pack=row,
-                temperature=self.temperature,
-                with_entropy=True,
-            )
-            logp = _per_sample(list(logps), owners, len(batch))
-            old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
-            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
-            ref = self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
-            out = policy_loss(
-                logp,
-                old,
-                advantages,
-                mask,
-                self.loss_config,
-                ref,
-                batch_sequences=batch_sequences,
-                batch_tokens=batch_tokens,
-            )
-            out.loss.backward()  # type: ignore[no-untyped-call]
+            with self._gradient_sync(last=at == rounds - 1):
+                logps, entropy = self.engine(
+                    seqs, starts, max_tokens_per_pack=row, temperature=self.temperature, with_entropy=True
+                )
+                logp = _per_sample(list(logps), owners, len(batch))
+                old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+                mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+                ref = (
+                    self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
+                )
+                out = policy_loss(
+                    logp,
+                    old,
+                    advantages,
+                    mask,
+                    self.loss_config,
+                    ref,
+                    batch_sequences=batch_sequences,
+                    batch_tokens=batch_tokens,
+                )
+                # DDP and FSDP2 average gradients over ranks; the batch's gradient is their sum (each rank's loss
+                # is already normalised by the whole batch), hence the world size. A stand-in counts zero.
+                scale = float(self.world_size) if real else 0.0
+                (out.loss * scale).backward()  # type: ignore[no-untyped-call]
+            if not real:
+                continue
             share = float(mask.sum()) / max(batch_tokens, 1.0)
             sums["loss"] += out.loss.item()
             sums["policy_loss"] += out.policy_loss  # already normalised by the whole batch, like `loss`
@@ -249,9 +289,16 @@ class Learner:
             ratio_count += out.ratio_count
             kl_tokens += out.kl_tokens
             ratio_max = max(ratio_max, out.ratio_max)
+        if self.world_size > 1:  # the step's metrics over every rank's share
+            keys = [*sums, *weighted]
+            totals = distributed.all_reduce_sum([*sums.values(), *weighted.values(), ratio_count, kl_tokens])
+            for key, value in zip(keys, totals, strict=False):
+                (sums if key in sums else weighted)[key] = value
+            ratio_count, kl_tokens = totals[-2], totals[-1]
+            ratio_max = distributed.all_reduce_max(ratio_max)
         grad_norm = 0.0
         if kept:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
+            grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
             self.optimizer.step()
             self.version += 1
         self.optimizer.zero_grad(set_to_none=True)
@@ -314,30 +361,38 @@ class Learner:
 
     @torch.no_grad()
     def _reference_logprobs(self, seqs: list[list[int]], starts: list[int], owners: list[int], samples: int) -> Tensor:
-        if self.reference is not None:
-            logps = completion_logprobs(
-                self.reference,
-                seqs,
-                starts,
-                max_tokens_per_pack=max(len(s) for s in seqs),
-                temperature=self.temperature,
-            )
+        row = max(len(s) for s in seqs)
+        if self.reference is not None:  # a LogprobForward (sharded under FSDP2)
+            logps = self.reference(seqs, starts, max_tokens_per_pack=row, temperature=self.temperature)
         else:  # LoRA: the reference policy is the base model, i.e. the adapters switched off
             with self.model.disable_adapter():
                 logps = completion_logprobs(
-                    self.model,
-                    seqs,
-                    starts,
-                    max_tokens_per_pack=max(len(s) for s in seqs),
-                    temperature=self.temperature,
+                    self.model, seqs, starts, max_tokens_per_pack=row, temperature=self.temperature
                 )
         return _per_sample(list(logps), owners, samples)
 
+    def _gradient_sync(self, *, last: bool) -> Any:
+        """DDP reduces gradients on the last micro-batch only (the others accumulate locally); FSDP2 reduce-scatters
+        on each, which keeps gradients sharded between micro-batches."""
+        if self.config.learner.strategy == "ddp" and not last:
+            return self.engine.no_sync()
+        return contextlib.nullcontext()
+
     # --- weights --------------------------------------------------------------------------------------------
     def policy_state(self) -> dict[str, Tensor]:
-        """The policy's full weights under the base model's parameter names (LoRA adapters merged in)."""
+        """The policy's full weights under the base model's parameter names (LoRA adapters merged in), each tensor
+        once (a tied LM head is the embedding: the receiver ties it too). Under FSDP2 every rank must call it (the
+        shards are gathered to rank 0); ranks other than 0 get {}."""
         if self.config.lora is None:
-            return untied({k: v.detach() for k, v in self.model.state_dict().items()})
+            if self.config.learner.strategy == "fsdp2":
+                gathered = distributed.full_state_dict(self.model)
+                if self.rank != 0:
+                    return {}
+            else:
+                gathered = {k: v.detach() for k, v in self.model.state_dict().items()}
+            every = {name for name, _ in self.model.named_parameters(remove_duplicate=False)}
+            repeated = every - {name for name, _ in self.model.named_parameters()}
+            return untied({k: v for k, v in gathered.items() if k not in repeated})
         from peft.tuners.lora import LoraLayer
 
         base = self.model.get_base_model()
@@ -356,19 +411,38 @@ class Learner:
 
     def weight_update(self) -> tuple[bytes | None, dict[str, float]]:
         """The update for rollout workers: a delta against the last one sent (or the full weights); None when the
-        policy has not changed since (a step whose groups were all dropped)."""
-        if self.sender.version == self.version:
+        policy has not changed since (a step whose groups were all dropped). Every rank calls it (the weights are
+        gathered from the shards once); only rank 0 returns the update."""
+        if self._sent_version == self.version:
             return None, {}
         started = time.perf_counter()
-        update = self.sender.push(self.policy_state(), version=self.version, full=self.config.weight_sync == "full")
+        state = self.policy_state()
+        self._sent_version = self.version
+        if self.rank != 0:
+            return None, {}
+        update = self.sender.push(state, version=self.version, full=self.config.weight_sync == "full")
         return update.blob, {
             "sync_bytes": float(update.stats.bytes),
             "sync_seconds": time.perf_counter() - started,
             "sync_ratio_vs_full": float(update.stats.ratio_vs_full),
         }
 
+    def export_pretrained(self, directory: str | Path) -> None:
+        """The policy as one Hugging Face-format directory (weights, config, tokenizer) that evals, SFT and
+        serving load; LoRA adapters merged. Every rank calls it; rank 0 writes."""
+        state = self.policy_state()
+        if self.rank != 0:
+            return
+        from transformers import AutoTokenizer
+
+        model = self.model.get_base_model() if self.config.lora is not None else self.model
+        model.save_pretrained(str(directory), state_dict=state)
+        AutoTokenizer.from_pretrained(self.model_path, local_files_only=True).save_pretrained(str(directory))
+
     # --- checkpoints ----------------------------------------------------------------------------------------
     def checkpoint_bytes(self, *, data_position: int) -> bytes:
+        if self.config.learner.strategy == "fsdp2":
+            raise ValueError("an FSDP2 learner's state is sharded: save it with save_sharded (DCP)")
         trainable = {n: p.detach() for n, p in self.model.named_parameters() if p.requires_grad}
         payload = {
             "format": CHECKPOINT_FORMAT,
@@ -403,4 +477,29 @@ class Learner:
         np.random.set_state(payload["numpy_rng"])
         self.step, self.version = int(payload["step"]), int(payload["version"])
         self.sender.reset()
+        self._sent_version = None
         return payload
+
+    def save_sharded(self, uri: str, *, data_position: int, storage_options: dict[str, Any] | None = None) -> None:
+        """A sharded checkpoint (`torch.distributed.checkpoint`) in directory `uri`: every rank writes its shards
+        of the parameters and the optimizer state. It loads on any world size and strategy (`load_sharded`). Unlike
+        the one-file checkpoint it holds no RNG state: the learner draws no random numbers (no dropout in the
+        policy; LoRA dropout aside), sampling happens in the rollout workers."""
+        extra = {
+            "step": self.step,
+            "version": self.version,
+            "data_position": data_position,
+            "world_size": self.world_size,
+            "strategy": self.config.learner.strategy,
+            "config": self.config.model_dump(mode="json"),
+        }
+        distributed.save_sharded(self.model, self.optimizer, uri, extra, storage_options)
+
+    def load_sharded(self, uri: str, storage_options: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Resume from a checkpoint written by `save_sharded` at any world size; returns its step, version and data
+        position (and what wrote it)."""
+        extra = distributed.load_sharded(self.model, self.optimizer, uri, storage_options)
+        self.step, self.version = int(extra["step"]), int(extra["version"])
+        self.sender.reset()
+        self._sent_version = None
+        return extra

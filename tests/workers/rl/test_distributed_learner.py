@@ -1,0 +1,170 @@
+"""The learner on several ranks makes the update one learner makes: DDP and FSDP2 on two gloo ranks against the
+single-process learner, for every algorithm, after two optimizer steps; sharded checkpoints resume on another
+world size (2 -> 1 and 1 -> 2); the gathered weights export to a Hugging Face directory.
+
+The ranks are processes started with torch.multiprocessing (the Ray actor group that starts them in a run is
+tested in test_learner_group.py); they use torch.distributed's own gloo backend.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from workers.models.registry import TINY_LLAMA, resolve_base_model
+from workers.rl.algorithms import METHOD_DEFAULTS
+from workers.rl.config import TrainConfig
+from workers.rl.distributed import free_port, init_process_group, shard_by_tokens
+from workers.rl.learner import Learner
+from workers.rl.packing import completion_logprobs
+from workers.rl.rollout import Sample
+
+ALGORITHMS = sorted(METHOD_DEFAULTS)
+STEPS = 2
+LR = 1e-3
+
+
+def _config(algorithm: str, strategy: str = "single", ranks: int = 1) -> TrainConfig:
+    return TrainConfig(
+        base_model=TINY_LLAMA,
+        algorithm=algorithm,
+        prompts_per_step=3,
+        group_size=3,
+        learning_rate=LR,
+        max_tokens_per_pack=64,  # several micro-batches per rank, not as many on each rank
+        sampling={"max_new_tokens": 32},
+        learner={"strategy": strategy, "ranks": ranks},
+    )
+
+
+def _batches(model_path: Path) -> list[list[Sample]]:
+    """Two steps' batches: three groups of three, one group's rewards all equal, lengths that differ, and
+    behaviour log-probs off the policy by up to ±0.5 so that the clips and masks act."""
+    learner = Learner(model_path, _config("grpo"))
+    rng = random.Random(7)
+    batches = []
+    for step in range(STEPS):
+        samples = []
+        for i in range(9):
+            prompt = [rng.randrange(100, 5000) for _ in range(8 + 3 * (i % 4))]
+            completion = [rng.randrange(100, 5000) for _ in range(4 + (7 * i + step) % 26)]
+            tokens = prompt + completion
+            with torch.no_grad():
+                (logp,) = completion_logprobs(learner.model, [tokens], [len(prompt)])
+            old = [v + rng.uniform(-0.5, 0.5) for v in logp.tolist()]
+            reward = 1.0 if i // 3 == 1 else float(rng.random() < 0.5) + 0.1 * (i % 3)
+            samples.append(
+                Sample(
+                    task_id=f"t{i // 3}",
+                    group=i // 3,
+                    token_ids=tokens,
+                    completion_start=len(prompt),
+                    loss_mask=[1] * len(completion),
+                    old_logprobs=old,
+                    reward=reward,
+                    terms={},
+                    policy_version=0,
+                    num_turns=1,
+                    malformed_tool_calls=0,
+                    finish_reason="length",
+                    error=None,
+                    trajectory={"id": f"s{step}-{i}"},
+                )
+            )
+        batches.append(samples)
+    return batches
+
+
+def _single(model_path: Path, algorithm: str, batches: list[list[Sample]]) -> tuple[dict[str, Any], list[dict]]:
+    learner = Learner(model_path, _config(algorithm))
+    metrics = [learner.train_step(batch) for batch in batches]
+    return {k: v.clone() for k, v in learner.policy_state().items()}, metrics
+
+
+def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any, out: str) -> None:
+    torch.set_num_threads(1)
+    init_process_group(rank, world, "127.0.0.1", port)
+    results = {}
+    for strategy in ("ddp", "fsdp2"):
+        for algorithm in ALGORITHMS:
+            learner = Learner(model_path, _config(algorithm, strategy, world))
+            metrics = [learner.train_step(batch) for batch in batches]
+            state = learner.policy_state()  # every rank gathers; rank 0 holds the weights
+            if rank == 0:
+                results[(strategy, algorithm)] = ({k: v.clone() for k, v in state.items()}, metrics)
+    if rank == 0:
+        torch.save(results, out)
+    torch.distributed.destroy_process_group()
+
+
+def _spawn(target: Any, *args: Any, world: int = 2) -> None:
+    mp.start_processes(target, args=(world, free_port(), *args), nprocs=world, join=True, start_method="spawn")
+
+
+@pytest.fixture(scope="module")
+def model_path() -> Path:
+    return resolve_base_model(TINY_LLAMA)
+
+
+@pytest.fixture(scope="module")
+def batches(model_path: Path) -> list[list[Sample]]:
+    return _batches(model_path)
+
+
+@pytest.fixture(scope="module")
+def two_rank_results(model_path: Path, batches: list[list[Sample]], tmp_path_factory: Any) -> dict[Any, Any]:
+    out = tmp_path_factory.mktemp("ranks") / "results.pt"
+    _spawn(_ranks_train, str(model_path), batches, str(out))
+    results: dict[Any, Any] = torch.load(out, weights_only=False)
+    return results
+
+
+def test_the_batch_split_balances_tokens_and_is_the_same_on_every_rank() -> None:
+    shares = shard_by_tokens([50, 10, 40, 30, 20, 5], 2)
+    assert sorted(i for share in shares for i in share) == list(range(6))
+    assert shares == shard_by_tokens([50, 10, 40, 30, 20, 5], 2)
+    loads = [sum([50, 10, 40, 30, 20, 5][i] for i in share) for share in shares]
+    assert abs(loads[0] - loads[1]) <= 5
+    assert shard_by_tokens([3], 4) == [[0], [], [], []]  # a rank may get nothing: it still joins every collective
+    with pytest.raises(ValueError, match="world_size"):
+        shard_by_tokens([1], 0)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_two_ranks_make_the_update_one_learner_makes(
+    model_path: Path, batches: list[list[Sample]], two_rank_results: dict[Any, Any], strategy: str, algorithm: str
+) -> None:
+    expected, expected_metrics = _single(model_path, algorithm, batches)
+    state, metrics = two_rank_results[(strategy, algorithm)]
+    assert set(state) == set(expected)
+    initial = resolve_initial(model_path)
+    moved = max(float((expected[k] - initial[k]).abs().max()) for k in expected)
+    assert moved > LR, "the steps must change the weights, or the comparison shows nothing"
+    # AdamW divides by the root of the squared gradients: where a gradient is near zero, float rounding in another
+    # summation order moves that coordinate by up to lr. So: every parameter within 5% of one step's size, and on
+    # average a thousand times closer.
+    for name, value in expected.items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0.05 * LR, msg=f"{strategy} {algorithm} {name}")
+    mean_gap = sum(float((state[k] - v).abs().sum()) for k, v in expected.items()) / sum(
+        v.numel() for v in expected.values()
+    )
+    assert mean_gap < 1e-3 * LR
+    for mine, theirs in zip(metrics, expected_metrics, strict=True):
+        for key in ("loss", "policy_loss", "clip_fraction", "ratio_mean", "ratio_max", "kl", "trained_samples"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-4, abs=1e-6), key
+        assert mine["grad_norm"] == pytest.approx(theirs["grad_norm"], rel=2e-5)
+
+
+_INITIAL: dict[str, Any] = {}
+
+
+def resolve_initial(model_path: Path) -> dict[str, Any]:
+    if not _INITIAL:
+        _INITIAL.update(Learner(model_path, _config("grpo")).policy_state())
+    return _INITIAL
