@@ -1,7 +1,8 @@
 """Which checkpoint a resume continues from: the latest one in the run's lineage, registered or only in storage.
 
-A training job writes each checkpoint to `runs/<id>/checkpoints/step-NNNNNN.pt`, then its checksum beside it
-(`workers.jobs.common.write_checkpoint`), then reports it. When the report is lost (the control plane was down as
+A training job writes each checkpoint to `runs/<id>/checkpoints/step-NNNNNN.pt` (a sharded one, from a learner
+of several ranks, to the folder `step-NNNNNN.dcp/`), then its checksum beside it (`workers.jobs.common`), then
+reports it. When the report is lost (the control plane was down as
 the job died), the file is still there: `recover_checkpoints` registers every checkpoint whose bytes match their
 checksum and whose checksum names this run (`workers.jobs.common.run_key`), so a resume finds it. A file
 without a checksum, or whose bytes do not match, was cut short and is never used; one with another run's key was
@@ -25,22 +26,37 @@ from workers.jobs.common import CHECKSUM_SUFFIX, run_key
 log = logging.getLogger(__name__)
 
 CHECKPOINT_NAME = re.compile(r"^step-(\d{6,})\.pt$")
+SHARDED_CHECKSUM_NAME = re.compile(r"^step-(\d{6,})\.dcp\.sha256$")
+"""A sharded checkpoint is a folder (`step-NNNNNN.dcp/`); its checksum file beside it lists every file in it."""
+
+
+def _file_digest(name: str) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with default_storage.open(name, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
 
 
 def _verified(name: str, key: str) -> bool:
+    """Whether the checkpoint `name` (a file, or a sharded checkpoint's folder) matches its checksum file, every
+    file of it, and the checksum names this run."""
     try:
         with default_storage.open(name + CHECKSUM_SUFFIX, "rb") as handle:
             expected = json.loads(handle.read())
-        digest = hashlib.sha256()
-        size = 0
-        with default_storage.open(name, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-                size += len(chunk)
-    except (OSError, ValueError) as exc:
+        if "files" in expected:  # sharded: each file listed, none missing or cut short
+            files = expected["files"]
+            whole = bool(files) and all(
+                _file_digest(f"{name}/{path}") == (meta.get("sha256"), meta.get("bytes"))
+                for path, meta in files.items()
+            )
+        else:
+            whole = _file_digest(name) == (expected.get("sha256"), expected.get("bytes"))
+    except (OSError, ValueError, AttributeError) as exc:
         log.info("checkpoint %s not usable: %s", name, exc)
         return False
-    whole = digest.hexdigest() == expected.get("sha256") and size == expected.get("bytes")
     return bool(whole and expected.get("run_key") == key)
 
 
@@ -55,10 +71,11 @@ def recover_checkpoints(run: Run) -> list[Checkpoint]:
     key = run_key(ingest_token_for(run))
     recovered = []
     for filename in sorted(files):
-        match = CHECKPOINT_NAME.match(filename)
+        sharded = SHARDED_CHECKSUM_NAME.match(filename)
+        match = sharded or CHECKPOINT_NAME.match(filename)
         if not match or int(match.group(1)) in known:
             continue
-        name = f"{folder}/{filename}"
+        name = f"{folder}/{filename.removesuffix(CHECKSUM_SUFFIX) if sharded else filename}"
         if not _verified(name, key):
             continue
         checkpoint, created = Checkpoint.objects.get_or_create(

@@ -150,3 +150,34 @@ def test_a_resumed_run_that_died_before_its_first_checkpoint_resumes_from_its_pa
     Checkpoint.objects.create(run=child, step=5, uri="file:///x/step-000005.pt")
     again = api.post(f"/api/v1/runs/{grandchild.pk}/resume/")
     assert again.status_code == 201 and Run.objects.get(pk=again.json()["id"]).spec["resume_from"]["step"] == 5
+
+
+def _write_sharded_checkpoint(run: Run, step: int, *, torn: bool = False) -> None:
+    """A sharded checkpoint's folder (two ranks' shards and the metadata) and its manifest of checksums; `torn`:
+    one shard was cut short after the manifest was computed."""
+    folder = f"runs/{run.pk}/checkpoints/step-{step:06d}.dcp"
+    files = {
+        name: f"{name} of run {run.pk} at step {step}".encode() * 50
+        for name in ("__0_0.distcp", "__1_0.distcp", ".metadata")
+    }
+    for name, blob in files.items():
+        default_storage.save(f"{folder}/{name}", ContentFile(blob[:-5] if torn and name == "__1_0.distcp" else blob))
+    meta = {
+        "files": {
+            name: {"sha256": hashlib.sha256(blob).hexdigest(), "bytes": len(blob)} for name, blob in files.items()
+        },
+        "run_key": run_key(services.ingest_token_for(run)),
+    }
+    default_storage.save(folder + ".sha256", ContentFile(json.dumps(meta).encode()))
+
+
+def test_resume_finds_a_whole_sharded_checkpoint_and_skips_one_with_a_torn_shard(train_run, client_for):
+    Run.objects.filter(pk=train_run.pk).update(status=RunStatus.FAILED)
+    _write_checkpoint(train_run, 2)
+    _write_sharded_checkpoint(train_run, 4)
+    _write_sharded_checkpoint(train_run, 6, torn=True)
+    reply = client_for("operator").post(f"/api/v1/runs/{train_run.pk}/resume/")
+    assert reply.status_code == 201, reply.json()
+    child = Run.objects.get(pk=reply.json()["id"])
+    assert child.spec["resume_from"]["step"] == 4
+    assert child.spec["resume_from"]["uri"].endswith(f"runs/{train_run.pk}/checkpoints/step-000004.dcp")

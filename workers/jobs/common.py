@@ -86,6 +86,40 @@ def write_checkpoint(uri: str, blob: bytes, storage_options: dict[str, Any]) -> 
     return digest
 
 
+SHARDED_CHECKPOINT_SUFFIX = ".dcp"
+"""A sharded checkpoint (`torch.distributed.checkpoint`, learner strategy ddp or fsdp2) is a directory
+`step-NNNNNN.dcp/`; its checksum file `step-NNNNNN.dcp.sha256` lists every file in it."""
+
+
+def is_sharded_checkpoint(uri: str) -> bool:
+    return uri.rstrip("/").endswith(SHARDED_CHECKPOINT_SUFFIX)
+
+
+def sharded_manifest(uri: str, storage_options: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """{relative path: {sha256, bytes}} of every file under a sharded checkpoint's directory."""
+    fs, root = fsspec.core.url_to_fs(uri, **storage_options)
+    root = root.rstrip("/")
+    files: dict[str, dict[str, Any]] = {}
+    for path in sorted(fs.find(root)):
+        digest = hashlib.sha256()
+        size = 0
+        with fs.open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+                size += len(chunk)
+        files[path[len(root) + 1 :]] = {"sha256": digest.hexdigest(), "bytes": size}
+    return files
+
+
+def write_sharded_checksum(uri: str, storage_options: dict[str, Any]) -> int:
+    """After every rank has written its shards: `<uri>.sha256` with each file's checksum and the run's key (the
+    one-file checkpoint's rule: a checkpoint whose checksum file matches was written whole). Returns the bytes."""
+    files = sharded_manifest(uri, storage_options)
+    meta = {"files": files, "run_key": run_key(os.environ.get("CRUCIBLE_INGEST_TOKEN", ""))}
+    write_bytes(uri.rstrip("/") + CHECKSUM_SUFFIX, json.dumps(meta).encode(), storage_options)
+    return sum(int(f["bytes"]) for f in files.values())
+
+
 def report_flags(reporter: Reporter, findings: Iterable[Finding], *, step: int) -> int:
     """Send each trajectory finding as a `flag` event at `step`; returns how many were sent. Run-scope findings
     (no trajectory) are left out: a flag names a trajectory."""

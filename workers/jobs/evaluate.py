@@ -29,6 +29,7 @@ from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
 from workers.jobs.common import (
     configure_logging,
+    is_sharded_checkpoint,
     load_spec,
     read_bytes,
     report_flags,
@@ -86,14 +87,21 @@ def checkpoint_policy_state(
     import torch
 
     from workers.models.registry import resolve_base_model
-    from workers.rl.config import TrainConfig
+    from workers.rl.config import LearnerConfig, TrainConfig
+    from workers.rl.distributed import read_sharded_extra
     from workers.rl.learner import Learner
 
-    blob = read_bytes(checkpoint_uri, opts)
-    payload = torch.load(io.BytesIO(blob), weights_only=False)
-    train_config = TrainConfig.model_validate(payload["config"])
-    learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
-    learner.load_checkpoint(blob)
+    if is_sharded_checkpoint(checkpoint_uri):  # written by ddp or fsdp2 ranks: loaded here on one process
+        written = TrainConfig.model_validate(read_sharded_extra(checkpoint_uri, opts)["config"])
+        train_config = written.model_copy(update={"learner": LearnerConfig()})
+        learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
+        learner.load_sharded(checkpoint_uri, opts)
+    else:
+        blob = read_bytes(checkpoint_uri, opts)
+        payload = torch.load(io.BytesIO(blob), weights_only=False)
+        train_config = TrainConfig.model_validate(payload["config"])
+        learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
+        learner.load_checkpoint(blob)
     state, version = learner.policy_state(), learner.version
     del learner
     return state, version

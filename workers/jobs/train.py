@@ -27,13 +27,16 @@ import ray
 
 from workers.detectors.registry import flag_metrics
 from workers.jobs.common import (
+    SHARDED_CHECKPOINT_SUFFIX,
     configure_logging,
+    is_sharded_checkpoint,
     load_spec,
     read_bytes,
     report_flags,
     reporter_for,
     write_bytes,
     write_checkpoint,
+    write_sharded_checksum,
 )
 from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
@@ -139,6 +142,11 @@ class _LearnerActor:
     def ready(self) -> bool:
         return True
 
+    def placement(self) -> list[dict[str, Any]]:
+        from workers.rl.learner_group import placement_of
+
+        return [placement_of("learner")]
+
     def state(self) -> tuple[int, int]:
         return self.learner.step, self.learner.version
 
@@ -156,10 +164,45 @@ class _LearnerActor:
         payload = self.learner.load_checkpoint(blob)
         return {"step": payload["step"], "version": payload["version"]}
 
+    def load_sharded(self, uri: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+        return self.learner.load_sharded(uri, storage_options)
 
-def _wait_for_resources(actors: list[Any], reporter: Reporter, config: TrainConfig) -> None:
+
+class _SingleLearner:
+    """One learner actor behind the interface of `workers.rl.learner_group.LearnerGroup`."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+
+    def ready(self) -> Any:
+        return self.actor.ready.remote()
+
+    def start(self) -> list[dict[str, Any]]:
+        placement: list[dict[str, Any]] = ray.get(self.actor.placement.remote())
+        return placement
+
+    def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        metrics: dict[str, float] = ray.get(self.actor.train_step.remote(samples))
+        return metrics
+
+    def weight_update(self) -> tuple[bytes | None, dict[str, float], int]:
+        return ray.get(self.actor.weight_update.remote())  # type: ignore[no-any-return]
+
+    def checkpoint_bytes(self, data_position: int) -> bytes:
+        return ray.get(self.actor.checkpoint.remote(data_position))  # type: ignore[no-any-return]
+
+    def load_checkpoint(self, blob: bytes) -> dict[str, Any]:
+        return ray.get(self.actor.load_checkpoint.remote(blob))  # type: ignore[no-any-return]
+
+    def load_sharded(self, uri: str, storage_options: dict[str, Any]) -> dict[str, Any]:
+        return ray.get(self.actor.load_sharded.remote(uri, storage_options))  # type: ignore[no-any-return]
+
+    def shutdown(self) -> None:
+        ray.kill(self.actor)
+
+
+def _wait_for_resources(pending: list[Any], reporter: Reporter, config: TrainConfig) -> None:
     """Actors whose resources the cluster cannot give yet stay pending: say so on the run's page while waiting."""
-    pending = [a.ready.remote() for a in actors]
     started = time.monotonic()
     reported = False
     while pending:
@@ -246,6 +289,23 @@ def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
     }
 
 
+def _learner(model_path: str, config: TrainConfig, threads: int, options: dict[str, Any]) -> Any:
+    """One learner actor (strategy single) or a group of ranks (ddp, fsdp2) that split the learner's share."""
+    if config.learner.strategy == "single":
+        return _SingleLearner(ray.remote(_LearnerActor).options(**options).remote(model_path, config, threads))
+    from workers.rl.learner_group import LearnerGroup
+
+    ranks = config.learner.ranks
+    return LearnerGroup(
+        model_path,
+        config,
+        max(1, threads // ranks),
+        cpus_per_rank=options["num_cpus"] / ranks,
+        gpus_per_rank=options["num_gpus"] / ranks,
+        memory_per_rank=options["memory"] // ranks,
+    )
+
+
 def run(spec: TrainSpec) -> dict[str, Any]:
     from workers.envs.registry import get_environment
     from workers.models.registry import resolve_base_model
@@ -285,18 +345,26 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         # In async mode they run at once, so each gets its share instead.
         threads = max(1, int(config.compute.cpus if config.mode == "sync" else cpu_share))
         options = {"num_cpus": cpu_share, "num_gpus": gpu_share, "memory": memory}
-        learner_cls: Any = ray.remote(_LearnerActor)
         rollout_cls: Any = ray.remote(_RolloutActor)
-        learner: Any = learner_cls.options(**options).remote(model_path, config, threads)
+        learner = _learner(model_path, config, threads, options)
         rollouts: list[Any] = [
             rollout_cls.options(**options).remote(model_path, config, spec.reward, threads, opts)
             for _ in range(workers)
         ]
-        _wait_for_resources([learner, *rollouts], reporter, config)
+        _wait_for_resources([learner.ready(), *[r.ready.remote() for r in rollouts]], reporter, config)
+        placement = learner.start()
+        reporter.summary({"placement": placement})
+        reporter.log(
+            f"learner: {config.learner.strategy}, {len(placement)} rank(s) on node(s) "
+            + ", ".join(sorted({str(p["node_ip"]) for p in placement}))
+        )
 
         start_step = 0
         if spec.resume_from:
-            state = ray.get(learner.load_checkpoint.remote(read_bytes(spec.resume_from, opts)))
+            if is_sharded_checkpoint(spec.resume_from):
+                state = learner.load_sharded(spec.resume_from, opts)
+            else:
+                state = learner.load_checkpoint(read_bytes(spec.resume_from, opts))
             start_step = int(state["step"])
             reporter.log(f"resumed from {spec.resume_from} at step {start_step} (policy version {state['version']})")
         upsample = config.upsample_hard
@@ -312,7 +380,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 except (OSError, ValueError) as exc:
                     reporter.log(f"upsample_hard: no needs stored beside the checkpoint ({exc}); weights start at 1")
         reporter.progress(start_step, config.steps)
-        blob, stats, version = ray.get(learner.weight_update.remote())
+        blob, stats, version = learner.weight_update()
         blob_ref = ray.put(blob)
         ray.get([r.apply.remote(blob_ref, version) for r in rollouts])
 
@@ -427,7 +495,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             toggle_metrics: dict[str, float] = {}
             if config.toggle is not None:
                 batch, toggle_metrics = _toggled(batch, config, step, budgets)
-            metrics = ray.get(learner.train_step.remote(batch))
+            metrics = learner.train_step(batch)
             if toggle_metrics:
                 # reward_mean stays the task reward; the learner trained on the toggled one
                 metrics["toggled_reward_mean"] = metrics["reward_mean"]
@@ -439,7 +507,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 metrics["trained_reward_mean"] = metrics["reward_mean"]
                 metrics["reward_mean"] = sum(s.reward for s in samples) / max(len(samples), 1)
                 metrics.update(filled.metrics())
-            new_blob, sync, new_version = ray.get(learner.weight_update.remote())
+            new_blob, sync, new_version = learner.weight_update()
             if new_blob is not None:
                 ref = ray.put(new_blob)
                 ray.get([r.apply.remote(ref, new_version) for r in rollouts])
@@ -485,17 +553,25 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             )
             last_metrics = metrics
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
-                blob = ray.get(learner.checkpoint.remote((step + 1) * per_step))
-                uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}.pt"
+                sharded = config.learner.strategy != "single"
+                uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}" + (
+                    SHARDED_CHECKPOINT_SUFFIX if sharded else ".pt"
+                )
                 if config.toggle is not None and budgets:  # first_rollout budgets grow: keep them for a resume
                     write_bytes(f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}", json.dumps(budgets).encode(), opts)
                 if upsampler is not None:  # before the checkpoint: a checkpoint with its checksum is complete
                     write_bytes(uri + UPSAMPLE_STATE_SUFFIX, json.dumps(upsampler.state()).encode(), opts)
-                write_checkpoint(uri, blob, opts)
+                if sharded:  # every rank writes its shards, then the manifest of checksums goes last
+                    learner.save_sharded(uri, (step + 1) * per_step, opts)
+                    size = write_sharded_checksum(uri, opts)
+                else:
+                    blob = learner.checkpoint_bytes((step + 1) * per_step)
+                    write_checkpoint(uri, blob, opts)
+                    size = len(blob)
                 reporter.checkpoint(
                     step + 1, uri, {k: last_metrics[k] for k in ("reward_mean", "loss") if k in last_metrics}
                 )
-                reporter.log(f"checkpoint {uri} ({len(blob) / 1e6:.1f} MB)")
+                reporter.log(f"checkpoint {uri} ({size / 1e6:.1f} MB)")
         summary = {
             "steps": config.steps,
             "start_step": start_step,
@@ -504,6 +580,9 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             "flag_counts": flag_counts,
         }
         reporter.summary(summary)
+        learner.shutdown()  # the run's actors give their resources back now, not when the driver exits
+        for worker in rollouts:
+            ray.kill(worker)
     return summary
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime
 import socket
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,29 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return dict(state)
 
 
+def load_full_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict[str, torch.Tensor], optim_state: dict[str, Any]
+) -> None:
+    """Load a one-process checkpoint (full tensors; torch's optimizer state, keyed by parameter position) into a
+    sharded model and optimizer: every rank holds the whole checkpoint and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    options = StateDictOptions(full_state_dict=True, strict=False)
+    set_model_state_dict(model, dict[str, Any](weights), options=options)
+    # The one-process learner's optimizer lists its parameters in `named_parameters()` order (trainable ones):
+    # name them, the form the distributed state-dict API reads.
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    groups = []
+    for group in optim_state["param_groups"]:
+        groups.append({**group, "params": [names[i] for i in group["params"]]})
+    state = {names[i]: value for i, value in optim_state["state"].items()}
+    set_optimizer_state_dict(model, optimizer, {"state": state, "param_groups": groups}, options=options)
+
+
 # --- sharded checkpoints ------------------------------------------------------------------------------------------
 
 SHARDED_FORMAT = "dcp-1"
@@ -249,6 +273,8 @@ def load_sharded(
     model_state, optim_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     distributed = dist.is_available() and dist.is_initialized()
-    dcp.load(state, storage_reader=_storage(uri, storage_options or {}, write=False), no_dist=not distributed)
+    with warnings.catch_warnings():  # one process loading is the intent here, as the warning guesses
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=_storage(uri, storage_options or {}, write=False), no_dist=not distributed)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return extra

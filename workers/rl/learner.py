@@ -468,10 +468,13 @@ class Learner:
         missing = sorted(set(payload["trainable"]) - set(named))
         if missing:
             raise ValueError(f"checkpoint does not fit this model: unknown parameters {missing[:3]}...")
-        with torch.no_grad():
-            for name, value in payload["trainable"].items():
-                named[name].copy_(value)
-        self.optimizer.load_state_dict(payload["optimizer"])
+        if self.config.learner.strategy == "fsdp2":  # each rank takes its shards of the full tensors
+            distributed.load_full_state(self.model, self.optimizer, payload["trainable"], payload["optimizer"])
+        else:
+            with torch.no_grad():
+                for name, value in payload["trainable"].items():
+                    named[name].copy_(value)
+            self.optimizer.load_state_dict(payload["optimizer"])
         torch.set_rng_state(payload["torch_rng"])
         random.setstate(payload["python_rng"])
         np.random.set_state(payload["numpy_rng"])

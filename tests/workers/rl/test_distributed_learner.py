@@ -87,9 +87,12 @@ def _single(model_path: Path, algorithm: str, batches: list[list[Sample]]) -> tu
 
 
 def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any, out: str) -> None:
+    """On each rank: every algorithm under DDP and FSDP2 for two steps; then, under FSDP2, a sharded checkpoint
+    after one step (for the 2 -> 1 resume), a resume from the single learner's checkpoint (1 -> 2) and an export."""
     torch.set_num_threads(1)
     init_process_group(rank, world, "127.0.0.1", port)
-    results = {}
+    folder = Path(out).parent
+    results: dict[Any, Any] = {}
     for strategy in ("ddp", "fsdp2"):
         for algorithm in ALGORITHMS:
             learner = Learner(model_path, _config(algorithm, strategy, world))
@@ -97,7 +100,21 @@ def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any
             state = learner.policy_state()  # every rank gathers; rank 0 holds the weights
             if rank == 0:
                 results[(strategy, algorithm)] = ({k: v.clone() for k, v in state.items()}, metrics)
+    learner = Learner(model_path, _config("grpo", "fsdp2", world))
+    learner.train_step(batches[0])
+    learner.save_sharded(str(folder / "two-ranks"), data_position=3)
+    learner.export_pretrained(folder / "export")
+    resumed = Learner(model_path, _config("grpo", "fsdp2", world))
+    results["resumed from one rank"] = resumed.load_sharded(str(folder / "one-rank"))
+    resumed.train_step(batches[1])
+    state = resumed.policy_state()
+    from_file = Learner(model_path, _config("grpo", "fsdp2", world))
+    from_file.load_checkpoint((folder / "one-rank.pt").read_bytes())
+    from_file.train_step(batches[1])
+    state_from_file = from_file.policy_state()
     if rank == 0:
+        results["one rank -> two ranks"] = {k: v.clone() for k, v in state.items()}
+        results["one-file checkpoint -> two ranks"] = {k: v.clone() for k, v in state_from_file.items()}
         torch.save(results, out)
     torch.distributed.destroy_process_group()
 
@@ -119,8 +136,13 @@ def batches(model_path: Path) -> list[list[Sample]]:
 @pytest.fixture(scope="module")
 def two_rank_results(model_path: Path, batches: list[list[Sample]], tmp_path_factory: Any) -> dict[Any, Any]:
     out = tmp_path_factory.mktemp("ranks") / "results.pt"
+    learner = Learner(model_path, _config("grpo"))  # the single learner's checkpoint after one step, for 1 -> 2
+    learner.train_step(batches[0])
+    learner.save_sharded(str(out.parent / "one-rank"), data_position=3)
+    (out.parent / "one-rank.pt").write_bytes(learner.checkpoint_bytes(data_position=3))
     _spawn(_ranks_train, str(model_path), batches, str(out))
     results: dict[Any, Any] = torch.load(out, weights_only=False)
+    results["folder"] = out.parent
     return results
 
 
@@ -168,3 +190,58 @@ def resolve_initial(model_path: Path) -> dict[str, Any]:
     if not _INITIAL:
         _INITIAL.update(Learner(model_path, _config("grpo")).policy_state())
     return _INITIAL
+
+
+def _assert_same_weights(state: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert set(state) == set(expected)
+    for name, value in expected.items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=0.05 * LR, msg=name)
+
+
+def test_a_two_rank_sharded_checkpoint_resumes_on_one_rank(
+    model_path: Path, batches: list[list[Sample]], two_rank_results: dict[Any, Any]
+) -> None:
+    learner = Learner(model_path, _config("grpo"))
+    extra = learner.load_sharded(str(two_rank_results["folder"] / "two-ranks"))
+    assert (extra["step"], extra["version"], extra["data_position"], extra["world_size"]) == (1, 1, 3, 2)
+    assert (learner.step, learner.version) == (1, 1)
+    learner.train_step(batches[1])  # the optimizer's moments came back too, or this step would differ
+    _assert_same_weights(learner.policy_state(), _single(model_path, "grpo", batches)[0])
+
+
+def test_a_one_rank_checkpoint_resumes_on_two_sharded_ranks(
+    model_path: Path, batches: list[list[Sample]], two_rank_results: dict[Any, Any]
+) -> None:
+    assert two_rank_results["resumed from one rank"]["world_size"] == 1
+    expected = _single(model_path, "grpo", batches)[0]
+    _assert_same_weights(two_rank_results["one rank -> two ranks"], expected)
+    # the single learner's one-file checkpoint too: each FSDP2 rank keeps its shards of the full tensors
+    _assert_same_weights(two_rank_results["one-file checkpoint -> two ranks"], expected)
+
+
+def test_sharded_weights_export_to_one_hugging_face_directory(
+    model_path: Path, batches: list[list[Sample]], two_rank_results: dict[Any, Any]
+) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = two_rank_results["folder"] / "export"
+    model = AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    AutoTokenizer.from_pretrained(folder, local_files_only=True)  # evals and serving need it beside the weights
+    single = Learner(model_path, _config("grpo"))
+    single.train_step(batches[0])
+    expected = single.policy_state()
+    exported = model.state_dict()
+    for name, value in expected.items():
+        torch.testing.assert_close(exported[name], value, rtol=0, atol=0.05 * LR, msg=name)
+    assert model.get_output_embeddings().weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
+
+
+def test_a_sharded_checkpoint_that_is_not_one_is_refused(model_path: Path, tmp_path: Path) -> None:
+    learner = Learner(model_path, _config("grpo"))
+    with pytest.raises(ValueError, match="crucible.json is missing"):
+        learner.load_sharded(str(tmp_path))
+
+
+def test_fsdp2_without_a_process_group_says_how_to_start_it(model_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="LearnerGroup"):
+        Learner(model_path, _config("grpo", "fsdp2", 2))
