@@ -25,7 +25,7 @@ from apps.training.rft import rft_dataset_create
 from workers.envs.registry import environment_choices
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
-from workers.rl.config import ComputeRequest, LoraConfig, SamplingConfig, TrainConfig
+from workers.rl.config import ComputeRequest, LearnerConfig, LoraConfig, SamplingConfig, TrainConfig
 
 
 @needs(Capability.LAUNCH)
@@ -90,12 +90,19 @@ TRAIN_FORM_FIELDS = [
     "compute.gpus",
     "compute.memory_gb",
     "compute.rollout_workers",
+    "learner.strategy",
+    "learner.ranks",
     "seed",
 ]
 
 
 def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
-    nested: dict[str, type[BaseModel]] = {"sampling": SamplingConfig, "compute": ComputeRequest, "lora": LoraConfig}
+    nested: dict[str, type[BaseModel]] = {
+        "sampling": SamplingConfig,
+        "compute": ComputeRequest,
+        "lora": LoraConfig,
+        "learner": LearnerConfig,
+    }
     fields = []
     for path in TRAIN_FORM_FIELDS:
         owner, _, leaf = path.rpartition(".")

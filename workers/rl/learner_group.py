@@ -36,7 +36,11 @@ def placement_of(role: str, rank: int = 0) -> dict[str, Any]:
         "node_id": context.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
         "pid": os.getpid(),
-        "resources": {k: v for k, v in assigned.items() if v},
+        "resources": {
+            ("memory_gb" if k == "memory" else k): (round(v / 1024**3, 2) if k == "memory" else v)
+            for k, v in assigned.items()
+            if v
+        },
         "devices": [str(d) for d in context.get_accelerator_ids().get("GPU", [])] or ["cpu"],
     }
 

@@ -67,6 +67,10 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
         ({**TINY, "loss": {"kl_estimator": "k9"}}, "config.loss", "kl_estimator"),
         ({**TINY, "loss": {"algorithm": "cispo"}}, "config.loss", "unknown setting"),
         ({**TINY, "mode": "async", "max_staleness": 0}, "config", "max_staleness >= 1"),
+        ({**TINY, "learner": {"ranks": 2}}, "config.learner", "needs learner.strategy ddp or fsdp2"),
+        ({**TINY, "learner": {"strategy": "ddp", "cpu_offload": True}}, "config.learner", "FSDP2 options"),
+        ({**TINY, "learner": {"strategy": "fsdp2", "ranks": 2}, "lora": {}}, "config.learner", "with lora"),
+        ({**TINY, "learner": {"strategy": "zero3"}}, "config.learner.strategy", "fsdp2"),
     ],
 )
 def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):
