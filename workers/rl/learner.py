@@ -416,7 +416,8 @@ class Learner:
         if self._sent_version == self.version:
             return None, {}
         started = time.perf_counter()
-        state = self.policy_state()
+        gathers = self.config.learner.strategy == "fsdp2"  # every rank joins the gather; DDP's rank 0 has it all
+        state = self.policy_state() if self.rank == 0 or gathers else {}
         self._sent_version = self.version
         if self.rank != 0:
             return None, {}
@@ -430,6 +431,8 @@ class Learner:
     def export_pretrained(self, directory: str | Path) -> None:
         """The policy as one Hugging Face-format directory (weights, config, tokenizer) that evals, SFT and
         serving load; LoRA adapters merged. Every rank calls it; rank 0 writes."""
+        if self.rank != 0 and self.config.learner.strategy != "fsdp2":
+            return
         state = self.policy_state()
         if self.rank != 0:
             return

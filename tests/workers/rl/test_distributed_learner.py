@@ -80,10 +80,17 @@ def _batches(model_path: Path) -> list[list[Sample]]:
     return batches
 
 
+_SINGLE: dict[str, tuple[dict[str, Any], list[dict]]] = {}
+
+
 def _single(model_path: Path, algorithm: str, batches: list[list[Sample]]) -> tuple[dict[str, Any], list[dict]]:
-    learner = Learner(model_path, _config(algorithm))
-    metrics = [learner.train_step(batch) for batch in batches]
-    return {k: v.clone() for k, v in learner.policy_state().items()}, metrics
+    """The single-process learner's weights and metrics after the two steps (once per algorithm: the batches are
+    the module's fixture)."""
+    if algorithm not in _SINGLE:
+        learner = Learner(model_path, _config(algorithm))
+        metrics = [learner.train_step(batch) for batch in batches]
+        _SINGLE[algorithm] = {k: v.clone() for k, v in learner.policy_state().items()}, metrics
+    return _SINGLE[algorithm]
 
 
 def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any, out: str) -> None:
