@@ -11,7 +11,6 @@ left by an earlier database whose run had the same id.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import re
@@ -21,7 +20,7 @@ from django.core.files.storage import default_storage
 from apps.runs.models import Checkpoint, Run, RunKind
 from apps.runs.services import ingest_token_for
 from apps.runs.storage import storage_uri
-from workers.jobs.common import CHECKSUM_SUFFIX, run_key
+from workers.jobs.common import CHECKSUM_SUFFIX, run_key, stream_digest
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +30,8 @@ SHARDED_CHECKSUM_NAME = re.compile(r"^step-(\d{6,})\.dcp\.sha256$")
 
 
 def _file_digest(name: str) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
     with default_storage.open(name, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
+        return stream_digest(handle)
 
 
 def _verified(name: str, key: str) -> bool:

@@ -95,19 +95,25 @@ def is_sharded_checkpoint(uri: str) -> bool:
     return uri.rstrip("/").endswith(SHARDED_CHECKPOINT_SUFFIX)
 
 
+def stream_digest(handle: Any) -> tuple[str, int]:
+    """(sha256 hex, bytes) of what an open binary file yields, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    for chunk in iter(lambda: handle.read(1 << 20), b""):
+        digest.update(chunk)
+        size += len(chunk)
+    return digest.hexdigest(), size
+
+
 def sharded_manifest(uri: str, storage_options: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """{relative path: {sha256, bytes}} of every file under a sharded checkpoint's directory."""
     fs, root = fsspec.core.url_to_fs(uri, **storage_options)
     root = root.rstrip("/")
     files: dict[str, dict[str, Any]] = {}
     for path in sorted(fs.find(root)):
-        digest = hashlib.sha256()
-        size = 0
         with fs.open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
-                size += len(chunk)
-        files[path[len(root) + 1 :]] = {"sha256": digest.hexdigest(), "bytes": size}
+            digest, size = stream_digest(handle)
+        files[path[len(root) + 1 :]] = {"sha256": digest, "bytes": size}
     return files
 
 
