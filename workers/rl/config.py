@@ -456,7 +456,9 @@ def estimate_memory_gb(config: TrainConfig, shape: ModelShape) -> dict[str, floa
 
     Learner: weights, gradients and AdamW's two moments (16 bytes/parameter; LoRA trains few, so 4 + a little),
     a reference copy when the KL term is on, activations of one packed micro-batch (about 160 bytes per layer
-    and hidden unit per token, 40% of that with checkpointing) and its completion logits. Each rollout worker:
+    and hidden unit per token, 40% of that with checkpointing) and its completion logits. A learner of several
+    ranks (ddp, fsdp2) counts every rank as `workers.rl.capacity.rank_memory` estimates it (state replicated or
+    sharded, each rank its own micro-batch). Each rollout worker:
     the weights and a KV cache."""
     gb = 1024**3
     p = shape.parameters
@@ -467,6 +469,22 @@ def estimate_memory_gb(config: TrainConfig, shape: ModelShape) -> dict[str, floa
     per_token = 160 * shape.layers * shape.hidden * (0.4 if config.gradient_checkpointing else 1.0)
     tokens = config.max_tokens_per_pack
     activations = (tokens * per_token + tokens * shape.vocab * 8) / gb
+    if config.learner.strategy != "single":  # every rank: its state (whole or sharded) and its own micro-batch
+        from workers.rl.capacity import rank_memory
+
+        rank = rank_memory(
+            shape,
+            config.learner.strategy,
+            config.learner.ranks,
+            tokens=tokens,
+            mixed_precision=config.learner.mixed_precision == "bf16",
+            cpu_offload=config.learner.cpu_offload,
+            gradient_checkpointing=config.gradient_checkpointing,
+            reference=bool(kl and full),
+        )
+        ranks = config.learner.ranks
+        learner = sum(v for k, v in rank.parts.items() if k != "activations") * ranks
+        activations, reference = rank.parts["activations"] * ranks, 0.0  # the reference is in the rank's parts
     context = config.sampling.max_new_tokens + 256  # a typical prompt plus one turn's completion
     # K and V per layer per token; grouped-query attention (SmolLM2, Llama 3, Qwen) keeps well under half the width.
     kv = 2 * shape.layers * (shape.hidden // 2) * 4 * context * config.prompts_per_step * config.group_size

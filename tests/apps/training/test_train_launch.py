@@ -81,6 +81,15 @@ def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):
     assert not Run.objects.exists()
 
 
+def test_a_learner_of_several_ranks_counts_every_rank_in_the_memory_check(launch):
+    smollm2 = {**TINY, "base_model": "smollm2-135m-instruct", "max_tokens_per_pack": 4096}
+    single = launch({**smollm2, "compute": {"memory_gb": 20}})
+    assert single.status_code == 201, single.json()
+    ranks = launch({**smollm2, "compute": {"memory_gb": 20}, "learner": {"strategy": "ddp", "ranks": 4}})
+    assert ranks.status_code == 400
+    assert "config.compute.memory_gb" in ranks.json()["fields"]
+
+
 def test_a_run_that_cannot_fit_in_memory_is_refused_with_the_fix(launch):
     reply = launch({**TINY, "base_model": "smollm2-135m-instruct", "max_tokens_per_pack": 65536})
     assert reply.status_code == 400
