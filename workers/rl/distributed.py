@@ -52,6 +52,8 @@ def init_process_group(rank: int, world_size: int, address: str, port: int, *, d
     if dist.is_initialized():
         return
     backend = "nccl" if device.startswith("cuda") else "gloo"
+    if backend == "nccl":  # Ray gives each rank its own GPU as device 0 (CUDA_VISIBLE_DEVICES)
+        torch.cuda.set_device(torch.device(device).index or 0)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{address}:{port}",
@@ -126,7 +128,11 @@ def wrap(model: nn.Module, config: LearnerConfig, device: torch.device, *, train
             return engine
         from torch.nn.parallel import DistributedDataParallel
 
-        ids = [device.index] if device.type == "cuda" else None
+        ids = (
+            [device.index if device.index is not None else torch.cuda.current_device()]
+            if device.type == "cuda"
+            else None
+        )
         return DistributedDataParallel(engine, device_ids=ids)
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 

@@ -252,3 +252,35 @@ def test_a_sharded_checkpoint_that_is_not_one_is_refused(model_path: Path, tmp_p
 def test_fsdp2_without_a_process_group_says_how_to_start_it(model_path: Path) -> None:
     with pytest.raises(RuntimeError, match="LearnerGroup"):
         Learner(model_path, _config("grpo", "fsdp2", 2))
+
+
+def _ranks_on_gpus(rank: int, world: int, port: int, model_path: str, batches: Any, out: str) -> None:
+    device = f"cuda:{rank}"
+    init_process_group(rank, world, "127.0.0.1", port, device=device)
+    results = {}
+    for strategy in ("ddp", "fsdp2"):
+        learner = Learner(model_path, _config("grpo", strategy, world), device=device)
+        for batch in batches:
+            learner.train_step(batch)
+        state = learner.policy_state()
+        if rank == 0:
+            results[strategy] = {k: v.detach().cpu().clone() for k, v in state.items()}
+    if rank == 0:
+        torch.save(results, out)
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_two_gpu_ranks_over_nccl_make_the_update_one_learner_makes(
+    model_path: Path, batches: list[list[Sample]], tmp_path: Path
+) -> None:
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    _spawn(_ranks_on_gpus, str(model_path), batches, str(tmp_path / "gpu.pt"))
+    results = torch.load(tmp_path / "gpu.pt", weights_only=False)
+    single = Learner(model_path, _config("grpo"), device="cuda:0")
+    for batch in batches:
+        single.train_step(batch)
+    expected = {k: v.detach().cpu() for k, v in single.policy_state().items()}
+    for strategy in ("ddp", "fsdp2"):
+        _assert_same_weights(results[strategy], expected)
