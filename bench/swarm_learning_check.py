@@ -86,6 +86,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-6, help="PARL learning rate (full parameters)")
     parser.add_argument("--sft-lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--reuse", default="", help="a work folder of an earlier run: reuse its index and SFT models when present"
+    )
     parser.add_argument("--train-tasks", type=int, default=0, help="at most this many train tasks (0: all)")
     parser.add_argument("--min-rows", type=int, default=6, help="items per wide task, at least")
     parser.add_argument("--max-rows", type=int, default=8, help="items per wide task, at most")
@@ -108,9 +111,11 @@ def main() -> None:
     figures: dict[str, Any] = {"command": " ".join(sys.argv), "model": model, "env_params": env}
 
     chunks, _ = build_corpus(stdlib_documents())
-    work = Path(tempfile.mkdtemp(prefix="crucible-swarm-check-"))
+    work = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="crucible-swarm-check-"))
     index_uri = f"file://{work}/index"
-    save_index(SearchIndex.build(chunks, IndexConfig(dense=False)), index_uri)
+    if not (work / "index").exists():
+        save_index(SearchIndex.build(chunks, IndexConfig(dense=False)), index_uri)
+    log(f"work folder {work}")
     env_params = {**env, "index_uri": index_uri}
     made = synthesize_wide(
         chunks,
@@ -142,7 +147,12 @@ def main() -> None:
     from workers.jobs.sft import SFTConfig, fine_tune, generate
 
     def warm_up(mode: str) -> str:
-        """SFT on the scripted orchestrator's episodes of `mode`, kept when item-F1 is 1."""
+        """SFT on the scripted orchestrator's episodes of `mode`, kept when item-F1 is 1 (or the model an earlier
+        run of the same command left in the work folder)."""
+        if (work / f"sft-{mode}" / "config.json").exists():
+            log(f"SFT ({mode}): reusing {work / f'sft-{mode}'}")
+            figures.setdefault("sft", {})[mode] = {"reused": str(work / f"sft-{mode}")}
+            return str(work / f"sft-{mode}")
         from workers.search.teacher import scripted_rollout
         from workers.swarm.scripted import ScriptedOrchestrator
 
@@ -181,10 +191,24 @@ def main() -> None:
         figures.setdefault("sft", {})[mode] = {"kept": len(kept), "generated": len(samples), "loss": losses}
         return path
 
+    def save() -> None:  # after every stage, so a stopped run keeps what it measured
+        if not args.quick:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(figures, indent=2))
+
     swarm_sft = warm_up("swarm")
     single_sft = warm_up("single")
     sft_eval = evaluate(worker_for(swarm_sft, 0.0, eval_env), test, "swarm SFT")
+    figures.setdefault("eval", {})["swarm_sft"] = sft_eval
+    save()
     single_eval = evaluate(worker_for(single_sft, 0.0, eval_env), test, "single-agent SFT")
+    figures["eval"]["single_sft"] = single_eval
+    figures["comparisons"] = {
+        "swarm_vs_single item_f1": paired(sft_eval, single_eval, "item_f1"),
+        "swarm_vs_single critical_steps": paired(sft_eval, single_eval, "critical_steps"),
+        "swarm_vs_single seconds": paired(sft_eval, single_eval, "seconds"),
+    }
+    save()
 
     config = TrainConfig(
         base_model=swarm_sft,
@@ -221,6 +245,8 @@ def main() -> None:
         env_means = mean_metrics(s.episode_metrics for s in result.samples)
         row = {"step": step + 1, "reward_mean": metrics["reward_mean"], **env_means, **annealed_weights(spec, step)}
         history.append(row)
+        figures["rl"] = {"history": history}
+        save()
         log(
             f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, item-F1 "
             f"{env_means.get('item_f1', 0):.3f}, finish rate {env_means.get('finish_rate', float('nan')):.2f}, "
@@ -233,13 +259,13 @@ def main() -> None:
     rollout.env_params = eval_env
     rl_eval = evaluate(rollout, test, "PARL")
 
-    figures["comparisons"] = {
-        "parl_vs_sft item_f1": paired(rl_eval, sft_eval, "item_f1"),
-        "parl_vs_sft critical_steps": paired(rl_eval, sft_eval, "critical_steps"),
-        "swarm_vs_single item_f1": paired(sft_eval, single_eval, "item_f1"),
-        "swarm_vs_single critical_steps": paired(sft_eval, single_eval, "critical_steps"),
-        "swarm_vs_single seconds": paired(sft_eval, single_eval, "seconds"),
-    }
+    figures["eval"]["parl"] = rl_eval
+    figures["comparisons"].update(
+        {
+            "parl_vs_sft item_f1": paired(rl_eval, sft_eval, "item_f1"),
+            "parl_vs_sft critical_steps": paired(rl_eval, sft_eval, "critical_steps"),
+        }
+    )
     figures["means"] = {
         name: mean_metrics(rows)
         for name, rows in (("single_sft", single_eval), ("swarm_sft", sft_eval), ("parl", rl_eval))
@@ -253,9 +279,8 @@ def main() -> None:
             f"{name:<34} {c['before']:8.3f} {c['after']:8.3f} {c['difference']:+8.3f} {ci:>19} "
             f"{c['wilcoxon_p']:8.4f} {c['sign_test_p']:8.4f}"
         )
+    save()
     if not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(figures, indent=2))
         log(f"wrote {args.out}")
 
 
