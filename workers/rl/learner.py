@@ -155,7 +155,6 @@ class Learner:
             )
         if config.learner.strategy == "single" and self.world_size > 1:
             raise RuntimeError("learner.strategy single in a process group of several ranks: use ddp or fsdp2")
-        self.tied = bool(getattr(model.config, "tie_word_embeddings", False))
         # The module forward runs through (DDP's wrapper or the FSDP2 root); `self.model` stays the transformers
         # model (sharded in place under FSDP2) for state dicts, LoRA and saving.
         self.engine: Any = distributed.wrap(model, config.learner, self.device)
