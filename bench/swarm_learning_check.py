@@ -89,6 +89,7 @@ def main() -> None:
     parser.add_argument(
         "--reuse", default="", help="a work folder of an earlier run: reuse its index and SFT models when present"
     )
+    parser.add_argument("--skip-single", action="store_true", help="leave out the single-agent side (PARL vs SFT only)")
     parser.add_argument("--train-tasks", type=int, default=0, help="at most this many train tasks (0: all)")
     parser.add_argument("--min-rows", type=int, default=6, help="items per wide task, at least")
     parser.add_argument("--max-rows", type=int, default=8, help="items per wide task, at most")
@@ -197,18 +198,20 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(figures, indent=2))
 
     swarm_sft = warm_up("swarm")
-    single_sft = warm_up("single")
     sft_eval = evaluate(worker_for(swarm_sft, 0.0, eval_env), test, "swarm SFT")
     figures.setdefault("eval", {})["swarm_sft"] = sft_eval
+    figures["comparisons"] = {}
     save()
-    single_eval = evaluate(worker_for(single_sft, 0.0, eval_env), test, "single-agent SFT")
-    figures["eval"]["single_sft"] = single_eval
-    figures["comparisons"] = {
-        "swarm_vs_single item_f1": paired(sft_eval, single_eval, "item_f1"),
-        "swarm_vs_single critical_steps": paired(sft_eval, single_eval, "critical_steps"),
-        "swarm_vs_single seconds": paired(sft_eval, single_eval, "seconds"),
-    }
-    save()
+    if not args.skip_single:
+        single_sft = warm_up("single")
+        single_eval = evaluate(worker_for(single_sft, 0.0, eval_env), test, "single-agent SFT")
+        figures["eval"]["single_sft"] = single_eval
+        figures["comparisons"] = {
+            "swarm_vs_single item_f1": paired(sft_eval, single_eval, "item_f1"),
+            "swarm_vs_single critical_steps": paired(sft_eval, single_eval, "critical_steps"),
+            "swarm_vs_single seconds": paired(sft_eval, single_eval, "seconds"),
+        }
+        save()
 
     config = TrainConfig(
         base_model=swarm_sft,
@@ -266,10 +269,7 @@ def main() -> None:
             "parl_vs_sft critical_steps": paired(rl_eval, sft_eval, "critical_steps"),
         }
     )
-    figures["means"] = {
-        name: mean_metrics(rows)
-        for name, rows in (("single_sft", single_eval), ("swarm_sft", sft_eval), ("parl", rl_eval))
-    }
+    figures["means"] = {name: mean_metrics(rows) for name, rows in figures["eval"].items()}
     figures["seconds"] = round(time.perf_counter() - started)
     print()
     print(f"{'held-out, paired':<34} {'before':>8} {'after':>8} {'diff':>8} {'95% CI':>19} {'W p':>8} {'sign p':>8}")
