@@ -16,10 +16,11 @@ sample of the batch with its loss times zero, so every rank joins the same numbe
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import socket
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from workers.rl.config import LearnerConfig
+from workers.rl.packing import completion_logprobs
 
 __all__ = [
     "LogprobForward",
@@ -86,18 +88,21 @@ def shard_by_tokens(tokens: Sequence[int], world_size: int) -> list[list[int]]:
 
 class LogprobForward(nn.Module):
     """The policy's log-prob computation as one module forward, so DDP's and FSDP2's forward hooks run around it
-    (`completion_logprobs` calls the decoder and the LM head itself, never the causal LM's own forward)."""
+    (`completion_logprobs` calls the decoder and the LM head itself, never the causal LM's own forward).
 
-    def __init__(self, model: nn.Module) -> None:
+    `copy_outputs` (FSDP2): completion_logprobs returns slices of one tensor; FSDP2 hooks each output for its
+    backward and warns that an in-place op on a view would skip that hook, so the slices are copied (cheap next to
+    the forward). The other strategies return them as they are."""
+
+    def __init__(self, model: nn.Module, *, copy_outputs: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.copy_outputs = copy_outputs
 
     def forward(self, sequences: list[list[int]], starts: list[int], **options: Any) -> Any:
-        from workers.rl.packing import completion_logprobs
-
         out = completion_logprobs(self.model, sequences, starts, **options)
-        # completion_logprobs returns slices of one tensor; FSDP2 hooks each output for its backward, and warns
-        # that an in-place op on a view would skip that hook: copies are cheap next to the forward
+        if not self.copy_outputs:
+            return out
         if isinstance(out, tuple):
             return [t.clone() for t in out[0]], out[1]
         return [t.clone() for t in out]
@@ -120,7 +125,7 @@ def wrap(model: nn.Module, config: LearnerConfig, device: torch.device, *, train
     (every transformer block, then the rest at the root; in place: `model`'s parameters become DTensors). A
     frozen model (the reference policy) is sharded under FSDP2 and left as is under DDP (it has no gradients to
     reduce)."""
-    engine = LogprobForward(model)
+    engine = LogprobForward(model, copy_outputs=config.strategy == "fsdp2")
     if config.strategy == "single":
         return engine
     if config.strategy == "ddp":
@@ -219,6 +224,14 @@ def _storage(uri: str, storage_options: dict[str, Any], *, write: bool) -> Any:
     return FsspecWriter(uri, **storage_options) if write else FsspecReader(uri, **storage_options)
 
 
+@contextlib.contextmanager
+def _one_process_is_meant() -> Iterator[None]:
+    """DCP warns when it saves or loads without a process group; one process is what `no_dist` asks for."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
+
+
 def save_sharded(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -237,12 +250,13 @@ def save_sharded(
 
     model_state, optim_state = get_state_dict(model, optimizer)
     options = storage_options or {}
-    distributed = rank_and_world()[1] > 1 or (dist.is_available() and dist.is_initialized())
-    dcp.save(
-        {"model": model_state, "optim": optim_state},
-        storage_writer=_storage(uri, options, write=True),
-        no_dist=not distributed,
-    )
+    distributed = dist.is_available() and dist.is_initialized()
+    with _one_process_is_meant():
+        dcp.save(
+            {"model": model_state, "optim": optim_state},
+            storage_writer=_storage(uri, options, write=True),
+            no_dist=not distributed,
+        )
     if rank_and_world()[0] == 0:
         target = uri if "://" in uri else f"file://{uri}"
         with fsspec.open(f"{target.rstrip('/')}/{EXTRA_FILE}", "w", **options) as handle:
@@ -279,8 +293,7 @@ def load_sharded(
     model_state, optim_state = get_state_dict(model, optimizer)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state}
     distributed = dist.is_available() and dist.is_initialized()
-    with warnings.catch_warnings():  # one process loading is the intent here, as the warning guesses
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with _one_process_is_meant():
         dcp.load(state, storage_reader=_storage(uri, storage_options or {}, write=False), no_dist=not distributed)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     return extra

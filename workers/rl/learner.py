@@ -289,10 +289,9 @@ class Learner:
             kl_tokens += out.kl_tokens
             ratio_max = max(ratio_max, out.ratio_max)
         if self.world_size > 1:  # the step's metrics over every rank's share
-            keys = [*sums, *weighted]
             totals = distributed.all_reduce_sum([*sums.values(), *weighted.values(), ratio_count, kl_tokens])
-            for key, value in zip(keys, totals, strict=False):
-                (sums if key in sums else weighted)[key] = value
+            sums = dict(zip(sums, totals[: len(sums)], strict=True))
+            weighted = dict(zip(weighted, totals[len(sums) : len(sums) + len(weighted)], strict=True))
             ratio_count, kl_tokens = totals[-2], totals[-1]
             ratio_max = distributed.all_reduce_max(ratio_max)
         grad_norm = 0.0

@@ -101,7 +101,6 @@ class LearnerGroup:
             bundle["GPU"] = gpus_per_rank
         if memory_per_rank:
             bundle["memory"] = memory_per_rank
-        self.bundle = bundle
         self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
         actor_cls: Any = ray.remote(RankActor)
         self.actors = [
@@ -156,17 +155,10 @@ class LearnerGroup:
         extra: dict[str, Any] = self._all("load_sharded", uri, storage_options)
         return extra
 
-    def checkpoint_bytes(self, data_position: int) -> bytes:
-        blob: bytes = self._all("checkpoint_bytes", data_position=data_position)
-        return blob
-
     def load_checkpoint(self, blob: bytes) -> dict[str, Any]:
         self._all("load_checkpoint", blob)
         step, version = self.state()
         return {"step": step, "version": version}
-
-    def export_pretrained(self, directory: str) -> None:
-        self._all("export_pretrained", directory)
 
     def shutdown(self) -> None:
         for actor in self.actors:
