@@ -90,6 +90,7 @@ TRAIN_FORM_FIELDS = [
     "compute.gpus",
     "compute.memory_gb",
     "compute.rollout_workers",
+    "compute.placement",
     "learner.strategy",
     "learner.ranks",
     "seed",

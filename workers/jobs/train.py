@@ -24,6 +24,8 @@ import time
 from typing import Any
 
 import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.detectors.registry import flag_metrics
 from workers.jobs.common import (
@@ -43,6 +45,7 @@ from workers.reporting import Reporter
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import annealed_weights
 from workers.rl.config import TrainConfig, settings_for
+from workers.rl.placement import ResourcePlan, describe, plan_resources, ray_options
 from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.search.metrics import mean_metrics
@@ -85,6 +88,7 @@ class _RolloutActor:
         reward: dict[str, Any],
         threads: int,
         storage_options: dict[str, Any] | None = None,
+        index: int = 0,
     ) -> None:
         import torch
 
@@ -97,8 +101,14 @@ class _RolloutActor:
         from workers.rl.weightsync import WeightSyncReceiver
 
         torch.set_num_threads(threads)
-        device = {"device": "cuda"} if config.backend == "transformers" and config.compute.gpus > 0 else {}
-        backend = make_backend(config.backend, model_path, **device)
+        plan = plan_resources(config)
+        self.index = index
+        options: dict[str, Any] = {}
+        if config.backend == "transformers" and plan.engine_gpus > 0:
+            options["device"] = "cuda"
+        if config.backend == "vllm" and plan.placement == "colocated":
+            options["enable_sleep_mode"] = True  # it sleeps while the learner trains on the same GPU
+        backend = make_backend(config.backend, model_path, **options)
         self.worker = RolloutWorker(
             backend,
             environment=config.environment,
@@ -113,6 +123,17 @@ class _RolloutActor:
 
     def ready(self) -> bool:
         return True
+
+    def placement(self) -> dict[str, Any]:
+        from workers.rl.learner_group import placement_of
+
+        return placement_of("engine", self.index)
+
+    def sleep(self) -> int:
+        return self.worker.backend.sleep()
+
+    def wake(self) -> None:
+        self.worker.backend.wake()
 
     def rollout(
         self,
@@ -134,10 +155,10 @@ class _RolloutActor:
 
 
 class _LearnerActor:
-    def __init__(self, model_path: str, config: TrainConfig, threads: int) -> None:
+    def __init__(self, model_path: str, config: TrainConfig, threads: int, device: str) -> None:
         from workers.rl.learner import Learner
 
-        self.learner = Learner(model_path, config, threads=threads, device="cuda" if config.compute.gpus > 0 else "cpu")
+        self.learner = Learner(model_path, config, threads=threads, device=device)
 
     def ready(self) -> bool:
         return True
@@ -174,8 +195,8 @@ class _SingleLearner:
     def __init__(self, actor: Any) -> None:
         self.actor = actor
 
-    def ready(self) -> Any:
-        return self.actor.ready.remote()
+    def ready(self) -> list[Any]:
+        return [self.actor.ready.remote()]
 
     def start(self) -> list[dict[str, Any]]:
         placement: list[dict[str, Any]] = ray.get(self.actor.placement.remote())
@@ -201,7 +222,7 @@ class _SingleLearner:
         ray.kill(self.actor)
 
 
-def _wait_for_resources(pending: list[Any], reporter: Reporter, config: TrainConfig) -> None:
+def _wait_for_resources(pending: list[Any], reporter: Reporter, plan: ResourcePlan) -> None:
     """Actors whose resources the cluster cannot give yet stay pending: say so on the run's page while waiting."""
     started = time.monotonic()
     reported = False
@@ -210,10 +231,9 @@ def _wait_for_resources(pending: list[Any], reporter: Reporter, config: TrainCon
         if pending:
             free = ray.available_resources()  # type: ignore[no-untyped-call]
             message = (
-                f"waiting for resources: this run asks for {config.compute.cpus:g} CPUs, "
-                f"{config.compute.gpus:g} GPUs, {config.compute.memory_gb:g} GB; the cluster has "
-                f"{free.get('CPU', 0):g} CPUs and {free.get('GPU', 0):g} GPUs free (another run may hold them); "
-                f"waited {time.monotonic() - started:.0f}s"
+                f"waiting for resources: this run asks for {plan.need_text()} ({describe(plan.total())} in all); "
+                f"the cluster has {describe({k: free.get(k, 0.0) for k in plan.total()})} free (another run or "
+                f"another user of the cluster may hold them); waited {time.monotonic() - started:.0f}s"
             )
             reporter.log(message)
             reporter.summary({"waiting_for_resources": message})
@@ -289,21 +309,41 @@ def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
     }
 
 
-def _learner(model_path: str, config: TrainConfig, threads: int, options: dict[str, Any]) -> Any:
-    """One learner actor (strategy single) or a group of ranks (ddp, fsdp2) that split the learner's share."""
+def _learner(model_path: str, config: TrainConfig, plan: ResourcePlan, group: PlacementGroup) -> Any:
+    """One learner actor (strategy single) or a group of ranks (ddp, fsdp2), rank i in bundle i of `group`."""
+    device = "cuda" if plan.rank_gpus > 0 else "cpu"
     if config.learner.strategy == "single":
-        return _SingleLearner(ray.remote(_LearnerActor).options(**options).remote(model_path, config, threads))
+        actor = (
+            ray.remote(_LearnerActor)
+            .options(**ray_options(plan.rank_claim(0)), scheduling_strategy=_in_bundle(group, 0))
+            .remote(model_path, config, plan.rank_threads(), device)
+        )
+        return _SingleLearner(actor)
     from workers.rl.learner_group import LearnerGroup
 
-    ranks = config.learner.ranks
-    return LearnerGroup(
-        model_path,
-        config,
-        max(1, threads // ranks),
-        cpus_per_rank=options["num_cpus"] / ranks,
-        gpus_per_rank=options["num_gpus"] / ranks,
-        memory_per_rank=options["memory"] // ranks,
-    )
+    claims = [plan.rank_claim(rank) for rank in range(plan.ranks)]
+    return LearnerGroup(model_path, config, plan.rank_threads(), group=group, claims=claims, device=device)
+
+
+def _in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
+    return PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
+
+
+def _engines(model_path: str, spec: TrainSpec, plan: ResourcePlan, group: PlacementGroup) -> list[Any]:
+    """The rollout engines: in split, actors with their own resources anywhere on the cluster; in colocated, in
+    the rank bundles (engine j in bundle j mod ranks) with an equal share of it."""
+    cls: Any = ray.remote(_RolloutActor)
+    engines = []
+    for index in range(plan.engines):
+        options = ray_options(plan.engine_claim(index))
+        if plan.placement == "colocated":
+            options["scheduling_strategy"] = _in_bundle(group, plan.bundle_of_engine(index))
+        engines.append(
+            cls.options(**options).remote(
+                model_path, spec.config, spec.reward, plan.engine_threads(), spec.storage_options, index
+            )
+        )
+    return engines
 
 
 def run(spec: TrainSpec) -> dict[str, Any]:
@@ -336,28 +376,20 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         )
 
         ray.init(ignore_reinit_error=True, log_to_driver=False)
-        workers = config.compute.rollout_workers
-        # Ray's CPU count is for scheduling; torch uses every CPU the run asked for in each actor, since in sync
-        # mode the learner and the rollouts take turns.
-        cpu_share = config.compute.cpus / (workers + 1)
-        gpu_share = config.compute.gpus / (workers + 1)
-        memory = int(config.compute.memory_gb * 1024**3 / (workers + 1))
-        # In async mode they run at once, so each gets its share instead.
-        threads = max(1, int(config.compute.cpus if config.mode == "sync" else cpu_share))
-        options = {"num_cpus": cpu_share, "num_gpus": gpu_share, "memory": memory}
-        rollout_cls: Any = ray.remote(_RolloutActor)
-        learner = _learner(model_path, config, threads, options)
-        rollouts: list[Any] = [
-            rollout_cls.options(**options).remote(model_path, config, spec.reward, threads, opts)
-            for _ in range(workers)
-        ]
-        _wait_for_resources([learner.ready(), *[r.ready.remote() for r in rollouts]], reporter, config)
-        placement = learner.start()
-        reporter.summary({"placement": placement})
+        plan = plan_resources(config)
+        workers = plan.engines
+        group = placement_group(plan.bundles(), strategy="PACK")
+        learner = _learner(model_path, config, plan, group)
+        rollouts = _engines(model_path, spec, plan, group)
+        _wait_for_resources([group.ready(), *learner.ready(), *[r.ready.remote() for r in rollouts]], reporter, plan)
+        placement = learner.start() + ray.get([r.placement.remote() for r in rollouts])
+        reporter.summary({"placement": placement, "resources": plan.summary()})
+        nodes = sorted({str(p["node_ip"]) for p in placement})
         reporter.log(
-            f"learner: {config.learner.strategy}, {len(placement)} rank(s) on node(s) "
-            + ", ".join(sorted({str(p["node_ip"]) for p in placement}))
+            f"placement {plan.placement}: learner {config.learner.strategy} on {plan.ranks} rank(s), "
+            f"{plan.engines} engine(s), on node(s) {', '.join(nodes)} ({plan.need_text()})"
         )
+        sleeps = plan.placement == "colocated"
 
         start_step = 0
         if spec.resume_from:
@@ -495,6 +527,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             toggle_metrics: dict[str, float] = {}
             if config.toggle is not None:
                 batch, toggle_metrics = _toggled(batch, config, step, budgets)
+            slept = time.perf_counter()
+            released = sum(ray.get([r.sleep.remote() for r in rollouts])) if sleeps else 0
             metrics = learner.train_step(batch)
             if toggle_metrics:
                 # reward_mean stays the task reward; the learner trained on the toggled one
@@ -508,7 +542,12 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 metrics["reward_mean"] = sum(s.reward for s in samples) / max(len(samples), 1)
                 metrics.update(filled.metrics())
             new_blob, sync, new_version = learner.weight_update()
+            if sleeps:  # the engines take the device back, then the new weights
+                ray.get([r.wake.remote() for r in rollouts])
+                metrics["placement/engine_sleep_seconds"] = time.perf_counter() - slept
+                metrics["placement/released_gb"] = released / 1024**3
             if new_blob is not None:
+                # One object in the store: Ray moves it to each node once; engines on a node read the same copy.
                 ref = ray.put(new_blob)
                 ray.get([r.apply.remote(ref, new_version) for r in rollouts])
                 version = new_version
@@ -583,6 +622,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         learner.shutdown()  # the run's actors give their resources back now, not when the driver exits
         for worker in rollouts:
             ray.kill(worker)
+        remove_placement_group(group)
     return summary
 
 

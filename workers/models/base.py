@@ -127,6 +127,15 @@ class PolicyBackend(Protocol):
         """
         ...
 
+    def sleep(self) -> int:
+        """Release the device memory the engine holds while a colocated learner trains; returns the bytes freed
+        (0 where there is nothing to free, as on CPU). `generate` refuses until `wake`."""
+        ...
+
+    def wake(self) -> None:
+        """Take the device back after `sleep`; new weights are loaded after waking."""
+        ...
+
     def state_dict(self) -> dict[str, Tensor]:
         """A CPU copy of the current weights under Hugging Face parameter names."""
         ...

@@ -63,6 +63,7 @@ class HFBackend:
         model.requires_grad_(False)
         self._model: PreTrainedModel = model
         self._version = 0
+        self._asleep = False
         config = self._model.config
         self._vocab_size = int(config.vocab_size)
         self._max_positions = int(getattr(config, "max_position_embeddings", 0) or 0) or None
@@ -98,6 +99,8 @@ class HFBackend:
         Prompts of different lengths are left-padded into one batch. A row's budget is `params.max_new_tokens`,
         cut to the model's `max_position_embeddings` minus its prompt length (finish reason "length").
         """
+        if self._asleep:
+            raise RuntimeError("the engine is asleep (the learner is training on its device): call wake() first")
         prompts = check_prompts(prompt_token_ids, self._vocab_size)
         if not prompts:
             return []
@@ -199,6 +202,23 @@ class HFBackend:
             for name, tensor in state.items():
                 current[name].copy_(tensor)
         self._version = version
+
+    def sleep(self) -> int:
+        """Give the device back while a colocated learner trains on it; returns the bytes released. On GPU the
+        weights move to host memory (vLLM's sleep level 1 does the same); on CPU they live in host memory already
+        and nothing is released (0). `generate` refuses until `wake`."""
+        released = 0
+        if self._device.type != "cpu":
+            released = sum(p.numel() * p.element_size() for p in self._model.parameters())
+            self._model.to(torch.device("cpu"))  # type: ignore[arg-type]
+            torch.cuda.empty_cache()
+        self._asleep = True
+        return released
+
+    def wake(self) -> None:
+        if self._device.type != "cpu":
+            self._model.to(self._device)  # type: ignore[arg-type]
+        self._asleep = False
 
     def state_dict(self) -> dict[str, Tensor]:
         """A CPU copy of every parameter and buffer under its Hugging Face name (tied weights appear twice)."""

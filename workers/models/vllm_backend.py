@@ -200,6 +200,18 @@ class VLLMBackend:
         self._updates.update(cpu_state)
         self._version = version
 
+    def sleep(self) -> int:
+        """vLLM's sleep mode, level 1 (the engine must be built with `enable_sleep_mode=True`): the weights go to
+        host memory and the KV cache is dropped while a colocated learner trains; returns the bytes freed."""
+        import torch
+
+        before = torch.cuda.mem_get_info()[0]
+        self._llm.sleep(level=1)
+        return max(0, int(torch.cuda.mem_get_info()[0] - before))
+
+    def wake(self) -> None:
+        self._llm.wake_up()
+
     def state_dict(self) -> dict[str, Tensor]:
         """The checkpoint's tensors with every update loaded since start-up applied (CPU, HF names).
 

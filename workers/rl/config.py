@@ -65,14 +65,73 @@ class LoraConfig(_Strict):
     )
 
 
+RESERVED_RESOURCES = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+"""Ray's own resource names: a role asks for these through cpus, gpus and memory_gb, not through `custom`."""
+
+
+class RoleResources(_Strict):
+    """What one learner rank or one rollout engine needs from the cluster (Ray resources)."""
+
+    cpus: float = Field(default=1, gt=0, le=512, description="CPUs (torch threads) for this actor")
+    gpus: float = Field(default=0, ge=0, le=64, description="GPUs for this actor; 0 runs it on CPU")
+    memory_gb: float = Field(default=0, ge=0, le=4096, description="Memory reserved for this actor; 0: none")
+    custom: dict[str, float] = Field(
+        default_factory=dict,
+        description="Ray custom resources, e.g. {'engine_node': 1} to land on a node started with "
+        "--resources='{\"engine_node\": 8}'",
+    )
+
+    @field_validator("custom")
+    @classmethod
+    def _custom_names(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in RESERVED_RESOURCES or not name or len(name) > 64:
+                raise ValueError(
+                    f"custom resource {name!r}: use a name of 1-64 characters other than "
+                    f"{', '.join(sorted(RESERVED_RESOURCES))} (those are cpus, gpus and memory_gb)"
+                )
+            if not 0 < amount <= 1_000_000:
+                raise ValueError(f"custom resource {name!r}: amount {amount} must be in (0, 1000000]")
+        return value
+
+
 class ComputeRequest(_Strict):
-    """Maps to Ray resources. On the embedded local Ray, two runs that together ask for more than the machine
-    has do not share silently: the second one's actors wait, and its page says what it waits for."""
+    """Maps to Ray resources (`workers.rl.placement`). Either totals (`cpus`, `gpus`, `memory_gb`, split evenly
+    over the learner ranks and engines) or what each learner rank and each engine needs (`per_rank`,
+    `per_engine`). `placement` says whether the engines get their own devices (split: OpenRLHF, AReaL) or
+    time-share the learner's (colocated: verl's hybrid engine; the engines sleep while the learner trains)."""
 
     cpus: float = Field(default=2, gt=0, le=512, description="CPUs for the run's actors (learner + rollout workers)")
     gpus: float = Field(default=0, ge=0, le=64, description="GPUs for the run's actors; 0 runs on CPU")
     memory_gb: float = Field(default=8, gt=0, le=4096, description="Memory reserved for the run's actors")
-    rollout_workers: int = Field(default=1, ge=1, le=256, description="Rollout actors generating in parallel")
+    rollout_workers: int = Field(default=1, ge=1, le=256, description="Rollout engines generating in parallel")
+    placement: Literal["auto", "colocated", "split"] = Field(
+        default="auto",
+        description="colocated: engines time-share the learner's devices and sleep while it trains; split: "
+        "engines on their own devices; auto: colocated in sync mode, split in async mode",
+    )
+    per_rank: RoleResources | None = Field(
+        default=None, description="What one learner rank needs (instead of the totals)"
+    )
+    per_engine: RoleResources | None = Field(
+        default=None, description="split only: what one rollout engine needs (instead of the totals)"
+    )
+
+    @model_validator(mode="after")
+    def _totals_or_roles(self) -> ComputeRequest:
+        roles = self.per_rank is not None or self.per_engine is not None
+        totals = sorted({"cpus", "gpus", "memory_gb"} & self.model_fields_set)
+        if roles and totals:
+            raise ValueError(
+                f"compute.{totals[0]} is a total, compute.per_rank / per_engine say what each actor needs: give "
+                "one or the other"
+            )
+        if self.placement == "colocated" and self.per_engine is not None:
+            raise ValueError(
+                "compute.per_engine: colocated engines share the learner ranks' devices (compute.per_rank); use "
+                "placement split to give engines their own"
+            )
+        return self
 
 
 class LearnerConfig(_Strict):
@@ -381,8 +440,19 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        if self.backend == "vllm" and self.compute.gpus == 0:
-            raise ValueError("backend 'vllm' needs compute.gpus >= 1; use 'transformers' on CPU")
+        from workers.rl.placement import plan_resources
+
+        plan = plan_resources(self)
+        if self.backend == "vllm" and plan.engine_gpus <= 0:
+            raise ValueError(
+                "backend 'vllm' needs a GPU for each engine (compute.gpus or compute.per_engine.gpus); use "
+                "'transformers' on CPU"
+            )
+        if plan.placement == "colocated" and self.mode == "async":
+            raise ValueError(
+                "compute.placement colocated time-shares the devices between generation and training, and mode "
+                "'async' overlaps them: use placement split (or auto) with async"
+            )
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError(
                 "mode 'async' trains on samples one policy version old: set max_staleness >= 1, or use 'sync'"

@@ -4,8 +4,8 @@ process group (gloo on CPU, NCCL on GPU).
 Why our own actors and not Ray Train's `TorchTrainer`: the trainer job drives the learner step by step between
 rollouts (train, gather the weights, push them to the engines, checkpoint), while `TorchTrainer.fit()` runs one
 training function to its end and owns the loop. Actors keep the job's loop, and they are what OpenRLHF and verl
-use for the same reason. Ray places the ranks (a bundle per rank, `PACK` so they share a node where they fit);
-torch.distributed does every collective.
+use for the same reason. The job's placement group has a bundle per rank (`PACK`, so they share a node where
+they fit; `workers.rl.placement`); torch.distributed does every collective.
 
 Every method here is called on all ranks at once (the ranks meet in collectives inside it) and returns rank 0's
 answer: the step's metrics are already reduced over the ranks, the weights gathered to rank 0.
@@ -18,10 +18,11 @@ import time
 from typing import Any
 
 import ray
-from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.rl.config import TrainConfig
+from workers.rl.placement import ray_options
 
 __all__ = ["LearnerGroup", "RankActor", "placement_of"]
 
@@ -48,13 +49,15 @@ def placement_of(role: str, rank: int = 0) -> dict[str, Any]:
 class RankActor:
     """One rank of the learner: joins the process group, then holds a `workers.rl.learner.Learner`."""
 
-    def __init__(self, model_path: str, config: TrainConfig, threads: int) -> None:
+    def __init__(self, model_path: str, config: TrainConfig, threads: int, device: str = "cpu") -> None:
         import torch
 
-        self.model_path, self.config, self.threads = model_path, config, threads
-        self.device = "cuda" if config.compute.gpus > 0 else "cpu"
+        self.model_path, self.config, self.threads, self.device = model_path, config, threads, device
         torch.set_num_threads(threads)
         self.learner: Any = None
+
+    def ready(self) -> bool:
+        return True
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on its node, where the others meet it."""
@@ -81,7 +84,8 @@ class RankActor:
 
 
 class LearnerGroup:
-    """`ranks` learner actors in one placement group; the same calls as one learner, made on every rank."""
+    """`ranks` learner actors, rank i in bundle i of the run's placement group (`workers.rl.placement`); the
+    same calls as one learner, made on every rank."""
 
     def __init__(
         self,
@@ -89,36 +93,29 @@ class LearnerGroup:
         config: TrainConfig,
         threads: int,
         *,
-        cpus_per_rank: float,
-        gpus_per_rank: float = 0.0,
-        memory_per_rank: int = 0,
-        resources_per_rank: dict[str, float] | None = None,
+        group: PlacementGroup,
+        claims: list[dict[str, float]],
+        device: str = "cpu",
         ready_timeout_s: float | None = None,
     ) -> None:
         self.world_size = config.learner.ranks
-        bundle: dict[str, float] = {"CPU": cpus_per_rank, **(resources_per_rank or {})}
-        if gpus_per_rank:
-            bundle["GPU"] = gpus_per_rank
-        if memory_per_rank:
-            bundle["memory"] = memory_per_rank
-        self.group = placement_group([dict(bundle) for _ in range(self.world_size)], strategy="PACK")
+        if len(claims) != self.world_size:
+            raise ValueError(f"{len(claims)} resource claims for {self.world_size} ranks")
+        self.group = group
         actor_cls: Any = ray.remote(RankActor)
         self.actors = [
             actor_cls.options(
-                num_cpus=cpus_per_rank,
-                num_gpus=gpus_per_rank,
-                memory=memory_per_rank or None,
-                resources=resources_per_rank or None,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=i),
-            ).remote(model_path, config, threads)
-            for i in range(self.world_size)
+                **ray_options(claim),
+                scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            ).remote(model_path, config, threads, device)
+            for i, claim in enumerate(claims)
         ]
         self.ready_timeout_s = ready_timeout_s
         self.placement: list[dict[str, Any]] = []
 
     def ready(self) -> Any:
-        """A reference that resolves when the placement group is scheduled (for waiting with a progress message)."""
-        return self.group.ready()
+        """A reference that resolves when the ranks' actors are up (for waiting with a progress message)."""
+        return [actor.ready.remote() for actor in self.actors]
 
     def start(self) -> list[dict[str, Any]]:
         """Form the process group and build the learner on every rank; returns where each rank runs."""
@@ -161,6 +158,6 @@ class LearnerGroup:
         return {"step": step, "version": version}
 
     def shutdown(self) -> None:
+        """Kill the ranks; the placement group is the job's (its engines may live in it) and it removes it."""
         for actor in self.actors:
             ray.kill(actor)
-        remove_placement_group(self.group)

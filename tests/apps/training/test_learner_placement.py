@@ -53,11 +53,13 @@ def test_the_api_and_the_form_launch_a_sharded_learner_and_the_page_shows_its_ra
         "group_size": "2",
         "learner.strategy": "ddp",
         "learner.ranks": "2",
+        "compute.placement": "split",
     }
     posted = client.post("/runs/new/train/", form)
     assert posted.status_code == 302, posted.content.decode()[:2000]
     launched = Run.objects.exclude(pk=run.pk).get()
     assert launched.spec["config"]["learner"]["strategy"] == "ddp" and launched.spec["config"]["learner"]["ranks"] == 2
+    assert launched.spec["config"]["compute"]["placement"] == "split"
 
     ranks = [
         {
@@ -71,7 +73,11 @@ def test_the_api_and_the_form_launch_a_sharded_learner_and_the_page_shows_its_ra
         }
         for r in range(2)
     ]
-    Run.objects.filter(pk=run.pk).update(summary={"placement": ranks})
+    engine = {**ranks[0], "role": "engine", "rank": 0, "pid": 300}
+    resources = {"placement": "colocated", "total": {"CPU": 2.0, "memory_gb": 2.0}}
+    Run.objects.filter(pk=run.pk).update(summary={"placement": [*ranks, engine], "resources": resources})
     detail = client.get(f"/runs/{run.pk}/").content.decode()
     assert 'id="placement"' in detail and "learner strategy fsdp2" in detail
     assert detail.count("<td>learner</td>") == 2 and "10.0.0.7" in detail and "CPU 0.5" in detail
+    assert detail.count("<td>engine</td>") == 1 and "share the learner's devices and sleep" in detail
+    assert "in all CPU 2, memory_gb 2" in detail
