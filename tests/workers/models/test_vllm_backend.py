@@ -125,3 +125,25 @@ def test_vllm_load_state_dict_swaps_the_weights_and_sets_the_policy_version(
     with pytest.raises(ValueError, match="model.layers.7"):
         backend.load_state_dict({"model.layers.7.mlp.up_proj.weight": torch.zeros(1)}, version=5)
     assert backend.policy_version == 4
+
+
+def test_sleep_mode_frees_the_gpu_and_the_engine_generates_with_new_weights_after_waking(tiny_path: Path) -> None:
+    """Colocated placement (workers.rl.placement): the engine sleeps while the learner trains on its GPU."""
+    engine = VLLMBackend(
+        tiny_path,
+        dtype="float32",
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+        enforce_eager=True,
+        seed=0,
+        enable_sleep_mode=True,
+    )
+    params = SamplingParams(max_new_tokens=4, temperature=0.0, seed=0)
+    before = engine.generate(PROMPTS[:1], params)[0]
+    assert engine.sleep() > 0  # the KV cache at least goes back to the device
+    engine.wake()
+    state = {name: torch.zeros_like(tensor) for name, tensor in engine.state_dict().items() if "norm" in name}
+    engine.load_state_dict(state, version=1)  # new weights after waking, as the trainer sends them
+    after = engine.generate(PROMPTS[:1], params)[0]
+    assert after.policy_version == 1
+    assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)  # zeroed norms change them
