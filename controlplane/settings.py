@@ -143,6 +143,11 @@ CELERY_BEAT_SCHEDULE = {
 RAY_ADDRESS = env_str("RAY_ADDRESS", "http://127.0.0.1:8265")
 RAY_JOB_PYTHON = env_str("CRUCIBLE_RAY_PYTHON", "python")
 RAY_SUBMIT_TIMEOUT = env_int("CRUCIBLE_RAY_TIMEOUT", 10)
+# The run queue (apps.runs.services.queue): what the cluster may give Crucible's runs, as a JSON list of nodes'
+# resources ('[{"CPU": 64, "GPU": 8}, {"CPU": 64, "GPU": 8}]'); empty: what Ray reports for its alive nodes.
+CLUSTER_NODES = env_str("CRUCIBLE_CLUSTER_NODES", "")
+# The most GPUs one user's runs may hold at once (a user's own gpu_quota overrides it); 0: no limit.
+GPU_QUOTA = env_int("CRUCIBLE_GPU_QUOTA", 0)
 # Where a Ray job reports back to; a remote cluster needs the control plane's public URL here.
 CRUCIBLE_PUBLIC_URL = env_str("CRUCIBLE_PUBLIC_URL", "http://127.0.0.1:8000")
 

@@ -46,6 +46,11 @@ ROLE_CAPABILITIES: dict[str, frozenset[str]] = {
 
 class User(AbstractUser):
     role = models.CharField(max_length=16, choices=Role.choices, default=Role.VIEWER)
+    gpu_quota = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="Most GPUs this user's runs may hold at once; empty: CRUCIBLE_GPU_QUOTA (0 there: no limit)",
+    )
 
     @property
     def capabilities(self) -> frozenset[str]:

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+from django.db import transaction
 from django.db.models import QuerySet
 from django.urls import path
 from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -21,6 +22,10 @@ from apps.runs.models import Run, RunStatus, TrajectorySummary
 class RunSerializer(serializers.ModelSerializer):
     created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     progress = serializers.FloatField(source="progress_fraction", read_only=True)
+    queue_position = serializers.SerializerMethodField(help_text="1 = next to start; null unless queued")
+
+    def get_queue_position(self, run: Run) -> int | None:
+        return selectors.queue_position(run)
 
     class Meta:
         model = Run
@@ -29,6 +34,10 @@ class RunSerializer(serializers.ModelSerializer):
             "kind",
             "name",
             "status",
+            "queue_position",
+            "queued_reason",
+            "priority",
+            "resources",
             "spec",
             "dataset_version",
             "reward_version",
@@ -125,9 +134,25 @@ class EventsSerializer(serializers.Serializer):
     last_seq = serializers.IntegerField()
 
 
+class PrioritySerializer(serializers.Serializer):
+    priority = serializers.IntegerField(
+        min_value=-10, max_value=10, default=0, help_text="Queue order, higher first; above 0 needs the admin role"
+    )
+
+
+def _checked_priority(request: Request) -> int:
+    data = request.data if isinstance(request.data, dict) else {}
+    body = PrioritySerializer(data={"priority": data.get("priority", 0)})
+    body.is_valid(raise_exception=True)
+    priority: int = body.validated_data["priority"]
+    if priority > 0 and not request_user(request).can(Capability.ADMIN):
+        raise PermissionDenied("priority above 0 puts a run ahead of other people's: only admins may set it")
+    return priority
+
+
 class RunViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = RunSerializer
-    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH}
+    capability_map = {"create": Capability.LAUNCH, "cancel": Capability.LAUNCH, "priority": Capability.LAUNCH}
 
     def get_queryset(self) -> QuerySet[Run]:
         qs = selectors.run_list()
@@ -152,10 +177,25 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
             )
         handler = launchable[kind]
         assert handler.launch_input is not None and handler.launch is not None
+        priority = _checked_priority(request)
         body = handler.launch_input(data=request.data)
         body.is_valid(raise_exception=True)
-        run = handler.launch(request_user(request), body.validated_data)
+        with transaction.atomic():  # the priority is set before the dispatch that follows the commit
+            run = handler.launch(request_user(request), body.validated_data)
+            if priority:
+                run = services.run_set_priority(run=run, priority=priority)
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=PrioritySerializer, responses={200: RunSerializer})
+    @action(detail=True, methods=["post"])
+    def priority(self, request: Request, pk: str | None = None) -> Response:
+        """Move a queued or pending run in the queue (higher first); the queue is re-read at once."""
+        run = self.get_object()
+        priority = _checked_priority(request)
+        if run.created_by_id != request_user(request).pk and not request_user(request).can(Capability.ADMIN):
+            raise PermissionDenied("only the run's owner or an admin may change its priority")
+        run = services.run_set_priority(run=run, priority=priority)
+        return Response(RunSerializer(run).data)
 
     @extend_schema(request=None, responses={202: RunSerializer})
     @action(detail=True, methods=["post"])

@@ -19,6 +19,7 @@ class RunKind(models.TextChoices):
 
 class RunStatus(models.TextChoices):
     PENDING = "pending", "Pending"
+    QUEUED = "queued", "Queued"
     RUNNING = "running", "Running"
     SUCCEEDED = "succeeded", "Succeeded"
     FAILED = "failed", "Failed"
@@ -29,7 +30,9 @@ TERMINAL_STATUSES = frozenset({RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.
 
 
 class Run(models.Model):
-    """One Ray job of any kind, with one lifecycle: pending -> running -> succeeded | failed | stopped."""
+    """One Ray job of any kind, with one lifecycle: pending [-> queued -> pending] -> running -> succeeded | failed |
+    stopped. A run whose kind declares resources waits *queued* until the cluster (and its owner's quota) can hold
+    it (apps.runs.services.queue); it is submitted to Ray only then."""
 
     kind = models.CharField(max_length=16, help_text="A registered run kind (apps.runs.kinds)")
     name = models.CharField(max_length=200, blank=True)
@@ -43,6 +46,14 @@ class Run(models.Model):
     )
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="children")
     tags = models.JSONField(default=list, blank=True)
+    priority = models.SmallIntegerField(default=0, help_text="Queue order: higher first, then first come")
+    resources = models.JSONField(
+        default=dict, blank=True, help_text="What the run asks the cluster for (its kind's resource plan); {}: none"
+    )
+    queued_reason = models.TextField(blank=True, help_text="What a queued run waits for")
+    admitted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the queue let it onto the cluster: from then on its resources count"
+    )
     ray_job_id = models.CharField(max_length=100, blank=True)
     ray_address = models.CharField(max_length=300, blank=True)
     ingest_nonce = models.CharField(max_length=64, blank=True, help_text="Seed of the per-run ingest token (HMAC)")

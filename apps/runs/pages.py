@@ -60,6 +60,7 @@ def runs_index(request: HttpRequest) -> HttpResponse:
     for run in page:
         run.sparkline_points = _sparkline_points(run.sparkline)
         run.reward_last = run.sparkline[-1][1] if run.sparkline else None
+        run.queue_position = selectors.queue_position(run)
     query = urlencode({k: v for k, v in asdict(filters).items() if v})
     template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
     context = {

@@ -146,3 +146,82 @@ def stop(submission_id: str, address: str | None = None) -> bool:
         if "does not exist" in str(exc):
             return False
         raise RayUnavailable(str(exc)) from exc
+
+
+@dataclass(frozen=True)
+class RayNode:
+    node_id: str
+    ip: str
+    alive: bool
+    head: bool
+    resources: dict[str, float]
+    """Its total resources, without Ray's per-node marker resources (`node:<ip>`)."""
+
+
+@dataclass(frozen=True)
+class RayActor:
+    actor_id: str
+    class_name: str
+    node_id: str
+    pid: int
+    job_id: str
+    resources: dict[str, float]
+
+
+def nodes(address: str | None = None, timeout: float | None = None) -> list[RayNode]:
+    """The cluster's nodes and their total resources, from Ray's state API (the dashboard at `address`)."""
+    from ray.util.state import list_nodes
+
+    address = _address(address)
+    deadline = settings.RAY_SUBMIT_TIMEOUT if timeout is None else timeout
+    try:
+        found = with_deadline(
+            lambda: list_nodes(address=address, limit=10_000, timeout=int(max(1, deadline))),
+            address=address,
+            what="a nodes query",
+            timeout=deadline,
+        )
+    except RayUnavailable:
+        raise
+    except Exception as exc:
+        raise RayUnavailable(f"Ray cluster at {address} did not answer a nodes query: {exc}") from exc
+    return [
+        RayNode(
+            node_id=node.node_id,
+            ip=node.node_ip,
+            alive=node.state == "ALIVE",
+            head=bool(node.is_head_node),
+            resources={k: float(v) for k, v in (node.resources_total or {}).items() if not k.startswith("node:")},
+        )
+        for node in found
+    ]
+
+
+def actors(address: str | None = None) -> list[RayActor]:
+    """The cluster's alive actors: where each runs and what it holds."""
+    from ray.util.state import list_actors
+
+    address = _address(address)
+    try:
+        found = with_deadline(
+            lambda: list_actors(
+                address=address, filters=[("state", "=", "ALIVE")], limit=10_000, detail=True, timeout=10
+            ),
+            address=address,
+            what="an actors query",
+        )
+    except RayUnavailable:
+        raise
+    except Exception as exc:
+        raise RayUnavailable(f"Ray cluster at {address} did not answer an actors query: {exc}") from exc
+    return [
+        RayActor(
+            actor_id=actor.actor_id,
+            class_name=actor.class_name,
+            node_id=actor.node_id or "",
+            pid=int(actor.pid or 0),
+            job_id=actor.job_id or "",
+            resources={k: float(v) for k, v in (actor.required_resources or {}).items()},
+        )
+        for actor in found
+    ]

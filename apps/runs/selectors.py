@@ -9,7 +9,7 @@ from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.accounts.models import Capability, User
-from apps.runs.models import ROLLUP_STEPS, IngestedRange, Run, RunEvent
+from apps.runs.models import ROLLUP_STEPS, IngestedRange, Run, RunEvent, RunStatus
 from apps.runs.storage import read_storage_uri
 
 
@@ -22,7 +22,21 @@ def run_state(run: Run) -> dict[str, Any]:
         "progress_total": run.progress_total,
         "failure_reason": run.failure_reason,
         "last_seq": run.last_seq,
+        "queue_position": queue_position(run),
+        "queued_reason": run.queued_reason if run.status == RunStatus.QUEUED else "",
     }
+
+
+def queue_position(run: Run) -> int | None:
+    """1 = the next queued run to start; None unless `run` is queued."""
+    if run.status != RunStatus.QUEUED:
+        return None
+    ahead = Run.objects.filter(status=RunStatus.QUEUED).filter(
+        Q(priority__gt=run.priority)
+        | Q(priority=run.priority, created_at__lt=run.created_at)
+        | Q(priority=run.priority, created_at=run.created_at, pk__lt=run.pk)
+    )
+    return ahead.count() + 1
 
 
 def run_list() -> QuerySet[Run]:

@@ -58,9 +58,16 @@ def run_subscriber(self: Task, run_id: int, point: LifecyclePoint, name: str, st
         raise self.retry(exc=exc, countdown=2**self.request.retries)
 
 
+@shared_task(acks_late=True, soft_time_limit=60)
+def admit_queued_runs() -> list[int]:
+    """Start the queued runs that now fit (after a run ended, and on every beat: nodes come and go)."""
+    return services.run_admit_queued()
+
+
 @shared_task
 def reconcile_runs() -> int:
-    """Beat: reconcile every live run with Ray, and re-dispatch pending runs whose dispatch was lost."""
+    """Beat: reconcile every live run with Ray, re-dispatch pending runs whose dispatch was lost, and admit the
+    queued runs that fit now."""
     live = list(
         Run.objects.filter(status__in=[RunStatus.PENDING, RunStatus.RUNNING]).values_list(
             "pk", "ray_job_id", "created_at"
@@ -72,4 +79,5 @@ def reconcile_runs() -> int:
             services.run_reconcile(run_id=run_id)
         elif created_at < stale:
             dispatch_run.delay(run_id)
+    services.run_admit_queued()
     return len(live)

@@ -22,6 +22,7 @@ from workers.envs.registry import get_environment, make_env
 from workers.models.registry import BUILTIN_SHAPES
 from workers.rl.algorithms import SettingsError
 from workers.rl.config import TrainConfig, estimate_memory_gb, settings_for, shape_from_hf_config
+from workers.rl.placement import GB, plan_resources
 
 
 def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
@@ -129,11 +130,14 @@ def train_config_check(
         )
     if shape is not None and settings_ok:
         memory = estimate_memory_gb(parsed, shape)
-        if memory["total"] > parsed.compute.memory_gb:
-            problems["config.compute.memory_gb"] = [
-                f"this run needs about {memory['total']:g} GB ({memory}) but asks for {parsed.compute.memory_gb:g}; "
-                "lower max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or "
-                "LoRA, or raise compute.memory_gb"
+        per_role = parsed.compute.per_rank is not None or parsed.compute.per_engine is not None
+        asked = plan_resources(parsed).total().get("memory", 0.0) / GB
+        field = "config.compute.per_rank.memory_gb" if per_role else "config.compute.memory_gb"
+        if asked and memory["total"] > asked:  # per-role requests without memory_gb reserve none: nothing to check
+            problems[field] = [
+                f"this run needs about {memory['total']:g} GB ({memory}) but asks for {asked:g}; lower "
+                "max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or LoRA, or "
+                f"raise {field.removeprefix('config.')}"
             ]
     if problems:
         raise ValidationError(problems)

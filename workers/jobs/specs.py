@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from workers.coding.generate import CodegenParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.rl.config import SamplingConfig, TrainConfig
+from workers.rl.placement import ResourcePlan, plan_resources
 from workers.search.index import IndexConfig
 from workers.search.rejection import FilterConfig
 from workers.search.synth import SynthParams
@@ -25,11 +26,18 @@ class JobSpec(BaseModel):
     `entrypoint` is the module Ray runs; a subclass without one is a part, not a job."""
 
     entrypoint: ClassVar[str] = ""
+    resources_field: ClassVar[str] = ""
+    """Where the job's input says what it needs from the cluster (named in a refusal), when it says so."""
     model_config = ConfigDict(extra="forbid")
     run_id: int = Field(ge=1)
     kind: str
     ingest_url: str
     storage_options: dict[str, Any] = {}
+
+    def resource_plan(self) -> ResourcePlan | None:
+        """What the job will ask Ray for (the control plane queues the run until the cluster can hold it);
+        None: the job declares nothing and is submitted at once."""
+        return None
 
 
 class _RunsDetectors(BaseModel):
@@ -65,9 +73,13 @@ class TrainSpec(_TrainsOnTasks):
     """Policy-gradient RL of a language model (workers.rl)."""
 
     entrypoint: ClassVar[str] = "workers.jobs.train"
+    resources_field: ClassVar[str] = "config.compute"
     config: TrainConfig
     resume_from: str | None = None  # URI of a checkpoint written by this job
     max_rows: int = 100_000
+
+    def resource_plan(self) -> ResourcePlan:
+        return plan_resources(self.config)
 
 
 class SFTConfig(BaseModel):

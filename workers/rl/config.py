@@ -97,9 +97,10 @@ class RoleResources(_Strict):
 
 class ComputeRequest(_Strict):
     """Maps to Ray resources (`workers.rl.placement`). Either totals (`cpus`, `gpus`, `memory_gb`, split evenly
-    over the learner ranks and engines) or what each learner rank and each engine needs (`per_rank`,
-    `per_engine`). `placement` says whether the engines get their own devices (split: OpenRLHF, AReaL) or
-    time-share the learner's (colocated: verl's hybrid engine; the engines sleep while the learner trains)."""
+    over the learner ranks and engines) or what each learner rank and each engine needs (`per_rank`, `per_engine`;
+    the totals then stay at their defaults and are not used). `placement` says whether the engines get their own
+    devices (split: OpenRLHF, AReaL) or time-share the learner's (colocated: verl's hybrid engine; the engines
+    sleep while the learner trains)."""
 
     cpus: float = Field(default=2, gt=0, le=512, description="CPUs for the run's actors (learner + rollout workers)")
     gpus: float = Field(default=0, ge=0, le=64, description="GPUs for the run's actors; 0 runs on CPU")
@@ -120,7 +121,12 @@ class ComputeRequest(_Strict):
     @model_validator(mode="after")
     def _totals_or_roles(self) -> ComputeRequest:
         roles = self.per_rank is not None or self.per_engine is not None
-        totals = sorted({"cpus", "gpus", "memory_gb"} & self.model_fields_set)
+        # A total left at its default is not a request (a stored spec round-trips every field with its value).
+        totals = [
+            name
+            for name in ("cpus", "gpus", "memory_gb")
+            if getattr(self, name) != type(self).model_fields[name].default
+        ]
         if roles and totals:
             raise ValueError(
                 f"compute.{totals[0]} is a total, compute.per_rank / per_engine say what each actor needs: give "

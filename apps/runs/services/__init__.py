@@ -5,10 +5,12 @@ The names below are the app's public service API."""
 from apps.runs.services.create import job_envelope, job_problems, run_create, worker_spec
 from apps.runs.services.ingest import IngestContext, IngestResult, ingest_batch, register_event_store
 from apps.runs.services.lifecycle import (
+    run_admit_queued,
     run_cancel,
     run_dispatch,
     run_owner_hook,
     run_reconcile,
+    run_set_priority,
     run_stop_ray_job,
     run_subscriber_hook,
 )
@@ -26,11 +28,13 @@ __all__ = [
     "metric_rollups_rebuild",
     "metric_series_replace",
     "register_event_store",
+    "run_admit_queued",
     "run_cancel",
     "run_create",
     "run_dispatch",
     "run_owner_hook",
     "run_reconcile",
+    "run_set_priority",
     "run_stop_ray_job",
     "run_subscriber_hook",
     "worker_spec",

@@ -17,7 +17,9 @@ from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs import kinds, tasks
 from apps.runs.models import Run
+from apps.runs.services import queue
 from apps.runs.storage import worker_storage_options
+from workers.jobs.specs import JobSpec
 
 JobInput = dict[str, Any]
 
@@ -39,14 +41,18 @@ def worker_spec(run: Run) -> dict[str, Any]:
     return {**job_envelope(run), **job}
 
 
-def job_problems(run: Run, job: JobInput) -> dict[str, list[str]]:
-    """What the worker's own job spec refuses in `job` (as `job.<field>` paths); {} when it would start."""
+def parse_job(run: Run, job: JobInput) -> tuple[JobSpec | None, dict[str, list[str]]]:
+    """The worker's own job spec parsed from `job`, or what it refuses (as `job.<field>` paths)."""
     spec_cls = kinds.handler_for(run.kind).job_spec
     try:
-        spec_cls.model_validate({**job_envelope(run), **job})
+        return spec_cls.model_validate({**job_envelope(run), **job}), {}
     except PydanticError as exc:
-        return pydantic_problems(exc, "job")
-    return {}
+        return None, pydantic_problems(exc, "job")
+
+
+def job_problems(run: Run, job: JobInput) -> dict[str, list[str]]:
+    """What the worker's own job spec refuses in `job` (as `job.<field>` paths); {} when it would start."""
+    return parse_job(run, job)[1]
 
 
 def run_create(
@@ -68,7 +74,8 @@ def run_create(
     `job` is the worker's input (or a function of the new row, for inputs that name the run's own storage
     folder); it is stored as `spec["job"]` beside the caller's `spec` and checked against the kind's job spec now,
     so a mis-built job is a 400 naming the field (`job.config.steps`) and leaves no row, not a failure on the
-    cluster."""
+    cluster. What the job will ask the cluster for (`JobSpec.resource_plan`) is stored with the run; a run the
+    cluster or its owner's GPU quota can never hold is a 400 naming the resource (apps.runs.services.queue)."""
     handler = kinds.handler_for(kind)
     with transaction.atomic():
         run = Run.objects.create(
@@ -85,10 +92,14 @@ def run_create(
             progress_done=progress_done,
         )
         job_input = job(run) if callable(job) else dict(job)
-        problems = job_problems(run, job_input)
-        if problems:
+        parsed, problems = parse_job(run, job_input)
+        if parsed is None:
             raise ValidationError(problems)
-        run.spec = {**run.spec, "job": job_input}
-        run.save(update_fields=["spec"])
+        need = queue.need_of(parsed.resource_plan())
+        problem = queue.launch_problem(need, created_by, queue.cluster_capacity() if need else None)
+        if problem:
+            raise ValidationError({handler.job_spec.resources_field or "resources": [problem]})
+        run.spec, run.resources = {**run.spec, "job": job_input}, need
+        run.save(update_fields=["spec", "resources"])
         transaction.on_commit(lambda: tasks.dispatch_run.delay(run.pk))
     return run

@@ -19,6 +19,7 @@ from apps.runs.kinds import LifecyclePoint
 from apps.runs.live import publish_events
 from apps.runs.models import TERMINAL_STATUSES, Run, RunStatus
 from apps.runs.selectors import run_state
+from apps.runs.services import queue
 from apps.runs.services.create import worker_spec
 from apps.runs.services.tokens import ingest_token_for
 
@@ -26,6 +27,8 @@ log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 200
 RAY_SILENCE_LIMIT = timedelta(seconds=60)
+SUBMIT_CLAIM = timedelta(seconds=120)
+"""How long a dispatcher's claim on a submission holds off the others (a submission's deadline is well under it)."""
 
 
 def publish_status_on_commit(run: Run) -> None:
@@ -46,8 +49,40 @@ def finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = No
         fields.append("log_tail")
     run.save(update_fields=fields)
     publish_status_on_commit(run)
+    if run.resources:  # what it held (or the place it had in the queue) may let queued runs start
+        transaction.on_commit(lambda: tasks.admit_queued_runs.delay())
     if status == RunStatus.SUCCEEDED and kinds.has_hooks(run.kind, "succeeded"):
         transaction.on_commit(lambda: tasks.run_lifecycle.delay(run.pk, "succeeded", []))
+
+
+def run_admit_queued() -> list[int]:
+    """One admission pass over the queue; the runs it admits are dispatched after the commit."""
+    if not Run.objects.filter(status=RunStatus.QUEUED).exists():
+        return []
+    capacity = queue.cluster_capacity()
+    with transaction.atomic():
+        queue.lock()
+        admitted = queue.admit_in_order(capacity)
+        for run in Run.objects.filter(status=RunStatus.QUEUED):
+            publish_status_on_commit(run)  # positions and reasons moved
+        for run in Run.objects.filter(pk__in=admitted):
+            publish_status_on_commit(run)
+        queue.dispatch_after_commit(admitted)
+    return admitted
+
+
+def run_set_priority(*, run: Run, priority: int) -> Run:
+    """A run's place in the queue: higher first. A queued run moves at once (an admission pass follows)."""
+    with transaction.atomic():
+        run = Run.objects.select_for_update().get(pk=run.pk)
+        if run.is_terminal:
+            raise ValidationError({"priority": [f"run {run.pk} is already {run.status}: priority no longer counts"]})
+        run.priority = priority
+        run.save(update_fields=["priority"])
+        if run.status == RunStatus.QUEUED:
+            publish_status_on_commit(run)
+            transaction.on_commit(lambda: tasks.admit_queued_runs.delay())
+    return run
 
 
 def run_owner_hook(*, run_id: int, point: LifecyclePoint, steps: list[int]) -> list[str]:
@@ -77,11 +112,18 @@ def run_subscriber_hook(*, run_id: int, point: LifecyclePoint, name: str, steps:
 
 
 def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
-    """Submit the run's Ray job. Safe to repeat: the submission id is the run's, so Ray launches it once.
+    """Submit the run's Ray job (after the queue admits it). Safe to repeat and to run on several Celery workers at
+    once: the first claims the submission under the row lock (`submitted_at`), the others leave it alone while the
+    claim is fresh (SUBMIT_CLAIM), and the submission id is the run's, so Ray would launch it once anyway.
 
     The submission happens outside the row lock (it uploads the working directory and may take seconds); a cancel
     that lands meanwhile is honoured by stopping the job just submitted."""
+    before = Run.objects.filter(pk=run_id).values("resources", "admitted_at").first()
+    queues = bool(before and before["resources"] and before["admitted_at"] is None)
+    capacity = queue.cluster_capacity() if queues else None  # asked before any lock is taken
     with transaction.atomic():
+        if queues:
+            queue.lock()
         run = (
             Run.objects.select_for_update(of=("self",))
             .select_related("dataset_version__dataset", "reward_version")
@@ -92,12 +134,21 @@ def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
         if run.cancel_requested_at is not None:
             finish(run, RunStatus.STOPPED, reason="cancelled before it was submitted")
             return run
+        if run.admitted_at is None and not queue.admit(run, capacity):
+            publish_status_on_commit(run)  # queued: the page shows its position and what it waits for
+            return run
+        now = timezone.now()
+        if run.submitted_at is not None and now - run.submitted_at < SUBMIT_CLAIM:
+            return run  # another worker is submitting it this moment
+        run.submitted_at = now
+        run.save(update_fields=["submitted_at"])
         env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
         submission_id, module = run.submission_id, kinds.handler_for(run.kind).job_spec.entrypoint
     try:
         job_id = ray_jobs.submit(submission_id=submission_id, module=module, env_vars=env)
     except ray_jobs.RayUnavailable as exc:
         if not final_attempt:
+            Run.objects.filter(pk=run_id, ray_job_id="").update(submitted_at=None)  # the retry may claim it again
             raise
         with transaction.atomic():
             run = Run.objects.select_for_update().get(pk=run_id)
