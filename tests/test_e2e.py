@@ -71,7 +71,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
             cwd=ROOT,
         )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
-        yield {"web": f"http://127.0.0.1:{web_port}", "ws": f"ws://127.0.0.1:{web_port}", "var": var}
+        web, ws = f"http://127.0.0.1:{web_port}", f"ws://127.0.0.1:{web_port}"
+        yield {"web": web, "ws": ws, "var": var, "ray": head.address}
     finally:
         procs.stop_all()
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
@@ -253,7 +254,10 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     assert list(Checkpoint.objects.filter(run=child).values_list("step", flat=True)) == [3]
 
 
-def test_a_run_that_asks_for_more_than_the_cluster_has_waits_and_says_so(stack, users):
+def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_queued_then_runs(stack, users):
+    """The queue (apps.runs.services.queue) against the real Ray head: 64 CPUs can never fit its 2, so the launch
+    is a 400 naming CPU; two runs that each need the whole node run one after the other, the second queued (its
+    position and reason in the API) and submitted to Ray only when the first has ended."""
     from apps.accounts.services import api_token_create
     from apps.runs.models import Run
     from tests.factories import exact_answer_version, tasks_version
@@ -266,26 +270,31 @@ def test_a_run_that_asks_for_more_than_the_cluster_has_waits_and_says_so(stack, 
     api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
     config = {
         "base_model": "tiny-llama-smollm2-tokenizer",
+        "steps": 1,
         "prompts_per_step": 2,
         "group_size": 2,
+        "sampling": {"max_new_tokens": 4},
         "compute": {"cpus": 64, "memory_gb": 2},
     }
-    launched = api.post(
-        "/runs/", json={"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
-    )
-    assert launched.status_code == 201, launched.text
-    run = Run.objects.get(pk=launched.json()["id"])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and "waiting for resources" not in run.log_tail:
-        time.sleep(1)
-        run.refresh_from_db()
-    assert "waiting for resources" in run.log_tail and "64 CPUs" in run.log_tail, (run.status, run.log_tail)
-    assert run.summary.get("waiting_for_resources") and run.status == "running"
-    assert api.post(f"/runs/{run.pk}/cancel/").status_code == 202
-    while time.monotonic() < deadline and not run.is_terminal:
-        time.sleep(1)
-        run.refresh_from_db()
-    assert run.status == "stopped", (run.status, run.failure_reason)
+    body = {"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+    before = Run.objects.count()
+    refused = api.post("/runs/", json=body)
+    assert refused.status_code == 400, refused.text
+    [message] = refused.json()["fields"]["config.compute"]
+    assert "no node has that much CPU" in message and f"the Ray cluster at {stack['ray']}" in message
+    assert Run.objects.count() == before
+
+    whole_node = {**body, "config": {**config, "compute": {"cpus": 2, "memory_gb": 2}}}
+    first = api.post("/runs/", json=whole_node).json()["id"]
+    second = api.post("/runs/", json=whole_node).json()["id"]
+    run = _wait(second, lambda r: r.status == "queued", timeout=60)
+    shown = api.get(f"/runs/{second}/").json()
+    assert shown["status"] == "queued" and shown["queue_position"] == 1, shown
+    assert "waiting for 2 CPU more" in shown["queued_reason"] and not shown["ray_job_id"]
+    run = _wait(second, lambda r: r.status == "succeeded", timeout=300)
+    earlier = Run.objects.get(pk=first)
+    assert earlier.status == "succeeded" and run.status == "succeeded", (run.failure_reason, run.log_tail)
+    assert run.admitted_at >= earlier.finished_at  # it reached Ray only after the first had ended
 
 
 def _wait(run_id: int, done, timeout: float = 240):  # type: ignore[no-untyped-def]
