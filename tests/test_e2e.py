@@ -291,6 +291,13 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     shown = api.get(f"/runs/{second}/").json()
     assert shown["status"] == "queued" and shown["queue_position"] == 1, shown
     assert "waiting for 2 CPU more" in shown["queued_reason"] and not shown["ray_job_id"]
+    deadline, placed = time.monotonic() + 90, []
+    while time.monotonic() < deadline and not placed:  # the cluster page joins Ray's actors to their runs
+        cluster = api.get("/cluster/").json()
+        placed = [a for node in cluster["nodes"] for a in node["actors"] if a["run"] == first]
+        time.sleep(1)
+    assert cluster["error"] == "" and [n["alive"] for n in cluster["nodes"]] == [True], cluster
+    assert placed and cluster["queued"][0]["id"] == second, cluster
     run = _wait(second, lambda r: r.status == "succeeded", timeout=300)
     earlier = Run.objects.get(pk=first)
     assert earlier.status == "succeeded" and run.status == "succeeded", (run.failure_reason, run.log_tail)

@@ -9,6 +9,7 @@ from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.views import APIView
 
 from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
@@ -243,6 +244,67 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         return self.get_paginated_response(TrajectorySerializer(page, many=True).data)
 
 
+class ClusterNodeSerializer(serializers.Serializer):
+    node_id = serializers.CharField()
+    ip = serializers.CharField()
+    alive = serializers.BooleanField()
+    head = serializers.BooleanField()
+    resources = serializers.DictField(child=serializers.FloatField())
+    used = serializers.DictField(child=serializers.FloatField(), help_text="What its alive actors hold")
+    actors = serializers.ListField(child=serializers.DictField())
+
+
+class ClusterSerializer(serializers.Serializer):
+    address = serializers.CharField()
+    error = serializers.CharField(help_text="Why Ray did not answer; empty when it did")
+    capacity = serializers.DictField(child=serializers.FloatField(), allow_null=True)
+    capacity_source = serializers.CharField()
+    nodes = ClusterNodeSerializer(many=True)
+    queued = serializers.ListField(child=serializers.DictField())
+
+
+class ClusterView(APIView):
+    @extend_schema(responses=ClusterSerializer)
+    def get(self, request: Request) -> Response:
+        """The Ray cluster's nodes, what each holds and for which run, and the run queue."""
+        view = selectors.cluster_overview()
+        nodes = [
+            {
+                "node_id": row["node"].node_id,
+                "ip": row["node"].ip,
+                "alive": row["node"].alive,
+                "head": row["node"].head,
+                "resources": row["resources"],
+                "used": row["used"],
+                "actors": [
+                    {
+                        "class_name": a["actor"].class_name,
+                        "pid": a["actor"].pid,
+                        "resources": a["resources"],
+                        "run": a["run"].pk if a["run"] else None,
+                    }
+                    for a in row["actors"]
+                ],
+            }
+            for row in view["nodes"]
+        ]
+        queued = [
+            {
+                "id": run.pk,
+                "position": i,
+                "priority": run.priority,
+                "needs": run.resources.get("text", ""),
+                "reason": run.queued_reason,
+            }
+            for i, run in enumerate(view["queued"], start=1)
+        ]
+        body = {**{k: view[k] for k in ("address", "error", "capacity", "capacity_source")}, "nodes": nodes}
+        return Response({**body, "queued": queued})
+
+
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunViewSet, basename="run")
-urlpatterns = [path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest")]
+urlpatterns = [
+    path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest"),
+    path("cluster/", ClusterView.as_view(), name="cluster"),
+]

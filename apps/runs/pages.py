@@ -285,8 +285,16 @@ def trajectory_detail(request: HttpRequest, run_id: int, trajectory_id: str) -> 
 
 
 app_name = "runs"
+
+
+@needs(Capability.READ)
+def cluster_page(request: HttpRequest) -> HttpResponse:
+    return render(request, "runs/cluster.html", selectors.cluster_overview())
+
+
 urlpatterns = [
     path("", runs_index, name="list"),
+    path("cluster/", cluster_page, name="cluster"),
     path("runs/compare/", run_compare, name="compare"),
     path("runs/<int:run_id>/", run_detail, name="detail"),
     path("runs/<int:run_id>/cancel/", run_cancel_view, name="cancel"),

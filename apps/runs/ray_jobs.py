@@ -225,3 +225,16 @@ def actors(address: str | None = None) -> list[RayActor]:
         )
         for actor in found
     ]
+
+
+def job_submissions(address: str | None = None) -> dict[str, str]:
+    """Ray's internal job id -> submission id, for the cluster's jobs (an actor names the former)."""
+    address = _address(address)
+    client = _client(address)
+    try:
+        found = with_deadline(lambda: client.list_jobs(), address=address, what="a jobs query")
+    except RayUnavailable:
+        raise
+    except Exception as exc:
+        raise RayUnavailable(f"Ray cluster at {address} did not answer a jobs query: {exc}") from exc
+    return {str(job.job_id): str(job.submission_id) for job in found if job.job_id and job.submission_id}

@@ -4,13 +4,16 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.db.models import Q, QuerySet
 
 from apps.accounts.models import Capability, User
-from apps.runs.models import ROLLUP_STEPS, IngestedRange, Run, RunEvent, RunStatus
+from apps.runs import ray_jobs
+from apps.runs.models import ROLLUP_STEPS, TERMINAL_STATUSES, IngestedRange, Run, RunEvent, RunStatus
 from apps.runs.storage import read_storage_uri
+from workers.rl.placement import add, readable
 
 
 def run_state(run: Run) -> dict[str, Any]:
@@ -37,6 +40,50 @@ def queue_position(run: Run) -> int | None:
         | Q(priority=run.priority, created_at=run.created_at, pk__lt=run.pk)
     )
     return ahead.count() + 1
+
+
+def cluster_overview() -> dict[str, Any]:
+    """The cluster page: Ray's nodes with what each holds and which run placed it there (Ray's state API), and
+    Crucible's queue; `error` says plainly when Ray did not answer."""
+    from apps.runs.services.queue import cluster_capacity  # services import these selectors: read at call time
+
+    error = ""
+    try:
+        nodes, actors, jobs = ray_jobs.nodes(), ray_jobs.actors(), ray_jobs.job_submissions()
+    except ray_jobs.RayUnavailable as exc:
+        nodes, actors, jobs, error = [], [], {}, str(exc)
+    runs = {run.ray_job_id: run for run in Run.objects.filter(ray_job_id__in=set(jobs.values()))}
+    rows = []
+    for node in nodes:
+        placed = [a for a in actors if a.node_id == node.node_id]
+        used: dict[str, float] = {}
+        for actor in placed:
+            used = add(used, actor.resources)
+        rows.append(
+            {
+                "node": node,
+                "resources": readable(node.resources),
+                "used": readable(used),
+                "actors": [
+                    {"actor": a, "resources": readable(a.resources), "run": runs.get(jobs.get(a.job_id, ""))}
+                    for a in placed
+                ],
+            }
+        )
+    queued = list(Run.objects.filter(status=RunStatus.QUEUED).order_by("-priority", "created_at", "pk"))
+    held = list(
+        Run.objects.filter(admitted_at__isnull=False).exclude(status__in=TERMINAL_STATUSES).exclude(resources={})
+    )
+    capacity = cluster_capacity() if not error else None
+    return {
+        "address": settings.RAY_ADDRESS,
+        "error": error,
+        "nodes": rows,
+        "queued": queued,
+        "holding": held,
+        "capacity": readable(capacity.total) if capacity else None,
+        "capacity_source": capacity.source if capacity else "",
+    }
 
 
 def run_list() -> QuerySet[Run]:
