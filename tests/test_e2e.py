@@ -1,4 +1,4 @@
-"""End to end on real services: PostgreSQL, Redis, a Celery worker (with beat), a local Ray head, daphne.
+"""End to end on real services: PostgreSQL, Redis, two Celery workers (one with beat), a local Ray head, daphne.
 
 A re-scoring job is created through the REST API, Celery submits it to Ray, the Ray job scores the trajectories
 and reports over HTTP, and the progress arrives over a real websocket connection to the ASGI app.
@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,7 +34,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
     db = django_settings.DATABASES["default"]
     # host as a query parameter: it may be a unix socket directory (the embedded server of `make test`)
     database_url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST'] or '127.0.0.1'}&port={db['PORT'] or 5432}"
-    head = devstack.start_ray_head(var, gcs_port=devstack.free_port(), dashboard_port=devstack.free_port())
+    gcs_port = devstack.free_port()
+    head = devstack.start_ray_head(var, gcs_port=gcs_port, dashboard_port=devstack.free_port())
     web_port = devstack.free_port()
     env = {
         **os.environ,
@@ -70,9 +73,17 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
             env=env,
             cwd=ROOT,
         )
+        # A second worker on the same queues (no beat): every test here runs with two consumers, as a deployment
+        # with several workers does, and none may dispatch or finalize a run twice.
+        procs.start(
+            "worker2",
+            [str(BIN / "celery"), "-A", "controlplane", "worker", "--concurrency=1", "--loglevel=INFO", "-n", "w2@%h"],
+            env=env,
+            cwd=ROOT,
+        )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
         web, ws = f"http://127.0.0.1:{web_port}", f"ws://127.0.0.1:{web_port}"
-        yield {"web": web, "ws": ws, "var": var, "ray": head.address}
+        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": f"127.0.0.1:{gcs_port}", "env": env}
     finally:
         procs.stop_all()
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
@@ -137,6 +148,43 @@ def test_a_rescoring_job_runs_on_ray_and_streams_to_a_websocket(stack, users, cl
     chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
     assert any("reward_mean" in f["series"] for f in chart_frames)
     assert any('class="badge succeeded"' in f for f in frames)
+
+
+def _rescore_inputs(api: httpx.Client, trajectories_jsonl: bytes, name: str) -> tuple[int, int]:
+    from workers.rewards.schema import context1_spec
+
+    dataset = api.post("/datasets/", json={"name": name, "kind": "trajectories"}).json()
+    version = api.post(f"/datasets/{dataset['id']}/versions/", files={"file": ("t.jsonl", trajectories_jsonl)})
+    assert version.status_code == 201, version.text
+    config = api.post("/reward-configs/", json={"name": name, "spec": context1_spec().model_dump(mode="json")})
+    assert config.status_code == 201, config.text
+    reward_version = api.get(f"/reward-configs/{config.json()['id']}/versions/").json()["results"][0]
+    return version.json()["id"], reward_version["id"]
+
+
+def test_two_celery_workers_dispatch_and_finalize_each_of_many_launches_once(
+    stack, users, trajectories_jsonl, monkeypatch
+):  # type: ignore[no-untyped-def]
+    """Six launches at once, two workers on the same queues: one Ray job per run, each run ends once, its
+    success hook (the scores artifact) ran once."""
+    from apps.accounts.services import api_token_create
+    from apps.runs import ray_jobs
+    from apps.runs.models import Artifact, Run
+
+    _, token = api_token_create(user=users["operator"], name="e2e-many", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    dataset_version, reward_version = _rescore_inputs(api, trajectories_jsonl, "e2e-many")
+    body = {"kind": "rescore", "dataset_version": dataset_version, "reward_version": reward_version}
+    ids = [api.post("/runs/", json=body).json()["id"] for _ in range(6)]
+    runs = [_wait(run_id, lambda r: r.status == "succeeded", timeout=300) for run_id in ids]
+    assert [r.status for r in runs] == ["succeeded"] * 6, [(r.pk, r.status, r.failure_reason) for r in runs]
+    for key, value in devstack.ray_client_env().items():
+        monkeypatch.setenv(key, value)
+    submissions = list(ray_jobs.job_submissions(address=stack["ray"]).values())
+    assert all(submissions.count(run.submission_id) == 1 for run in runs), submissions
+    assert all(Artifact.objects.filter(run=run, name="scores.jsonl").count() == 1 for run in runs)
+    assert all(run.reported_outcome == "succeeded" and run.finished_at for run in runs)
+    assert Run.objects.filter(pk__in=ids, status="succeeded").count() == 6
 
 
 def test_a_websocket_without_a_session_is_refused(stack):
@@ -867,3 +915,103 @@ def test_one_real_time_cycle_serves_records_trains_gates_and_hot_swaps(stack, us
     finally:  # a serving run never ends by itself
         run_cancel(run=serve, user=admin)
         _wait(serve.pk, lambda r: r.is_terminal, timeout=60)
+
+
+def _start_worker_node(stack, resources: dict[str, float], cpus: int) -> subprocess.Popen[bytes]:  # type: ignore[no-untyped-def]
+    """`ray start --address=<head>` on this machine: a second node joined to the head, marked by `resources`."""
+    ports = [
+        f"--{name}={devstack.free_port()}"
+        for name in (
+            "node-manager-port",
+            "object-manager-port",
+            "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port",
+            "runtime-env-agent-port",
+            "metrics-export-port",
+        )
+    ]
+    argv = [
+        str(BIN / "ray"),
+        "start",
+        f"--address={stack['gcs']}",
+        "--node-ip-address=127.0.0.1",
+        f"--num-cpus={cpus}",
+        f"--resources={json.dumps(resources)}",
+        "--block",
+        "--disable-usage-stats",
+        *ports,
+    ]
+    log = open(stack["var"] / "log" / "ray-node2.log", "ab")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(argv, env=stack["env"], stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@pytest.mark.slow
+def test_a_second_node_takes_the_engines_that_ask_for_its_resource_and_losing_it_fails_the_run_losing_nothing(
+    stack, users
+):  # type: ignore[no-untyped-def]
+    """Issue 20 part 3: a node joined with `engine_node` receives a split run's engines (placement recorded); a run
+    whose engine node is killed mid-run fails with the reason, and every event it sent before is stored (its
+    sequence numbers have no gap)."""
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import IngestedRange, MetricPoint
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    operator = users["operator"]
+    tasks = tasks_version(owner=operator, rows=arithmetic_tasks(16, seed=3), name="e2e-node2")
+    reward = exact_answer_version(owner=operator, name="e2e-node2-exact")
+    _, token = api_token_create(user=operator, name="e2e-node2", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    node = _start_worker_node(stack, {"engine_node": 2}, cpus=2)
+    try:
+        deadline, nodes = time.monotonic() + 90, []
+        while time.monotonic() < deadline and len([n for n in nodes if n["alive"]]) < 2:
+            time.sleep(1)
+            nodes = api.get("/cluster/").json()["nodes"]
+        [second] = [n for n in nodes if not n["head"] and n["alive"]]
+        assert second["resources"]["engine_node"] == 2.0
+
+        def launch(steps: int) -> int:
+            config = {
+                "base_model": "tiny-llama-smollm2-tokenizer",
+                "steps": steps,
+                "prompts_per_step": 2,
+                "group_size": 2,
+                "checkpoint_every": 1000,
+                "sampling": {"max_new_tokens": 4},
+                "mode": "async",
+                "max_staleness": 1,
+                "compute": {
+                    "placement": "split",
+                    "per_rank": {"cpus": 1, "memory_gb": 1},
+                    "per_engine": {"cpus": 1, "custom": {"engine_node": 1}},
+                },
+            }
+            body = {"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+            reply = api.post("/runs/", json=body)
+            assert reply.status_code == 201, reply.text
+            return int(reply.json()["id"])
+
+        run = _wait(launch(2), lambda r: r.status == "succeeded", timeout=300)
+        assert run.status == "succeeded", (run.failure_reason, run.log_tail)
+        [engine] = [p for p in run.summary["placement"] if p["role"] == "engine"]
+        [learner] = [p for p in run.summary["placement"] if p["role"] == "learner"]
+        assert engine["node_id"] == second["node_id"] and learner["node_id"] != second["node_id"]
+        assert run.summary["resources"]["placement"] == "split"
+
+        doomed = launch(200)
+        _wait(doomed, lambda r: MetricPoint.objects.filter(run=r, name="loss").count() >= 2, timeout=300)
+        os.killpg(node.pid, signal.SIGKILL)  # the engine node goes away mid-run
+        run = _wait(doomed, lambda r: r.is_terminal, timeout=300)
+        assert run.status == "failed" and run.failure_reason, (run.status, run.log_tail)
+        steps = sorted(MetricPoint.objects.filter(run=run, name="loss").values_list("step", flat=True))
+        assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 2
+        ranges = sorted(IngestedRange.objects.filter(run=run).values_list("lo", "hi"))
+        covered = 0
+        for lo, hi in ranges:  # every sequence number from 1 to the last stored, none missing
+            assert lo <= covered + 1, ranges
+            covered = max(covered, hi)
+        assert covered == run.last_seq
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, signal.SIGKILL)

@@ -96,7 +96,7 @@ def run_create(
         if parsed is None:
             raise ValidationError(problems)
         need = queue.need_of(parsed.resource_plan())
-        problem = queue.launch_problem(need, created_by, queue.cluster_capacity() if need else None)
+        problem = queue.refusal(need, created_by)
         if problem:
             raise ValidationError({handler.job_spec.resources_field or "resources": [problem]})
         run.spec, run.resources = {**run.spec, "job": job_input}, need

@@ -71,7 +71,11 @@ def cluster_capacity(*, max_age: float = CAPACITY_MAX_AGE) -> Capacity | None:
     if cached is not None and time.monotonic() - cached[0] < max_age:
         return cached[1]
     try:
-        alive = [node.resources for node in ray_jobs.nodes(timeout=3) if node.alive]
+        alive = [
+            {k: v for k, v in node.resources.items() if k != "object_store_memory"}  # Ray's own, never asked for
+            for node in ray_jobs.nodes(timeout=3)
+            if node.alive
+        ]
         capacity: Capacity | None = Capacity(nodes=alive, source=f"the Ray cluster at {key}") if alive else None
     except ray_jobs.RayUnavailable:
         capacity = None
@@ -111,8 +115,19 @@ def quota_of(user: User) -> int:
     return user.gpu_quota if user.gpu_quota is not None else settings.GPU_QUOTA
 
 
+def refusal(need: dict[str, Any], user: User) -> str:
+    """Why a run needing `need` can never start (for a 400), or '': against the cached capacity, and before a
+    refusal against a fresh answer (a node may have joined since)."""
+    if not need:
+        return ""
+    problem = launch_problem(need, user, cluster_capacity())
+    if problem and not settings.CLUSTER_NODES:
+        problem = launch_problem(need, user, cluster_capacity(max_age=0))
+    return problem
+
+
 def launch_problem(need: dict[str, Any], user: User, capacity: Capacity | None) -> str:
-    """Why a run needing `need` can never start (for a 400), or ''."""
+    """Why a run needing `need` can never start on `capacity` or within its owner's quota, or ''."""
     if not need:
         return ""
     gpus = need["total"].get("GPU", 0.0)
