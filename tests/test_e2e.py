@@ -280,6 +280,9 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     checkpoint = Checkpoint.objects.get(run=run, step=3)
     assert Path(checkpoint.uri.removeprefix("file://")).stat().st_size > 0
     assert run.trajectories.count() == 3 * 2 * 2
+    # async mode places the engine apart from the learner (placement auto -> split), each with half the CPU
+    assert run.summary["resources"]["placement"] == "split"
+    assert sorted(p["role"] for p in run.summary["placement"]) == ["engine", "learner"]
     chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
     assert any("reward_mean" in f["series"] and "loss" in f["series"] for f in chart_frames)
 
@@ -307,7 +310,7 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     is a 400 naming CPU; two runs that each need the whole node run one after the other, the second queued (its
     position and reason in the API) and submitted to Ray only when the first has ended."""
     from apps.accounts.services import api_token_create
-    from apps.runs.models import Run
+    from apps.runs.models import MetricPoint, Run
     from tests.factories import exact_answer_version, tasks_version
     from workers.envs.registry import arithmetic_tasks
 
@@ -350,6 +353,10 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     earlier = Run.objects.get(pk=first)
     assert earlier.status == "succeeded" and run.status == "succeeded", (run.failure_reason, run.log_tail)
     assert run.admitted_at >= earlier.finished_at  # it reached Ray only after the first had ended
+    # sync mode colocates the engine with the learner: one bundle, one node, and it slept while the learner trained
+    placement = run.summary["placement"]
+    assert run.summary["resources"]["placement"] == "colocated" and len({p["node_id"] for p in placement}) == 1
+    assert MetricPoint.objects.filter(run=run, name="placement/engine_sleep_seconds").count() == 1
 
 
 def _wait(run_id: int, done, timeout: float = 240):  # type: ignore[no-untyped-def]

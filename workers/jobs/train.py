@@ -108,6 +108,8 @@ class _RolloutActor:
             options["device"] = "cuda"
         if config.backend == "vllm" and plan.placement == "colocated":
             options["enable_sleep_mode"] = True  # it sleeps while the learner trains on the same GPU
+        if config.backend == "vllm" and plan.engine_gpus >= 2:
+            options["tensor_parallel_size"] = int(plan.engine_gpus)  # one engine per tensor-parallel group
         backend = make_backend(config.backend, model_path, **options)
         self.worker = RolloutWorker(
             backend,

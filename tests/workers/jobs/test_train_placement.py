@@ -1,7 +1,8 @@
 """Where a training run's actors go (workers.rl.placement): the plan's arithmetic and its refusals, the engines'
 sleep on the transformers backend, and two real runs on a local Ray instance, one colocated (the engines share
 the learner's bundle and sleep while it trains) and one split (engines with their own resources, steered by a
-custom resource), each reporting every actor's placement and the run's effective resources."""
+custom resource), each reporting every actor's placement and the run's effective resources (slow: the default
+suite sees both placements in tests/test_e2e.py)."""
 
 from __future__ import annotations
 
@@ -144,6 +145,7 @@ def _summary(calls: list[tuple[str, Any, Any]], key: str) -> Any:
     return value
 
 
+@pytest.mark.slow  # the default suite runs both placements through the real stack: tests/test_e2e.py
 def test_a_colocated_and_a_split_run_each_finish_and_show_where_every_actor_ran(
     ray_with_an_engine_resource: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

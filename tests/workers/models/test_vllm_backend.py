@@ -147,3 +147,19 @@ def test_sleep_mode_frees_the_gpu_and_the_engine_generates_with_new_weights_afte
     after = engine.generate(PROMPTS[:1], params)[0]
     assert after.policy_version == 1
     assert (after.token_ids, after.logprobs) != (before.token_ids, before.logprobs)  # zeroed norms change them
+
+
+def test_an_engine_over_two_gpus_is_one_tensor_parallel_group(tiny_path: Path) -> None:
+    """A run whose engine asks for 2 GPUs (compute.per_engine.gpus) gets tensor_parallel_size=2 (workers.jobs.train)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("tensor parallelism needs two GPUs")
+    engine = VLLMBackend(
+        tiny_path,
+        dtype="float32",
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+        enforce_eager=True,
+        tensor_parallel_size=2,
+    )
+    [generation] = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4, temperature=0.0))
+    assert len(generation.token_ids) == 4 and generation.policy_version == 0
