@@ -162,4 +162,4 @@ def test_an_engine_over_two_gpus_is_one_tensor_parallel_group(tiny_path: Path) -
         tensor_parallel_size=2,
     )
     [generation] = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4, temperature=0.0))
-    assert len(generation.token_ids) == 4 and generation.policy_version == 0
+    assert 1 <= len(generation.token_ids) <= 4 and generation.policy_version == 0
