@@ -154,11 +154,12 @@ def _train_config_from_post(post: Any) -> dict[str, Any]:
         else:
             value = raw
         (config.setdefault(owner, {}) if owner else config)[leaf] = value
-    for name in ("loss", "env_params"):
+    for name in ("loss", "env_params", "compute.per_rank", "compute.per_engine"):
         text = post.get(name, "").strip()
         if text:
+            owner, _, leaf = name.rpartition(".")
             try:
-                config[name] = json.loads(text)
+                (config.setdefault(owner, {}) if owner else config)[leaf] = json.loads(text)
             except ValueError as exc:
                 raise ValidationError({f"config.{name}": [f"not valid JSON ({exc}); write an object like {{}}"]})
     return config
@@ -205,6 +206,8 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "errors": errors,
             "fields": _train_form_fields(values),
             "values": values,
+            "per_rank": values.get("compute.per_rank", ""),
+            "per_engine": values.get("compute.per_engine", ""),
         },
     )
 

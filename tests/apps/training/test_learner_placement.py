@@ -54,12 +54,19 @@ def test_the_api_and_the_form_launch_a_sharded_learner_and_the_page_shows_its_ra
         "learner.strategy": "ddp",
         "learner.ranks": "2",
         "compute.placement": "split",
+        "compute.per_rank": '{"cpus": 1, "memory_gb": 4}',
+        "compute.per_engine": '{"cpus": 1, "custom": {"engine_node": 1}}',
     }
     posted = client.post("/runs/new/train/", form)
     assert posted.status_code == 302, posted.content.decode()[:2000]
     launched = Run.objects.exclude(pk=run.pk).get()
     assert launched.spec["config"]["learner"]["strategy"] == "ddp" and launched.spec["config"]["learner"]["ranks"] == 2
     assert launched.spec["config"]["compute"]["placement"] == "split"
+    assert launched.spec["config"]["compute"]["per_engine"]["custom"] == {"engine_node": 1.0}
+    # 2 ranks and 1 engine
+    assert launched.resources["total"] == {"CPU": 3.0, "memory": 8.0 * 1024**3, "engine_node": 1.0}
+    bad = client.post("/runs/new/train/", {**form, "compute.per_rank": "{cpus"})
+    assert bad.status_code == 200 and "not valid JSON" in bad.content.decode()
 
     ranks = [
         {
