@@ -27,6 +27,7 @@ from workers.rl.algorithms import (
     environment_max_turns,
     loss_config,
 )
+from workers.rl.placement import plan_resources
 
 __all__ = [
     "Algorithm",
@@ -446,8 +447,6 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> TrainConfig:
-        from workers.rl.placement import plan_resources
-
         plan = plan_resources(self)
         if self.backend == "vllm" and plan.engine_gpus <= 0:
             raise ValueError(
