@@ -148,6 +148,16 @@ def stop(submission_id: str, address: str | None = None) -> bool:
         raise RayUnavailable(str(exc)) from exc
 
 
+def _query(fn: Callable[[], T], *, address: str, what: str, timeout: float | None = None) -> T:
+    """A read of the cluster's state with a deadline; any failure is `RayUnavailable` naming the address."""
+    try:
+        return with_deadline(fn, address=address, what=what, timeout=timeout)
+    except RayUnavailable:
+        raise
+    except Exception as exc:
+        raise RayUnavailable(f"Ray cluster at {address} did not answer {what}: {exc}") from exc
+
+
 @dataclass(frozen=True)
 class RayNode:
     node_id: str
@@ -174,17 +184,12 @@ def nodes(address: str | None = None, timeout: float | None = None) -> list[RayN
 
     address = _address(address)
     deadline = settings.RAY_SUBMIT_TIMEOUT if timeout is None else timeout
-    try:
-        found = with_deadline(
-            lambda: list_nodes(address=address, limit=10_000, timeout=int(max(1, deadline))),
-            address=address,
-            what="a nodes query",
-            timeout=deadline,
-        )
-    except RayUnavailable:
-        raise
-    except Exception as exc:
-        raise RayUnavailable(f"Ray cluster at {address} did not answer a nodes query: {exc}") from exc
+    found = _query(
+        lambda: list_nodes(address=address, limit=10_000, timeout=int(max(1, deadline))),
+        address=address,
+        what="a nodes query",
+        timeout=deadline,
+    )
     return [
         RayNode(
             node_id=node.node_id,
@@ -202,18 +207,11 @@ def actors(address: str | None = None) -> list[RayActor]:
     from ray.util.state import list_actors
 
     address = _address(address)
-    try:
-        found = with_deadline(
-            lambda: list_actors(
-                address=address, filters=[("state", "=", "ALIVE")], limit=10_000, detail=True, timeout=10
-            ),
-            address=address,
-            what="an actors query",
-        )
-    except RayUnavailable:
-        raise
-    except Exception as exc:
-        raise RayUnavailable(f"Ray cluster at {address} did not answer an actors query: {exc}") from exc
+    found = _query(
+        lambda: list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000, detail=True, timeout=10),
+        address=address,
+        what="an actors query",
+    )
     return [
         RayActor(
             actor_id=actor.actor_id,
@@ -231,10 +229,5 @@ def job_submissions(address: str | None = None) -> dict[str, str]:
     """Ray's internal job id -> submission id, for the cluster's jobs (an actor names the former)."""
     address = _address(address)
     client = _client(address)
-    try:
-        found = with_deadline(lambda: client.list_jobs(), address=address, what="a jobs query")
-    except RayUnavailable:
-        raise
-    except Exception as exc:
-        raise RayUnavailable(f"Ray cluster at {address} did not answer a jobs query: {exc}") from exc
+    found = _query(lambda: client.list_jobs(), address=address, what="a jobs query")
     return {str(job.job_id): str(job.submission_id) for job in found if job.job_id and job.submission_id}

@@ -127,17 +127,15 @@ def test_vllm_load_state_dict_swaps_the_weights_and_sets_the_policy_version(
     assert backend.policy_version == 4
 
 
+def _small_engine(tiny_path: Path, **engine_kwargs: object) -> VLLMBackend:
+    return VLLMBackend(
+        tiny_path, dtype="float32", gpu_memory_utilization=0.2, max_model_len=512, enforce_eager=True, **engine_kwargs
+    )
+
+
 def test_sleep_mode_frees_the_gpu_and_the_engine_generates_with_new_weights_after_waking(tiny_path: Path) -> None:
     """Colocated placement (workers.rl.placement): the engine sleeps while the learner trains on its GPU."""
-    engine = VLLMBackend(
-        tiny_path,
-        dtype="float32",
-        gpu_memory_utilization=0.2,
-        max_model_len=512,
-        enforce_eager=True,
-        seed=0,
-        enable_sleep_mode=True,
-    )
+    engine = _small_engine(tiny_path, seed=0, enable_sleep_mode=True)
     params = SamplingParams(max_new_tokens=4, temperature=0.0, seed=0)
     before = engine.generate(PROMPTS[:1], params)[0]
     assert engine.sleep() > 0  # the KV cache at least goes back to the device
@@ -153,13 +151,6 @@ def test_an_engine_over_two_gpus_is_one_tensor_parallel_group(tiny_path: Path) -
     """A run whose engine asks for 2 GPUs (compute.per_engine.gpus) gets tensor_parallel_size=2 (workers.jobs.train)."""
     if torch.cuda.device_count() < 2:
         pytest.skip("tensor parallelism needs two GPUs")
-    engine = VLLMBackend(
-        tiny_path,
-        dtype="float32",
-        gpu_memory_utilization=0.2,
-        max_model_len=512,
-        enforce_eager=True,
-        tensor_parallel_size=2,
-    )
+    engine = _small_engine(tiny_path, tensor_parallel_size=2)
     [generation] = engine.generate(PROMPTS[:1], SamplingParams(max_new_tokens=4, temperature=0.0))
     assert 1 <= len(generation.token_ids) <= 4 and generation.policy_version == 0
