@@ -12,6 +12,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"  # nothing may reach a model hub; set before 
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -127,7 +128,7 @@ def test_vllm_load_state_dict_swaps_the_weights_and_sets_the_policy_version(
     assert backend.policy_version == 4
 
 
-def _small_engine(tiny_path: Path, **engine_kwargs: object) -> VLLMBackend:
+def _small_engine(tiny_path: Path, **engine_kwargs: Any) -> VLLMBackend:
     return VLLMBackend(
         tiny_path, dtype="float32", gpu_memory_utilization=0.2, max_model_len=512, enforce_eager=True, **engine_kwargs
     )
