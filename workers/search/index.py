@@ -122,12 +122,13 @@ class Hit:
 
 def rrf_fuse(ranked: Mapping[str, Sequence[str]], k: int = 60) -> list[tuple[str, float]]:
     """Reciprocal rank fusion of ranked id lists, best first: methods.md R1, RRF(d) = sum over lists of
-    1 / (k + rank(d)), ranks 1-based, a list without d adds 0. Ties go to the id with the better best rank,
-    then to the earlier list, so the order is deterministic."""
+    1 / (k + rank(d)), ranks 1-based, a list without d adds 0. A list that names an id twice counts it once, at
+    its first place (ranks are over the list's distinct ids). Ties go to the id with the better best rank, then to
+    the earlier list, so the order is deterministic."""
     scores: dict[str, float] = {}
     first_seen: dict[str, tuple[int, int]] = {}
     for list_no, ids in enumerate(ranked.values()):
-        for rank, item in enumerate(ids, start=1):
+        for rank, item in enumerate(dict.fromkeys(ids), start=1):
             scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
             if item not in first_seen or (rank, list_no) < first_seen[item]:
                 first_seen[item] = (rank, list_no)

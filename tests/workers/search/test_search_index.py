@@ -103,6 +103,12 @@ def test_rrf_uses_one_based_ranks_and_breaks_ties_by_best_rank():
     assert fused == [("p", pytest.approx(0.5 + 1 / 3)), ("q", pytest.approx(0.5 + 1 / 3))]
 
 
+def test_rrf_counts_an_id_a_list_repeats_once_at_its_first_place():
+    fused = dict(rrf_fuse({"bm25": ["a", "a", "b", "a"], "dense": ["b"]}, k=60))
+    assert fused["a"] == pytest.approx(1 / 61)  # not 1/61 + 1/62 + 1/64
+    assert fused["b"] == pytest.approx(1 / 62 + 1 / 61)  # ranks over the list's distinct ids
+
+
 def test_index_config_rejects_unknown_fields_and_hashes_defaults_alike():
     with pytest.raises(ValidationError):
         IndexConfig.model_validate({"rrf": 60})
