@@ -162,13 +162,17 @@ def _rescore_inputs(api: httpx.Client, trajectories_jsonl: bytes, name: str) -> 
     return version.json()["id"], reward_version["id"]
 
 
-def test_two_celery_workers_dispatch_and_finalize_each_of_many_launches_once(
-    stack, users, trajectories_jsonl, monkeypatch
-):  # type: ignore[no-untyped-def]
+LIST_SUBMISSIONS = (
+    "import json, sys\n"
+    "from ray.job_submission import JobSubmissionClient\n"
+    "print(json.dumps([job.submission_id for job in JobSubmissionClient(sys.argv[1]).list_jobs()]))"
+)
+
+
+def test_two_celery_workers_dispatch_and_finalize_each_of_many_launches_once(stack, users, trajectories_jsonl):  # type: ignore[no-untyped-def]
     """Six launches at once, two workers on the same queues: one Ray job per run, each run ends once, its
     success hook (the scores artifact) ran once."""
     from apps.accounts.services import api_token_create
-    from apps.runs import ray_jobs
     from apps.runs.models import Artifact, Run
 
     _, token = api_token_create(user=users["operator"], name="e2e-many", scopes=["read", "launch"])
@@ -178,9 +182,17 @@ def test_two_celery_workers_dispatch_and_finalize_each_of_many_launches_once(
     ids = [api.post("/runs/", json=body).json()["id"] for _ in range(6)]
     runs = [_wait(run_id, lambda r: r.status == "succeeded", timeout=300) for run_id in ids]
     assert [r.status for r in runs] == ["succeeded"] * 6, [(r.pk, r.status, r.failure_reason) for r in runs]
-    for key, value in devstack.ray_client_env().items():
-        monkeypatch.setenv(key, value)
-    submissions = list(ray_jobs.job_submissions(address=stack["ray"]).values())
+    # Ray's own job list, read in a process of its own with the stack's client environment (token auth)
+    listing = subprocess.run(
+        [str(BIN / "python"), "-c", LIST_SUBMISSIONS, stack["ray"]],
+        env=stack["env"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listing.returncode == 0, listing.stderr[-3000:]
+    submissions = json.loads(listing.stdout.strip().splitlines()[-1])
     assert all(submissions.count(run.submission_id) == 1 for run in runs), submissions
     assert all(Artifact.objects.filter(run=run, name="scores.jsonl").count() == 1 for run in runs)
     assert all(run.reported_outcome == "succeeded" and run.finished_at for run in runs)
