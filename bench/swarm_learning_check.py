@@ -223,8 +223,15 @@ def main() -> None:
         prompts_per_step=args.prompts_per_step,
         group_size=args.group_size,
         max_tokens_per_pack=8192,
+        # Swarm episodes fill 8192-token packs: without checkpointing the learner needs ~28 GB on SmolLM2 by
+        # estimate_memory_gb (a PARL step was OOM-killed at 24 GB on this 24 GB machine); with it, ~16 GB.
+        gradient_checkpointing=True,
         sampling={"temperature": 1.0, "max_new_tokens": args.max_new_tokens},
     )
+    from workers.rl.config import estimate_memory_gb, shape_from_hf_config
+
+    memory = estimate_memory_gb(config, shape_from_hf_config(json.loads(Path(swarm_sft, "config.json").read_text())))
+    log(f"PARL learner memory estimate: {memory}")
     learner = Learner(swarm_sft, config, threads=args.threads)
     rollout = worker_for(swarm_sft, 1.0, env_params)
     receiver = WeightSyncReceiver()
