@@ -89,13 +89,7 @@ def declared_nodes(text: str) -> list[dict[str, float]]:
         declared = json.loads(text)
         if not isinstance(declared, list) or not all(isinstance(node, dict) for node in declared):
             raise ValueError("not a list of objects")
-        return [
-            {
-                ("memory" if k == "memory_gb" else str(k)): float(v) * (GB if k == "memory_gb" else 1)
-                for k, v in n.items()
-            }
-            for n in declared
-        ]
+        return [{_ray_name(k): float(v) * (GB if k == "memory_gb" else 1) for k, v in n.items()} for n in declared]
     except (ValueError, TypeError) as exc:
         raise ImproperlyConfigured(
             f"CRUCIBLE_CLUSTER_NODES={text!r}: {exc}; give a JSON list of nodes such as "
