@@ -70,6 +70,13 @@ def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
     return out
 
 
+def annealed_beta(config: TrainConfig, step: int, num_rows: int) -> float | None:
+    """methods.md X3: the F-beta of `step` (0-based) under `config.beta_schedule`, moved between epochs (an epoch is
+    `num_rows` prompts, `prompts_per_step` a step); None without a schedule."""
+    schedule = config.beta_schedule
+    return schedule.beta(step * config.prompts_per_step // num_rows) if schedule else None
+
+
 def step_prompts(
     num_rows: int, seed: int, step: int, per_step: int, upsampler: HardUpsampler | None
 ) -> tuple[list[int], list[float]]:
@@ -423,9 +430,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         budgets = _toggle_budgets(spec, rows, rollouts, reporter) if config.toggle is not None else {}
 
         def f_beta(step: int) -> float | None:
-            # methods.md X3: beta annealed between epochs
-            schedule = config.beta_schedule
-            return schedule.beta(step * per_step // len(rows)) if schedule else None
+            return annealed_beta(config, step, len(rows))
 
         orders: dict[int, list[int]] = {}
         drawn_weights: dict[int, list[float]] = {}
