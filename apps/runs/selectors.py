@@ -45,7 +45,7 @@ def queue_position(run: Run) -> int | None:
 def cluster_overview() -> dict[str, Any]:
     """The cluster page: Ray's nodes with what each holds and which run placed it there (Ray's state API), and
     Crucible's queue; `error` says plainly when Ray did not answer."""
-    from apps.runs.services.queue import cluster_capacity  # services import these selectors: read at call time
+    from apps.runs.services.queue import capacity_from  # services import these selectors: read at call time
 
     error = ""
     try:
@@ -74,7 +74,7 @@ def cluster_overview() -> dict[str, Any]:
     held = list(
         Run.objects.filter(admitted_at__isnull=False).exclude(status__in=TERMINAL_STATUSES).exclude(resources={})
     )
-    capacity = cluster_capacity() if not error else None
+    capacity = capacity_from(nodes)  # from the nodes just read: no second query
     return {
         "address": settings.RAY_ADDRESS,
         "error": error,

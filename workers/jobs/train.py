@@ -554,7 +554,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 metrics["placement/engine_sleep_seconds"] = time.perf_counter() - slept
                 metrics["placement/released_gb"] = released / 1024**3
             if new_blob is not None:
-                # One object in the store: Ray moves it to each node once; engines on a node read the same copy.
+                # One object in the store for every engine (Ray fetches it to a node once for all its workers).
                 ref = ray.put(new_blob)
                 ray.get([r.apply.remote(ref, new_version) for r in rollouts])
                 version = new_version

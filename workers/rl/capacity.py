@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from workers.models.registry import ModelShape
+from workers.rl.placement import GB
 
-GB = 1024**3
 HEADROOM = 1.15
 """Allocator slack, communication buffers and fragmentation on top of the estimate."""
 ACTIVATION_BYTES = 160.0

@@ -22,7 +22,7 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.rl.config import TrainConfig
-from workers.rl.placement import ray_options
+from workers.rl.placement import ray_options, readable
 
 __all__ = ["LearnerGroup", "RankActor", "placement_of"]
 
@@ -37,11 +37,7 @@ def placement_of(role: str, rank: int = 0) -> dict[str, Any]:
         "node_id": context.get_node_id(),
         "node_ip": ray.util.get_node_ip_address(),  # type: ignore[no-untyped-call]
         "pid": os.getpid(),
-        "resources": {
-            ("memory_gb" if k == "memory" else k): (round(v / 1024**3, 2) if k == "memory" else v)
-            for k, v in assigned.items()
-            if v
-        },
+        "resources": readable({k: v for k, v in assigned.items() if v}),
         "devices": [str(d) for d in context.get_accelerator_ids().get("GPU", [])] or ["cpu"],
     }
 

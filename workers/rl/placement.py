@@ -44,10 +44,10 @@ def _share(resources: dict[str, float], parts: int) -> dict[str, float]:
     return {k: (float(int(v / parts)) if k == "memory" else v / parts) for k, v in resources.items()}
 
 
-def add(a: dict[str, float], b: dict[str, float], times: float = 1.0) -> dict[str, float]:
+def add(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     out = dict(a)
     for k, v in b.items():
-        out[k] = out.get(k, 0.0) + v * times
+        out[k] = out.get(k, 0.0) + v
     return out
 
 

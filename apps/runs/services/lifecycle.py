@@ -56,16 +56,19 @@ def finish(run: Run, status: str, *, reason: str = "", log_tail: str | None = No
 
 
 def run_admit_queued() -> list[int]:
-    """One admission pass over the queue; the runs it admits are dispatched after the commit."""
+    """One admission pass over the queue; the runs it admits are dispatched after the commit. Open pages hear of
+    it only when something moved (beat runs a pass every reconcile)."""
     if not Run.objects.filter(status=RunStatus.QUEUED).exists():
         return []
     capacity = queue.cluster_capacity()
     with transaction.atomic():
         queue.lock()
-        admitted = queue.admit_in_order(capacity)
-        for run in Run.objects.filter(status=RunStatus.QUEUED):
-            publish_status_on_commit(run)  # positions and reasons moved
-        for run in Run.objects.filter(pk__in=admitted):
+        admitted, changed = queue.admit_in_order(capacity)
+        # an admission moves every position behind it; otherwise only the runs whose reason changed are news
+        news = Run.objects.filter(pk__in=admitted) | Run.objects.filter(
+            status=RunStatus.QUEUED, **({} if admitted else {"pk__in": changed})
+        )
+        for run in news:
             publish_status_on_commit(run)
         queue.dispatch_after_commit(admitted)
     return admitted

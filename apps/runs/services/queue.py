@@ -56,27 +56,35 @@ class Capacity:
 
 def need_of(plan: ResourcePlan | None) -> dict[str, Any]:
     """What a run stores in `Run.resources`: its total and every bundle Ray must place (Ray's units: memory in
-    bytes), the same in words, and the plan as the run page shows it (memory in GB)."""
+    bytes), and the same in words."""
     if plan is None:
         return {}
-    return {"total": plan.total(), "bundles": plan.every_bundle(), "text": plan.need_text(), "plan": plan.summary()}
+    return {"total": plan.total(), "bundles": plan.every_bundle(), "text": plan.need_text()}
+
+
+def capacity_from(nodes: list[ray_jobs.RayNode]) -> Capacity | None:
+    """The nodes the queue may fill: CRUCIBLE_CLUSTER_NODES, else the alive ones of Ray's `nodes`; None if none."""
+    if settings.CLUSTER_NODES:
+        return Capacity(nodes=declared_nodes(settings.CLUSTER_NODES), source="CRUCIBLE_CLUSTER_NODES")
+    alive = [
+        {k: v for k, v in node.resources.items() if k != "object_store_memory"}  # Ray's own, never asked for
+        for node in nodes
+        if node.alive
+    ]
+    return Capacity(nodes=alive, source=f"the Ray cluster at {settings.RAY_ADDRESS}") if alive else None
 
 
 def cluster_capacity(*, max_age: float = CAPACITY_MAX_AGE) -> Capacity | None:
-    """The nodes the queue may fill: CRUCIBLE_CLUSTER_NODES, else Ray's alive nodes; None when Ray is silent."""
+    """`capacity_from` Ray's nodes as Ray reports them now (or at most `max_age` seconds ago); None when Ray is
+    silent and nothing is declared."""
     if settings.CLUSTER_NODES:
-        return Capacity(nodes=declared_nodes(settings.CLUSTER_NODES), source="CRUCIBLE_CLUSTER_NODES")
+        return capacity_from([])
     key = settings.RAY_ADDRESS
     cached = _cache.get(key)
     if cached is not None and time.monotonic() - cached[0] < max_age:
         return cached[1]
     try:
-        alive = [
-            {k: v for k, v in node.resources.items() if k != "object_store_memory"}  # Ray's own, never asked for
-            for node in ray_jobs.nodes(timeout=3)
-            if node.alive
-        ]
-        capacity: Capacity | None = Capacity(nodes=alive, source=f"the Ray cluster at {key}") if alive else None
+        capacity = capacity_from(ray_jobs.nodes(timeout=3))
     except ray_jobs.RayUnavailable:
         capacity = None
     _cache[key] = (time.monotonic(), capacity)
@@ -166,12 +174,14 @@ def _missing(need: dict[str, float], free: dict[str, float]) -> dict[str, float]
     return {k: v - free.get(k, 0.0) for k, v in need.items() if free.get(k, 0.0) + 1e-9 < v}
 
 
-def admit_in_order(capacity: Capacity | None) -> list[int]:
+def admit_in_order(capacity: Capacity | None) -> tuple[list[int], list[int]]:
     """One admission pass over the queue (call inside a transaction after `lock()`): admit what fits in order,
-    write each waiting run's reason; returns the ids admitted (the caller dispatches them after commit)."""
+    write each waiting run's reason. Returns the ids admitted (the caller dispatches them after commit) and those of
+    the waiting runs whose reason changed."""
     now = timezone.now()
     held, gpus_by_user = _held()
     admitted: list[int] = []
+    changed: list[int] = []
     blocked_by: Run | None = None
     for run in queue_order().select_related("created_by").select_for_update(of=("self",)):
         total = (run.resources or {}).get("total") or {}
@@ -198,13 +208,14 @@ def admit_in_order(capacity: Capacity | None) -> list[int]:
             if reason != run.queued_reason:
                 run.queued_reason = reason
                 run.save(update_fields=["queued_reason"])
+                changed.append(run.pk)
             continue
         run.status, run.admitted_at, run.queued_reason = RunStatus.PENDING, now, ""
         run.save(update_fields=["status", "admitted_at", "queued_reason"])
         held = add(held, total)
         gpus_by_user[run.created_by_id] = user_gpus + total.get("GPU", 0.0)
         admitted.append(run.pk)
-    return admitted
+    return admitted, changed
 
 
 def admit(run: Run, capacity: Capacity | None) -> bool:
@@ -218,7 +229,7 @@ def admit(run: Run, capacity: Capacity | None) -> bool:
     if run.status != RunStatus.QUEUED:
         run.status = RunStatus.QUEUED
         run.save(update_fields=["status"])
-    admitted = admit_in_order(capacity)
+    admitted, _ = admit_in_order(capacity)
     dispatch_after_commit([pk for pk in admitted if pk != run.pk])
     run.refresh_from_db()
     return run.pk in admitted
