@@ -27,12 +27,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
+from workers.search import dedup
+from workers.search.formats import plain_text_to_markdown, python_to_markdown, rst_to_markdown
 from workers.search.types import Chunk, chunk_id_for
 
 MAX_ERRORS = 50
 MAX_DOC_ID_CHARS = 256
 REPORT_EXAMPLES = 20
-SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm")
+SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".rst", ".rest", ".py")
 DOCUMENT_FIELDS = ("doc_id", "id", "text", "title", "metadata")
 DOCUMENT_EXAMPLE = '{"doc_id": "guide/intro", "text": "...", "title": "Intro", "metadata": {}}'
 CHUNK_FIELDS = ("chunk_id", "doc_id", "position", "title", "text", "metadata")
@@ -108,6 +110,18 @@ class ChunkerConfig(BaseModel):
             "A paragraph that begins with a Markdown heading ('# ' to '###### ') starts a new chunk, so a chunk "
             "never mixes two sections (a run of headings stays with the text under them)"
         ),
+    )
+
+    drop_boilerplate: bool = Field(
+        default=True,
+        strict=True,
+        description="remove short paragraphs repeated across many documents (footers, copyright lines, navigation) "
+        "before chunking (workers.search.dedup)",
+    )
+    drop_near_duplicates: bool = Field(
+        default=True,
+        strict=True,
+        description="drop a chunk whose word trigrams overlap an earlier chunk's by Jaccard 0.9 or more",
     )
 
     @field_validator("overlap_words")
@@ -317,16 +331,38 @@ def _normalise_newlines(text: str) -> str:
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 
+def _heading_of(unit: _Unit) -> tuple[int, str] | None:
+    if not unit.section_start:
+        return None
+    line = unit.text.split("\n", 1)[0]
+    marks = len(line) - len(line.lstrip("#"))
+    return marks, line[marks:].strip(" \t#")
+
+
 def chunk_document(document: Document, config: ChunkerConfig) -> list[Chunk]:
     """Split one document into chunks (positions 0, 1, ...); a blank document gives none.
 
     Each chunk holds at most `config.max_words` words and `config.max_chars` characters. The text keeps the
-    document's own whitespace inside a paragraph; paragraphs are joined by one blank line.
+    document's own whitespace inside a paragraph; paragraphs are joined by one blank line. A chunk inside a
+    section keeps the path of headings above it (`Reference > Settings`, the document title left out) as
+    `metadata["section"]`: the index reads it with the title, so a chunk cut from the middle of a section still
+    says what it is about.
     """
     groups = _pack(_units(_normalise_newlines(document.text), config), config)
     chunks = []
+    path: list[tuple[int, str]] = []
     for position, group in enumerate(groups):
         text = group[0].text + "".join(u.sep + u.text for u in group[1:])
+        first = _heading_of(group[0])
+        above = [title for level, title in path if first is None or level < first[0]]
+        for unit in group:
+            heading = _heading_of(unit)
+            if heading is not None:
+                path = [entry for entry in path if entry[0] < heading[0]] + [heading]
+        metadata = dict(document.metadata)
+        section = " > ".join(t for t in above if t and t != document.title)
+        if section:
+            metadata["section"] = section
         chunks.append(
             Chunk(
                 chunk_id=chunk_id_for(document.doc_id, position),
@@ -334,7 +370,7 @@ def chunk_document(document: Document, config: ChunkerConfig) -> list[Chunk]:
                 position=position,
                 text=text,
                 title=document.title,
-                metadata=dict(document.metadata),
+                metadata=metadata,
             )
         )
     return chunks
@@ -353,16 +389,27 @@ def build_corpus(
     per chunk, and records the chunker settings.
     """
     config = config or ChunkerConfig()
+    documents = list(documents)
+    boilerplate = dedup.boilerplate_paragraphs([d.text for d in documents]) if config.drop_boilerplate else set()
     chunks: list[Chunk] = []
     empty: list[str] = []
     documents_with_text = 0
+    paragraphs_removed = 0
     for document in documents:
+        text, removed = dedup.strip_paragraphs(document.text, boilerplate)
+        paragraphs_removed += removed
+        if removed:
+            document = Document(document.doc_id, text, document.title, document.metadata)
         produced = chunk_document(document, config)
         if produced:
             documents_with_text += 1
             chunks.extend(produced)
         else:
             empty.append(document.doc_id)
+    duplicates = dedup.near_duplicates([c.text for c in chunks]) if config.drop_near_duplicates else {}
+    if duplicates:
+        # Positions keep their gaps, so a chunk's id does not depend on whether a copy of it came first.
+        chunks = [c for i, c in enumerate(chunks) if i not in duplicates]
     word_counts = [len(c.text.split()) for c in chunks]
     report: dict[str, Any] = {
         "source": source,
@@ -373,6 +420,9 @@ def build_corpus(
         "skipped_files": len(skipped_files),
         # ascii() for odd names: the report is stored in PostgreSQL JSON, which refuses NUL characters.
         "skipped_file_examples": [p if p.isprintable() else ascii(p) for p in skipped_files[:REPORT_EXAMPLES]],
+        "boilerplate_paragraphs": len(boilerplate),
+        "boilerplate_paragraphs_removed": paragraphs_removed,
+        "near_duplicate_chunks_dropped": len(duplicates),
         "mean_words_per_chunk": round(sum(word_counts) / len(word_counts), 1) if word_counts else 0.0,
         "max_words_per_chunk": max(word_counts, default=0),
         "chunker": config.model_dump(),
@@ -586,7 +636,9 @@ _HTML_BLOCKS = (
     "address article aside blockquote dd div dl dt figcaption figure footer form h1 h2 h3 h4 h5 h6 header hr li "
     "main nav ol p pre section table tbody thead tfoot tr td th ul"
 ).split()
-_HTML_DROPPED = ("script", "style", "noscript", "template", "svg", "head", "title")
+_HTML_DROPPED = ("script", "style", "noscript", "template", "svg", "head", "title", "nav", "header", "footer", "aside")
+# Page furniture marked by role (Sphinx themes mark their sidebars and footers so): dropped with its content.
+_HTML_FURNITURE_ROLES = ("navigation", "banner", "contentinfo", "search", "complementary")
 
 
 def html_to_text(html: str) -> tuple[str, str]:
@@ -599,6 +651,8 @@ def html_to_text(html: str) -> tuple[str, str]:
     title = " ".join(title_tag.get_text().split()) if title_tag else ""
     for tag in soup.find_all(_HTML_DROPPED):
         tag.decompose()
+    for tag in soup.find_all(lambda tag: tag.get("role") in _HTML_FURNITURE_ROLES):
+        tag.decompose()
     for comment in soup.find_all(string=lambda s: isinstance(s, Comment)):
         comment.extract()
     # Browsers collapse whitespace in running text (pre keeps its lines); block elements start new paragraphs.
@@ -610,6 +664,10 @@ def html_to_text(html: str) -> tuple[str, str]:
     # Headings become Markdown headings, so the chunker's split_at_headings sees HTML sections too.
     for heading in soup.find_all(["h1", "h2", "h3", "h4", "h5", "h6"]):
         heading.insert(0, NavigableString("#" * int(heading.name[1]) + " "))
+    # A definition term (an API entry's signature in Sphinx and pydoc pages, a glossary term) heads what follows.
+    for term in soup.find_all("dt"):
+        if term.get_text(strip=True):
+            term.insert(0, NavigableString("###### "))
     for block in soup.find_all(_HTML_BLOCKS):
         block.insert_before(NavigableString("\n\n"))
         block.insert_after(NavigableString("\n\n"))
@@ -643,7 +701,18 @@ def document_from_file(relative_path: str, data: bytes) -> Document | None:
     title = ""
     if suffix in (".html", ".htm"):
         title, text = html_to_text(text)
-    elif suffix in (".md", ".markdown"):
+    elif suffix == ".py":
+        # The module's dotted name titles it, so the task generator knows what the document is about.
+        title = ".".join(path.with_suffix("").parts).removesuffix(".__init__")
+        try:
+            text = python_to_markdown(text, title)
+        except SyntaxError as exc:
+            raise CorpusError([f"{relative_path} line {exc.lineno}: not valid Python ({exc.msg}); fix or remove it"])
+    elif suffix in (".rst", ".rest"):
+        text = rst_to_markdown(text)
+    elif suffix == ".txt":
+        text = plain_text_to_markdown(text)
+    if suffix in (".md", ".markdown", ".rst", ".rest", ".txt"):
         heading = _MARKDOWN_HEADING.search(text)
         title = heading.group(1).strip() if heading else ""
     doc_id = re.sub(r"[\s#]+", "_", str(path.with_suffix("")))

@@ -53,6 +53,7 @@ import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.search import embed
+from workers.search.analyzers import AnalyzerPool, Tokenizer
 from workers.search.grep import GrepError, GrepScanner
 from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
 
@@ -80,6 +81,11 @@ class IndexConfig(BaseModel):
 
     bm25_k1: float = Field(default=1.5, gt=0, le=10, description="BM25 term-frequency saturation k1")
     bm25_b: float = Field(default=0.75, ge=0, le=1, description="BM25 length normalisation b (0: none, 1: full)")
+    tokenizer: Tokenizer = Field(
+        default="words",
+        description="words: bm25s's word tokens (os.path.join is os, path, join); code: identifiers, dotted names "
+        "and --flags kept whole and split into their parts (workers.search.analyzers)",
+    )
     stemmer: Literal["english"] | None = Field(
         default="english",
         description="Snowball stemmer applied to chunk and query tokens (PyStemmer); null: no stemming",
@@ -90,7 +96,20 @@ class IndexConfig(BaseModel):
     dense: bool = Field(
         default=True, description="MiniLM embeddings beside BM25 (false: BM25 only, no fusion or rerank)"
     )
-    rrf_k: int = Field(default=60, ge=1, le=10_000, description="RRF constant k over 1-based ranks (methods.md R1)")
+    rrf_k: int = Field(default=60, ge=1, le=10_000, description="RRF constant k (methods.md R1 and R2)")
+    rrf_form: Literal["r1", "r2"] = Field(
+        default="r1",
+        description="r1: 1-based ranks (Cormack et al., methods.md R1); r2: Chroma's Rrf, 0-based ranks (R2)",
+    )
+    bm25_weight: float = Field(
+        default=1.0, ge=0, le=10, description="weight of the BM25 list in RRF (1 and 1: plain RRF; R2's w_i)"
+    )
+    dense_weight: float = Field(default=1.0, ge=0, le=10, description="weight of the dense list in RRF")
+    dense_windows: bool = Field(
+        default=False,
+        description="embed a chunk longer than MiniLM's 256 word pieces in overlapping windows and score it by its "
+        "best window (false: the embedding sees the chunk's beginning only)",
+    )
     candidates: int = Field(default=50, ge=1, le=1000, description="depth of each retriever's list fused with RRF")
     rerank_top: int = Field(default=50, ge=0, le=2000, description="how many of the fused candidates are reranked")
     reranker: Literal["convex", "none"] = Field(
@@ -101,9 +120,19 @@ class IndexConfig(BaseModel):
     alpha: float = Field(default=0.5, ge=0, le=1, description="the dense share of the convex reranker's score")
 
     def content_hash(self) -> str:
-        """sha256 of the full config with defaults filled in: `{}` and the same values spelled out hash alike."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        """sha256 of the full config with defaults filled in: `{}` and the same values spelled out hash alike.
+        A field added after format 1 enters the hash only when it differs from its default, so the indexes built
+        before it keep their identity."""
+        values = self.model_dump(mode="json")
+        for name in _LATER_FIELDS:
+            if values[name] == type(self).model_fields[name].default:
+                del values[name]
+        canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# Fields added after the first indexes were stored (see IndexConfig.content_hash).
+_LATER_FIELDS = ("tokenizer", "rrf_form", "bm25_weight", "dense_weight", "dense_windows")
 
 
 @dataclass(frozen=True)
@@ -120,16 +149,26 @@ class Hit:
         return sorted(self.ranks)
 
 
-def rrf_fuse(ranked: Mapping[str, Sequence[str]], k: int = 60) -> list[tuple[str, float]]:
+def rrf_fuse(
+    ranked: Mapping[str, Sequence[str]],
+    k: int = 60,
+    *,
+    weights: Mapping[str, float] | None = None,
+    form: Literal["r1", "r2"] = "r1",
+) -> list[tuple[str, float]]:
     """Reciprocal rank fusion of ranked id lists, best first: methods.md R1, RRF(d) = sum over lists of
-    1 / (k + rank(d)), ranks 1-based, a list without d adds 0. A list that names an id twice counts it once, at
-    its first place (ranks are over the list's distinct ids). Ties go to the id with the better best rank, then to
-    the earlier list, so the order is deterministic."""
+    w_list / (k + rank(d)), ranks 1-based, a list without d adds 0, weights 1 unless given. `form="r2"` is Chroma's
+    Rrf (R2): 0-based ranks; Chroma returns the negated sum (lower is better), here the sum itself is returned so
+    that higher is better for both forms. A list that names an id twice counts it once, at its first place (ranks
+    are over the list's distinct ids). Ties go to the id with the better best rank, then to the earlier list, so
+    the order is deterministic."""
     scores: dict[str, float] = {}
     first_seen: dict[str, tuple[int, int]] = {}
-    for list_no, ids in enumerate(ranked.values()):
-        for rank, item in enumerate(dict.fromkeys(ids), start=1):
-            scores[item] = scores.get(item, 0.0) + 1.0 / (k + rank)
+    start = 1 if form == "r1" else 0
+    for list_no, (name, ids) in enumerate(ranked.items()):
+        weight = 1.0 if weights is None else float(weights.get(name, 1.0))
+        for rank, item in enumerate(dict.fromkeys(ids), start=start):
+            scores[item] = scores.get(item, 0.0) + weight / (k + rank)
             if item not in first_seen or (rank, list_no) < first_seen[item]:
                 first_seen[item] = (rank, list_no)
     return sorted(scores.items(), key=lambda pair: (-pair[1], first_seen[pair[0]]))
@@ -157,7 +196,10 @@ def _minmax(values: FloatArray) -> FloatArray:
 
 
 def _bm25_text(chunk: Chunk) -> str:
-    return f"{chunk.title}\n{chunk.text}" if chunk.title else chunk.text
+    """What both retrievers read: the document title and section path (chunk context), then the text."""
+    section = chunk.metadata.get("section")
+    context = [part for part in (chunk.title, section if isinstance(section, str) else "") if part]
+    return "\n".join([*context, chunk.text])
 
 
 class SearchIndex:
@@ -172,12 +214,15 @@ class SearchIndex:
         bm25: bm25s.BM25,
         embeddings: FloatArray | None,
         manifest: dict[str, Any],
+        window_starts: IntArray | None = None,
     ) -> None:
         self.chunks = chunks
         self.config = config
         self.manifest = manifest
         self._bm25 = bm25
         self._embeddings = embeddings
+        # With dense windows: the embedding row where each chunk's windows begin (a chunk's windows are adjacent).
+        self._window_starts = window_starts
         self._row: dict[str, int] = {}
         self._docs: dict[str, list[int]] = {}
         for row, chunk in enumerate(chunks):
@@ -188,8 +233,8 @@ class SearchIndex:
         for rows in self._docs.values():
             rows.sort(key=lambda r: chunks[r].position)
         self._grep = GrepScanner([c.text for c in chunks])
-        # A PyStemmer instance must not be used by two threads at once: each thread gets its own.
-        self._local = threading.local()
+        # A PyStemmer instance must not be used by two threads at once: each thread gets its own analyzer.
+        self._analyzers = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords)
 
     # --- lookups ----------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -212,16 +257,9 @@ class SearchIndex:
 
     # --- scoring ----------------------------------------------------------------------------------------------
     def _query_token_ids(self, query: str) -> list[int]:
-        if not hasattr(self._local, "stemmer"):
-            self._local.stemmer = _stemmer(self.config.stemmer)
-        tokens = bm25s.tokenize(
-            query,
-            stopwords=self.config.stopwords,
-            stemmer=self._local.stemmer,
-            return_ids=False,
-            show_progress=False,
-        )
-        return self._bm25.get_tokens_ids(tokens[0]) if tokens else []
+        [tokens] = self._analyzers.get().tokens([query])
+        ids: list[int] = self._bm25.get_tokens_ids(tokens)
+        return ids
 
     def _bm25_scores(self, query: str) -> FloatArray:
         """BM25 score of every chunk, shape (N,), float32; 0 where no query term occurs."""
@@ -234,13 +272,21 @@ class SearchIndex:
         """Cosine of the query with every chunk, shape (N,), float32; None without embeddings."""
         if self._embeddings is None:
             return None
-        return np.asarray(self._embeddings @ embed.embed_query(query), dtype=np.float32)
+        scores = np.asarray(self._embeddings @ embed.embed_query(query), dtype=np.float32)
+        if self._window_starts is not None:
+            # A chunk scores as its best window.
+            scores = np.maximum.reduceat(scores, self._window_starts).astype(np.float32)
+        return scores
 
     def _rows(self, chunk_ids: Collection[str]) -> IntArray:
         return np.fromiter((self._row[c] for c in chunk_ids if c in self._row), dtype=np.int64)
 
     def _hit(self, row: int, score: float, ranks: dict[str, int]) -> Hit:
         return Hit(chunk=self.chunks[row], score=float(score), ranks=ranks)
+
+    def _fuse(self, lists: Mapping[str, Sequence[str]]) -> list[tuple[str, float]]:
+        weights = {"bm25": self.config.bm25_weight, "dense": self.config.dense_weight}
+        return rrf_fuse(lists, k=self.config.rrf_k, weights=weights, form=self.config.rrf_form)
 
     def _convex(self, rows: IntArray, bm25: FloatArray, dense: FloatArray) -> FloatArray:
         alpha = self.config.alpha
@@ -270,7 +316,7 @@ class SearchIndex:
         for name, ids in lists.items():
             for rank, chunk_id in enumerate(ids, start=1):
                 ranks.setdefault(chunk_id, {})[name] = rank
-        fused = rrf_fuse(lists, k=self.config.rrf_k)
+        fused = self._fuse(lists)
 
         top = min(self.config.rerank_top, len(fused)) if self.config.reranker == "convex" else 0
         hits: list[Hit] = []
@@ -319,7 +365,7 @@ class SearchIndex:
             scores = self._convex(rows, bm25_all, dense_all)
             order_i = np.argsort(-scores, kind="stable").tolist()
             return [self._hit(int(rows[i]), scores[i], ranks[ids[i]]) for i in order_i]
-        return [self._hit(self._row[c], s, ranks[c]) for c, s in rrf_fuse(lists, k=self.config.rrf_k)]
+        return [self._hit(self._row[c], s, ranks[c]) for c, s in self._fuse(lists)]
 
     def grep(
         self, pattern: str, *, max_chunks: int = 5, timeout_s: float = 0.5, exclude: Collection[str] = ()
@@ -350,20 +396,18 @@ class SearchIndex:
                 raise ValueError(f"chunk id {chunk.chunk_id!r} appears twice in the corpus; chunk ids must be unique")
             seen.add(chunk.chunk_id)
         started = time.perf_counter()
-        tokens = bm25s.tokenize(
-            [_bm25_text(c) for c in chunks],
-            stopwords=config.stopwords,
-            stemmer=_stemmer(config.stemmer),
-            show_progress=False,
-        )
+        texts = [_bm25_text(c) for c in chunks]
+        analyzer = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords).get()
         retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
-        retriever.index(tokens, show_progress=False)
+        retriever.index(analyzer.tokens(texts), show_progress=False)
         bm25_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
-        embeddings = None
-        if config.dense:
-            embeddings = embed.embed_texts([_bm25_text(c) for c in chunks], progress=progress)
+        embeddings = window_starts = None
+        if config.dense and config.dense_windows:
+            embeddings, window_starts = embed.embed_windowed(texts, progress=progress)
+        elif config.dense:
+            embeddings = embed.embed_texts(texts, progress=progress)
         elif progress is not None:
             progress(len(chunks), len(chunks))
         dense_seconds = time.perf_counter() - started
@@ -377,12 +421,22 @@ class SearchIndex:
             "chunks": len(chunks),
             "documents": documents,
             "vocabulary": len(retriever.vocab_dict),
-            "embedding": {"model": embed.MODEL_NAME, "dims": embed.DIMS, "dtype": "float32"} if config.dense else None,
+            "embedding": (
+                {
+                    "model": embed.MODEL_NAME,
+                    "dims": embed.DIMS,
+                    "dtype": "float32",
+                    "rows": int(embeddings.shape[0]),
+                    "runtime": embed.runtime(),
+                }
+                if embeddings is not None
+                else None
+            ),
             "build_seconds": {"bm25": round(bm25_seconds, 3), "dense": round(dense_seconds, 3)},
             "versions": _versions(config.dense),
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        return cls(chunks, config, retriever, embeddings, manifest)
+        return cls(chunks, config, retriever, embeddings, manifest, window_starts)
 
     def save(self, directory: str | Path) -> None:
         """Write the index as a directory: bm25/ (bm25s's own format), embeddings.npy (float32, N x 384, unit rows;
@@ -392,6 +446,8 @@ class SearchIndex:
         self._bm25.save(str(out / "bm25"), show_progress=False)
         if self._embeddings is not None:
             np.save(out / "embeddings.npy", np.ascontiguousarray(self._embeddings, dtype=np.float32))
+        if self._window_starts is not None:
+            np.save(out / "window_starts.npy", np.ascontiguousarray(self._window_starts, dtype=np.int64))
         (out / "chunks.jsonl").write_bytes(dump_chunks_jsonl(self.chunks))
         (out / MANIFEST).write_text(json.dumps(self.manifest, indent=2, sort_keys=True))
 
@@ -406,21 +462,19 @@ class SearchIndex:
         config = IndexConfig.model_validate(manifest["config"])
         chunks = list(iter_chunks_jsonl((src / "chunks.jsonl").read_bytes()))
         retriever = bm25s.BM25.load(str(src / "bm25"), show_progress=False)
-        embeddings = None
+        embeddings = window_starts = None
         if config.dense:
             # Memory-mapped: the actors of one node share a single copy through the page cache.
             embeddings = np.load(src / "embeddings.npy", mmap_mode="r")
-            if embeddings.shape != (len(chunks), embed.DIMS):
-                raise ValueError(f"{src}: embeddings are {embeddings.shape}, expected ({len(chunks)}, {embed.DIMS})")
-        return cls(chunks, config, retriever, embeddings, manifest)
-
-
-def _stemmer(name: str | None) -> Any:
-    if name is None:
-        return None
-    import Stemmer
-
-    return Stemmer.Stemmer(name)
+            rows = len(chunks)
+            if config.dense_windows:
+                window_starts = np.load(src / "window_starts.npy")
+                rows = embeddings.shape[0]
+                if window_starts.shape != (len(chunks),) or (len(chunks) and int(window_starts[-1]) >= rows):
+                    raise ValueError(f"{src}: window_starts.npy does not match {len(chunks)} chunks")
+            if embeddings.shape != (rows, embed.DIMS):
+                raise ValueError(f"{src}: embeddings are {embeddings.shape}, expected ({rows}, {embed.DIMS})")
+        return cls(chunks, config, retriever, embeddings, manifest, window_starts)
 
 
 def _versions(dense: bool) -> dict[str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import Stemmer
 from pydantic import ValidationError
 
 from workers.jobs.build_index import BuildIndexError, BuildIndexSpec, build
@@ -167,7 +168,7 @@ def test_convex_reranker_scores_match_an_independent_computation(hybrid):
     # Oracle: bm25s's own scores and the raw embeddings, min-max normalised over the reranked candidates.
     rows = {c.chunk_id: i for i, c in enumerate(hybrid.chunks)}
     tokens = index_module.bm25s.tokenize(
-        query, stopwords="en", stemmer=index_module._stemmer("english"), return_ids=False, show_progress=False
+        query, stopwords="en", stemmer=Stemmer.Stemmer("english"), return_ids=False, show_progress=False
     )[0]
     bm25 = hybrid._bm25.get_scores(tokens)
     dense = np.asarray(hybrid._embeddings) @ embed.embed_query(query)

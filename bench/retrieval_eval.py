@@ -1,0 +1,382 @@
+"""Retrieval harness: every retriever configuration on six corpora of four formats, tuning vs evaluation.
+
+    .venv/bin/python bench/retrieval_eval.py                   # the README's table (minutes; sdists downloaded once)
+    .venv/bin/python bench/retrieval_eval.py --tasks 40        # fewer tasks per corpus
+    .venv/bin/python bench/retrieval_eval.py --embedding       # + index build speed, float32 vs bfloat16
+
+Corpora, built offline with the project's own importer (`workers.search.corpus.document_from_file`) from what the
+package registries carry (source distributions are fetched once with `pip download` into --cache):
+
+  tuning      md-stdlib      Markdown: the built-in demo corpus (Python's own docs, `workers.search.stdlib_corpus`)
+              rst-pytest     reStructuredText: pytest 8.3.3's sdist, doc/en
+              py-tune        Python source (docstrings and comments): djangorestframework, click, jinja2 as installed
+  evaluation  rst-celery     reStructuredText: celery 5.4.0's sdist, docs
+              py-eval        Python source: kombu, redis as installed
+              html-lxml      HTML: lxml 5.3.0's sdist, doc/html (its Sphinx-built manual and API pages; the
+                             highlighted-source pages `_modules/` and the general index left out)
+
+Tasks: the extraction-verified multi-hop generator (template, up to 2 hops) on each corpus; queries per hop
+(`workers.search.retrieval_eval`). Every default of `IndexConfig` is chosen on the tuning corpora only (the fitted
+fusion weights and alpha included: `--fit`), then the evaluation corpora are reported with those settings.
+Rows: BM25 with each analyzer (words/code, stemmed or not), plain `bm25s` over the chunk texts (the peer, no
+stemmer), dense MiniLM (first 256 word pieces, and windows), and the hybrids (RRF, weighted RRF, Chroma's R2,
+the convex reranker). Results: bench/results/retrieval_eval.{json,txt}. Nothing asserts on time or score.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import json
+import os
+import re
+import ssl
+import statistics
+import sys
+import tarfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import bm25s  # noqa: E402
+import numpy as np  # noqa: E402
+
+from workers.search import embed  # noqa: E402
+from workers.search.corpus import Document, build_corpus, document_from_file  # noqa: E402
+from workers.search.index import IndexConfig, SearchIndex, _bm25_text  # noqa: E402
+from workers.search.retrieval_eval import KS, EvalQuery, evaluate, hop_queries, report  # noqa: E402
+from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
+from workers.search.synth import SynthCorpus, SynthParams, TemplateGenerator, synthesize  # noqa: E402
+from workers.search.types import Chunk  # noqa: E402
+
+SDISTS = {"pytest": "8.3.3", "celery": "5.4.0", "lxml": "5.3.0"}
+TUNING = ("md-stdlib", "rst-pytest", "py-tune")
+EVALUATION = ("rst-celery", "py-eval", "html-lxml")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# --- corpora -----------------------------------------------------------------------------------------------------
+def _download_sdist(name: str, version: str, target: Path) -> None:
+    """The sdist from PyPI's simple index, checked against the sha256 the index gives (no build, no metadata)."""
+    context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or None)
+    page = urllib.request.urlopen(f"https://pypi.org/simple/{name}/", context=context, timeout=60).read().decode()
+    match = re.search(rf'href="([^"]*/{re.escape(target.name)})#sha256=([0-9a-f]+)"', page)
+    if match is None:
+        raise SystemExit(f"{target.name} is not on PyPI's simple index for {name}")
+    data = urllib.request.urlopen(match.group(1), context=context, timeout=300).read()
+    if hashlib.sha256(data).hexdigest() != match.group(2):
+        raise SystemExit(f"{target.name}: sha256 does not match the index")
+    target.write_bytes(data)
+
+
+def _sdist_files(
+    name: str, cache: Path, under: str, suffix: str, skip: tuple[str, ...] = ()
+) -> Iterable[tuple[str, bytes]]:
+    version = SDISTS[name]
+    archive = cache / f"{name}-{version}.tar.gz"
+    if not archive.exists():
+        _download_sdist(name, version, archive)
+    with tarfile.open(archive) as tar:
+        for member in sorted(tar.getmembers(), key=lambda m: m.name):
+            parts = member.name.split("/", 1)
+            if not (member.isfile() and len(parts) == 2 and parts[1].startswith(under)):
+                continue
+            if not parts[1].endswith(suffix) or any(s in parts[1] for s in skip):
+                continue
+            handle = tar.extractfile(member)
+            if handle is not None:
+                yield parts[1], handle.read()
+
+
+def _package_files(*packages: str) -> Iterable[tuple[str, bytes]]:
+    for package in packages:
+        root = Path(__import__(package).__file__ or "").parent
+        for path in sorted(root.rglob("*.py")):
+            relative = path.relative_to(root.parent).as_posix()
+            if "/tests/" in relative or "/migrations/" in relative:
+                continue
+            yield relative, path.read_bytes()
+
+
+def documents(name: str, cache: Path) -> list[Document]:
+    if name == "md-stdlib":
+        return stdlib_documents()
+    files: Iterable[tuple[str, bytes]]
+    if name == "rst-pytest":
+        files = _sdist_files("pytest", cache, "doc/en/", ".rst")
+    elif name == "rst-celery":
+        files = _sdist_files("celery", cache, "docs/", ".rst")
+    elif name == "py-tune":
+        files = _package_files("rest_framework", "click", "jinja2")
+    elif name == "py-eval":
+        files = _package_files("kombu", "redis")
+    elif name == "html-lxml":
+        files = _sdist_files("lxml", cache, "doc/html/", ".html", skip=("/_modules/", "genindex", "search.html"))
+    else:
+        raise ValueError(name)
+    out = []
+    for path, data in files:
+        try:
+            document = document_from_file(path, data)
+        except ValueError as exc:
+            log(f"  {name}: {path} left out ({exc})")
+            continue
+        if document is not None and document.text.strip():
+            out.append(document)
+    return out
+
+
+# --- embeddings, cached per corpus --------------------------------------------------------------------------------
+def corpus_embeddings(chunks: list[Chunk], cache: Path, windows: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
+    texts = [_bm25_text(c) for c in chunks]
+    key = hashlib.sha256(("\n\x00".join(texts) + f"|{windows}|{embed.runtime()}").encode()).hexdigest()[:20]
+    path = cache / f"emb-{key}.npz"
+    if path.exists():
+        stored = np.load(path)
+        return stored["vectors"], (stored["starts"] if windows else None), float(stored["seconds"])
+    started = time.perf_counter()
+    if windows:
+        vectors, starts = embed.embed_windowed(texts)
+    else:
+        vectors, starts = embed.embed_texts(texts), np.zeros(0, dtype=np.int64)
+    seconds = time.perf_counter() - started
+    np.savez(path, vectors=vectors, starts=starts, seconds=seconds)
+    return vectors, (starts if windows else None), seconds
+
+
+# --- retrievers ---------------------------------------------------------------------------------------------------
+def plain_bm25s(chunks: list[Chunk]) -> Callable[[str], list[str]]:
+    """The peer: bm25s's defaults over the chunk texts (its English stopwords, no stemmer)."""
+    retriever = bm25s.BM25()
+    retriever.index(bm25s.tokenize([c.text for c in chunks], show_progress=False), show_progress=False)
+    ids = [c.chunk_id for c in chunks]
+
+    def search(query: str) -> list[str]:
+        tokens = bm25s.tokenize([query], show_progress=False, return_ids=False)
+        if not tokens or not tokens[0]:
+            return []
+        docs, scores = retriever.retrieve(tokens, k=min(100, len(ids)), show_progress=False)
+        return [ids[int(d)] for d, s in zip(docs[0], scores[0], strict=True) if float(s) > 0]
+
+    return search
+
+
+ANALYZERS = {
+    "bm25 words+stem": {"tokenizer": "words", "stemmer": "english"},
+    "bm25 words": {"tokenizer": "words", "stemmer": None},
+    "bm25 code+stem": {"tokenizer": "code", "stemmer": "english"},
+    "bm25 code": {"tokenizer": "code", "stemmer": None},
+}
+
+
+class Corpus:
+    """One corpus's chunks, BM25 per analyzer and dense vectors, ready to build SearchIndex views cheaply."""
+
+    def __init__(self, name: str, chunks: list[Chunk], cache: Path) -> None:
+        self.name = name
+        self.chunks = chunks
+        self.bm25: dict[str, Any] = {}
+        for label, options in ANALYZERS.items():
+            built = SearchIndex.build(chunks, IndexConfig(dense=False, **options))
+            self.bm25[label] = built._bm25
+        self.vectors, _, self.embed_seconds = corpus_embeddings(chunks, cache, windows=False)
+        self.window_vectors, self.window_starts, self.window_seconds = corpus_embeddings(chunks, cache, windows=True)
+
+    def index(self, config: IndexConfig) -> SearchIndex:
+        label = next(k for k, v in ANALYZERS.items() if v == {"tokenizer": config.tokenizer, "stemmer": config.stemmer})
+        if not config.dense:
+            return SearchIndex(self.chunks, config, self.bm25[label], None, {})
+        if config.dense_windows:
+            return SearchIndex(self.chunks, config, self.bm25[label], self.window_vectors, {}, self.window_starts)
+        return SearchIndex(self.chunks, config, self.bm25[label], self.vectors, {})
+
+
+def searcher(index: SearchIndex, depth: int = 100) -> Callable[[str], list[str]]:
+    return lambda query: [h.chunk.chunk_id for h in index.search(query, k=depth)]
+
+
+def dense_only(index: SearchIndex) -> Callable[[str], list[str]]:
+    def search(query: str) -> list[str]:
+        scores = index._dense_scores(query)
+        assert scores is not None
+        return [index.chunks[i].chunk_id for i in np.argsort(-scores, kind="stable")[:100].tolist()]
+
+    return search
+
+
+def hybrid(base: dict[str, Any], **changes: Any) -> IndexConfig:
+    return IndexConfig(**{**base, **changes})
+
+
+def retrievers_for(corpus: Corpus, analyzer: dict[str, Any], fitted: dict[str, float]) -> dict[str, Any]:
+    rows: dict[str, Any] = {"bm25s plain (peer)": plain_bm25s(corpus.chunks)}
+    for label, options in ANALYZERS.items():
+        rows[label] = searcher(corpus.index(IndexConfig(dense=False, **options)))
+    rows["dense"] = dense_only(corpus.index(IndexConfig(**analyzer)))
+    rows["dense windows"] = dense_only(corpus.index(IndexConfig(dense_windows=True, **analyzer)))
+    for windows in (False, True):
+        tag = " +windows" if windows else ""
+        base = {**analyzer, "dense_windows": windows}
+        rows[f"rrf{tag}"] = searcher(corpus.index(hybrid(base, reranker="none")))
+        rows[f"rrf r2{tag}"] = searcher(corpus.index(hybrid(base, reranker="none", rrf_form="r2")))
+        rows[f"convex a=0.5{tag}"] = searcher(corpus.index(hybrid(base, reranker="convex", alpha=0.5)))
+        rows[f"weighted rrf{tag}"] = searcher(
+            corpus.index(hybrid(base, reranker="none", dense_weight=fitted["dense_weight"]))
+        )
+        rows[f"convex fitted{tag}"] = searcher(
+            corpus.index(hybrid(base, reranker="convex", alpha=fitted["alpha"], dense_weight=fitted["dense_weight"]))
+        )
+    return rows
+
+
+# --- fitting on the tuning corpora ---------------------------------------------------------------------------------
+def fit(corpora: list[Corpus], queries: dict[str, list[EvalQuery]], analyzer: dict[str, Any]) -> dict[str, Any]:
+    """Grid search of (dense_weight, alpha) for the convex reranker over the tuning corpora: the pair with the
+    best mean of recall@1, recall@5, recall@10 and MRR, averaged over corpora (each corpus counts once)."""
+    grid_w = [0.0, 0.25, 0.5, 1.0]
+    grid_a = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5]
+    scored: list[tuple[float, float, float]] = []
+    windows = analyzer.get("dense_windows", False)
+    for weight, alpha in itertools.product(grid_w, grid_a):
+        per_corpus = []
+        for corpus in corpora:
+            config = hybrid(analyzer, reranker="convex", alpha=alpha, dense_weight=weight, dense_windows=windows)
+            rows = evaluate({"x": searcher(corpus.index(config))}, queries[corpus.name])["x"]
+            per_corpus.append(statistics.mean(statistics.mean(r[m] for m in (*_RECALLS, "mrr")) for r in rows))
+        scored.append((statistics.mean(per_corpus), weight, alpha))
+        log(f"  fit: dense_weight {weight}, alpha {alpha}: {scored[-1][0]:.4f}")
+    best = max(scored)
+    return {"dense_weight": best[1], "alpha": best[2], "objective": best[0], "grid": scored}
+
+
+_RECALLS = tuple(f"recall@{k}" for k in KS)
+
+
+def pick_analyzer(results: dict[str, Any]) -> dict[str, Any]:
+    """The BM25 analyzer with the best mean recall@1 over the tuning corpora (ties: recall@5)."""
+
+    def score(label: str) -> tuple[float, float]:
+        firsts = [results[c]["metrics"][label]["all"] for c in TUNING]
+        return (
+            statistics.mean(f["recall@1"]["mean"] for f in firsts),
+            statistics.mean(f["recall@5"]["mean"] for f in firsts),
+        )
+
+    best = max(ANALYZERS, key=score)
+    return dict(ANALYZERS[best])
+
+
+# --- main ------------------------------------------------------------------------------------------------------------
+def table(results: dict[str, Any], names: Iterable[str], part: str) -> list[str]:
+    lines = []
+    for corpus in names:
+        info = results[corpus]
+        lines.append(
+            f"\n{corpus} ({info['chunks']} chunks, {info['tasks']} tasks, {info['queries'][part]} {part}-hop queries)"
+        )
+        lines.append(f"  {'retriever':24} " + " ".join(f"{m:>18}" for m in (*_RECALLS, "mrr", "ndcg@10")))
+        for label, metrics in info["metrics"].items():
+            cells = []
+            for m in (*_RECALLS, "mrr", "ndcg@10"):
+                value = metrics[part].get(m)
+                cells.append(f"{value['mean']:.3f} [{value['low']:.2f},{value['high']:.2f}]" if value else "-")
+            lines.append(f"  {label:24} " + " ".join(f"{c:>18}" for c in cells))
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tasks", type=int, default=120, help="verified tasks per corpus (at most)")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache" / "crucible" / "retrieval-bench"))
+    parser.add_argument("--corpora", default=",".join(TUNING + EVALUATION))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "retrieval_eval.json"))
+    args = parser.parse_args()
+    cache = Path(args.cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.corpora.split(",") if n]
+
+    corpora: dict[str, Corpus] = {}
+    queries: dict[str, list[EvalQuery]] = {}
+    info: dict[str, dict[str, Any]] = {}
+    for name in names:
+        docs = documents(name, cache)
+        chunks, corpus_report = build_corpus(docs, source=name)
+        synth = SynthCorpus(chunks)
+        tasks = synthesize(synth, SynthParams(num_tasks=args.tasks, max_hops=2, seed=0), TemplateGenerator(synth)).tasks
+        queries[name] = hop_queries(tasks, synth)
+        corpora[name] = Corpus(name, chunks, cache)
+        words = [len(c.text.split()) for c in chunks]
+        info[name] = {
+            "split": "tuning" if name in TUNING else "evaluation",
+            "documents": len(docs),
+            "chunks": len(chunks),
+            "mean_words": round(statistics.mean(words), 1),
+            "tasks": len(tasks),
+            "queries": {
+                "first": sum(1 for q in queries[name] if q.hop == 0),
+                "later": sum(1 for q in queries[name] if q.hop > 0),
+            },
+            "embed_seconds": round(corpora[name].embed_seconds, 1),
+            "report": {k: corpus_report[k] for k in ("documents", "chunks", "empty_documents")},
+        }
+        log(f"{name}: {len(docs)} documents, {len(chunks)} chunks, {len(tasks)} tasks, {len(queries[name])} queries")
+
+    # 1. the analyzer, on the tuning corpora, from the BM25 rows alone
+    results: dict[str, Any] = {n: dict(info[n]) for n in names}
+    bm25_rows = {}
+    for name in names:
+        rows = {
+            label: searcher(corpora[name].index(IndexConfig(dense=False, **options)))
+            for label, options in ANALYZERS.items()
+        }
+        bm25_rows[name] = report(evaluate(rows, queries[name]), queries[name])
+        results[name]["metrics"] = bm25_rows[name]
+    tuning = [n for n in names if n in TUNING]
+    analyzer = pick_analyzer(results) if tuning else {"tokenizer": "code", "stemmer": None}
+    log(f"analyzer chosen on the tuning corpora: {analyzer}")
+    # 2. fusion weights, on the tuning corpora
+    fitted_windows = {}
+    for windows in (False, True):
+        base = {**analyzer, "dense_windows": windows}
+        fitted_windows[windows] = fit([corpora[n] for n in tuning], queries, base)
+        log(f"fitted (windows={windows}): {fitted_windows[windows]}")
+    fitted = (
+        fitted_windows[True]
+        if fitted_windows[True]["objective"] >= fitted_windows[False]["objective"]
+        else (fitted_windows[False])
+    )
+    # 3. every row, every corpus
+    for name in names:
+        rows = retrievers_for(corpora[name], analyzer, fitted)
+        results[name]["metrics"] = report(evaluate(rows, queries[name]), queries[name])
+        log(f"{name}: evaluated {len(rows)} retrievers")
+    out = {
+        "analyzer": analyzer,
+        "fitted": {str(k): {kk: vv for kk, vv in v.items() if kk != "grid"} for k, v in fitted_windows.items()},
+        "fitted_grid": {str(k): v["grid"] for k, v in fitted_windows.items()},
+        "embedding_runtime": embed.runtime(),
+        "corpora": results,
+        "load_average": os.getloadavg(),
+    }
+    Path(args.out).write_text(json.dumps(out, indent=1))
+    lines = [f"analyzer {analyzer}; fitted {out['fitted']}"]
+    for part in ("first", "later", "all"):
+        lines.append(f"\n=== {part} hop ===")
+        lines += table(results, [n for n in names if n in TUNING], part)
+        lines += table(results, [n for n in names if n in EVALUATION], part)
+    text = "\n".join(lines)
+    Path(args.out).with_suffix(".txt").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

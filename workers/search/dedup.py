@@ -1,0 +1,106 @@
+"""Boilerplate and near-duplicate text, found when a corpus is built (`workers.search.corpus.build_corpus`).
+
+- **Boilerplate paragraphs**: a paragraph of at most `BOILERPLATE_MAX_WORDS` words that appears, after
+  normalisation (lower case, digits as 0, whitespace collapsed), in at least `max(3, 5%)` of the documents: page
+  footers, copyright lines, navigation left in a page. It is removed from every document before chunking.
+  Headings never count (`## Parameters` in every API page is structure, not boilerplate).
+- **Near-duplicate chunks**: a chunk whose word-trigram set (lower case, digits kept) has a Jaccard
+  similarity of at least `threshold` (0.9) with an earlier chunk's is dropped; the earlier one stays.
+  Candidates come from MinHash with locality sensitive hashing (32 hashes in 8 bands of 4: a pair at Jaccard
+  0.9 is a candidate with probability 0.9998), and every candidate pair is confirmed by the exact Jaccard, so
+  nothing is dropped on a hash collision. An inherited docstring documented twice, a page copied into two
+  folders, a license repeated per file: one copy stays, the others are counted in the corpus report.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+BOILERPLATE_MAX_WORDS = 40
+NEAR_DUPLICATE_JACCARD = 0.9
+_HASHES, _BANDS = 32, 8
+_PRIME = (1 << 61) - 1
+_rng = np.random.default_rng(20261126)
+_A = _rng.integers(1, _PRIME, size=_HASHES, dtype=np.uint64)
+_B = _rng.integers(0, _PRIME, size=_HASHES, dtype=np.uint64)
+_WORD = re.compile(r"\w+")
+_DIGITS = re.compile(r"\d+")
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n")
+_HEADING = re.compile(r"#{1,6}[ \t]")
+
+
+def normalise(text: str) -> str:
+    return " ".join(_DIGITS.sub("0", text.lower()).split())
+
+
+def boilerplate_paragraphs(texts: Sequence[str]) -> set[str]:
+    """Normalised paragraphs that are boilerplate across these documents (module docstring)."""
+    if len(texts) < 3:
+        return set()
+    seen: Counter[str] = Counter()
+    for text in texts:
+        paragraphs = {normalise(p) for p in _PARAGRAPH_BREAK.split(text) if p.strip()}
+        seen.update(p for p in paragraphs if len(p.split()) <= BOILERPLATE_MAX_WORDS and not _HEADING.match(p))
+    floor = max(3, -(-len(texts) * 5 // 100))
+    return {p for p, n in seen.items() if n >= floor}
+
+
+def strip_paragraphs(text: str, drop: set[str]) -> tuple[str, int]:
+    """`text` without the paragraphs whose normalised form is in `drop`; (text, paragraphs removed)."""
+    if not drop:
+        return text, 0
+    kept: list[str] = []
+    removed = 0
+    for paragraph in _PARAGRAPH_BREAK.split(text):
+        if paragraph.strip() and normalise(paragraph) in drop:
+            removed += 1
+        else:
+            kept.append(paragraph)
+    return "\n\n".join(kept), removed
+
+
+def _shingles(text: str) -> set[int]:
+    # Digits stay: two release notes or two numbered steps that differ only in their numbers are not copies.
+    words = _WORD.findall(text.lower())
+    grams = [" ".join(words[i : i + 3]) for i in range(max(1, len(words) - 2))] if words else []
+    return {zlib.crc32(g.encode()) for g in grams}
+
+
+def _signature(shingles: set[int]) -> np.ndarray:
+    values = np.fromiter(shingles, dtype=np.uint64, count=len(shingles))
+    # (a x + b) mod p for each of the hash functions, minimum over the shingles. uint64 products wrap, which is
+    # still a fixed pseudo-random function of x: good enough for bucketing, and every match is confirmed exactly.
+    hashed = (values[:, None] * _A[None, :] + _B[None, :]) % np.uint64(_PRIME)
+    minimum: np.ndarray = hashed.min(axis=0)
+    return minimum
+
+
+def near_duplicates(texts: Sequence[str], threshold: float = NEAR_DUPLICATE_JACCARD) -> dict[int, int]:
+    """{dropped index: the earlier index it duplicates} (module docstring). Texts without words never match."""
+    shingles = [_shingles(t) for t in texts]
+    buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    rows = _HASHES // _BANDS
+    dropped: dict[int, int] = {}
+    for i, current in enumerate(shingles):
+        if not current:
+            continue
+        signature = _signature(current)
+        keys = [(band, signature[band * rows : (band + 1) * rows].tobytes()) for band in range(_BANDS)]
+        match = None
+        candidates = sorted({j for key in keys for j in buckets.get(key, ())})
+        for j in candidates:
+            other = shingles[j]
+            if len(current & other) / len(current | other) >= threshold:
+                match = j
+                break
+        if match is not None:
+            dropped[i] = match
+            continue
+        for key in keys:
+            buckets[key].append(i)
+    return dropped

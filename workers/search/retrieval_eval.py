@@ -1,0 +1,128 @@
+"""Retrieval evaluation: how well each retriever configuration finds a task's supporting chunks.
+
+Queries come from verified multi-hop tasks (`workers.search.synth`), one per hop:
+
+- hop 0 (the first hop): the quote the question gives of the first supporting chunk; relevant: that chunk.
+- hop h >= 1 (later hops): the bridge name the previous chunk mentions, followed by the quote of the chunk that
+  documents it (what an agent searches once it has read the previous chunk); relevant: that chunk.
+
+Every retriever is a function from a query to a ranked list of chunk ids. Metrics per query, then averaged:
+recall@k (the relevant chunk is among the first k), reciprocal rank (1 / its rank, 0 past `depth`) and nDCG@10
+(binary relevance, one relevant chunk: 1 / log2(rank + 1) within the first 10). Each mean comes with a
+percentile bootstrap 95% interval over queries.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from workers.search.synth import OPEN_QUOTE, SynthCorpus
+
+KS = (1, 5, 10)
+Retriever = Callable[[str], Sequence[str]]
+
+
+@dataclass(frozen=True)
+class EvalQuery:
+    qid: str
+    text: str
+    relevant: str
+    hop: int
+
+
+def _quote(task: Mapping[str, Any], chunk_id: str) -> str | None:
+    quotes = task.get("provenance", {}).get("quotes", {}).get(chunk_id) or []
+    return str(quotes[0]) if quotes else None
+
+
+def _bridge_name(corpus: SynthCorpus, source: str, target: str) -> str | None:
+    """The name chunk `source` writes for the entity that chunk `target` (or its document) is."""
+    src, dst = corpus.index_of.get(source), corpus.index_of.get(target)
+    if src is None or dst is None:
+        return None
+    target_doc = corpus.chunks[dst].doc_id
+    for mention in corpus.mentions[src]:
+        if mention.target.chunk == dst or (mention.target.chunk is None and mention.doc_id == target_doc):
+            return mention.surface
+    return None
+
+
+def hop_queries(tasks: Sequence[Mapping[str, Any]], corpus: SynthCorpus) -> list[EvalQuery]:
+    """One query per hop of each task (module docstring); hops without a stored quote are left out."""
+    out: list[EvalQuery] = []
+    for task in tasks:
+        gold = [str(c) for c in task["gold_chunk_ids"]]
+        for hop, chunk_id in enumerate(gold):
+            quote = _quote(task, chunk_id)
+            if not quote:
+                continue
+            quote = quote.replace(OPEN_QUOTE, "")
+            if hop == 0:
+                text = quote
+            else:
+                name = _bridge_name(corpus, gold[hop - 1], chunk_id)
+                text = f"{name} {quote}" if name else quote
+            out.append(EvalQuery(qid=f"{task['id']}:{hop}", text=text, relevant=chunk_id, hop=hop))
+    return out
+
+
+def query_metrics(ranked: Sequence[str], relevant: str, depth: int = 100) -> dict[str, float]:
+    rank = next((i for i, c in enumerate(ranked[:depth], start=1) if c == relevant), None)
+    row = {f"recall@{k}": float(rank is not None and rank <= k) for k in KS}
+    row["mrr"] = 1.0 / rank if rank else 0.0
+    row["ndcg@10"] = 1.0 / math.log2(rank + 1) if rank and rank <= 10 else 0.0
+    return row
+
+
+def bootstrap_interval(values: Sequence[float], *, rounds: int = 1000, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap 95% interval of the mean."""
+    if not values:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(rounds))
+    return (means[int(0.025 * rounds)], means[min(rounds - 1, int(0.975 * rounds))])
+
+
+def summarize(rows: Sequence[Mapping[str, float]], *, rounds: int = 1000) -> dict[str, Any]:
+    """Mean and bootstrap interval of every metric over `rows` (one per query)."""
+    out: dict[str, Any] = {"queries": len(rows)}
+    if not rows:
+        return out
+    for name in rows[0]:
+        values = [row[name] for row in rows]
+        low, high = bootstrap_interval(values, rounds=rounds)
+        out[name] = {"mean": sum(values) / len(values), "low": low, "high": high}
+    return out
+
+
+def evaluate(
+    retrievers: Mapping[str, Retriever], queries: Sequence[EvalQuery], *, depth: int = 100
+) -> dict[str, list[dict[str, float]]]:
+    """Per retriever, one metrics row per query (in query order); `hop` is kept in each row."""
+    out: dict[str, list[dict[str, float]]] = {name: [] for name in retrievers}
+    for query in queries:
+        for name, retrieve in retrievers.items():
+            row = query_metrics(list(retrieve(query.text))[:depth], query.relevant, depth)
+            out[name].append(row)
+    return out
+
+
+def report(
+    per_query: Mapping[str, Sequence[Mapping[str, float]]], queries: Sequence[EvalQuery]
+) -> dict[str, dict[str, Any]]:
+    """{retriever: {"first": summary, "later": summary, "all": summary}}."""
+    first = [i for i, q in enumerate(queries) if q.hop == 0]
+    later = [i for i, q in enumerate(queries) if q.hop > 0]
+    result: dict[str, dict[str, Any]] = {}
+    for name, rows in per_query.items():
+        result[name] = {
+            "first": summarize([rows[i] for i in first]),
+            "later": summarize([rows[i] for i in later]),
+            "all": summarize(rows),
+        }
+    return result
