@@ -112,8 +112,10 @@ def _corpus_report(chunks: list[Chunk], report: dict[str, Any]) -> dict[str, Any
             {
                 "file": [
                     f"the corpus holds no text ({blank} blank document(s), {report['skipped_files']} skipped "
-                    "file(s)); upload documents with non-empty 'text' (JSONL) or .txt/.md/.html files (zip)"
-                ]
+                    f"file(s), {report.get('rejected_files', 0)} rejected); upload documents with non-empty 'text' "
+                    "(JSONL) or .txt/.md/.rst/.html/.py files (zip)"
+                ],
+                **({"rejected_files": report["rejected_file_reasons"]} if report.get("rejected_files") else {}),
             }
         )
     return {"schema": CORPUS_SCHEMA, "rows": len(chunks), "errors": 0, **report}
@@ -124,7 +126,11 @@ def corpus_chunks_from_source(
 ) -> tuple[bytes, int, dict[str, Any]]:
     """Chunk parsed documents: (canonical chunk JSONL, chunk count, report); a corpus with no text is a 400."""
     chunks, report = build_corpus(
-        source.documents, _chunker(chunker), skipped_files=source.skipped_files, source=source.source
+        source.documents,
+        _chunker(chunker),
+        skipped_files=source.skipped_files,
+        rejected_files=source.rejected_files,
+        source=source.source,
     )
     return dump_chunks_jsonl(chunks), len(chunks), _corpus_report(chunks, report)
 

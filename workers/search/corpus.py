@@ -73,6 +73,9 @@ class DocumentSource:
     documents: list[Document]
     source: str
     skipped_files: list[str] = field(default_factory=list)
+    # Files that could not be read as documents, one message each ("bad.txt line 2: not valid UTF-8 ..."); the
+    # other files are imported.
+    rejected_files: list[str] = field(default_factory=list)
 
 
 class ChunkerConfig(BaseModel):
@@ -381,6 +384,7 @@ def build_corpus(
     config: ChunkerConfig | None = None,
     *,
     skipped_files: Sequence[str] = (),
+    rejected_files: Sequence[str] = (),
     source: str = "",
 ) -> tuple[list[Chunk], dict[str, Any]]:
     """Chunk every document, in order. Returns (chunks, report).
@@ -420,6 +424,8 @@ def build_corpus(
         "skipped_files": len(skipped_files),
         # ascii() for odd names: the report is stored in PostgreSQL JSON, which refuses NUL characters.
         "skipped_file_examples": [p if p.isprintable() else ascii(p) for p in skipped_files[:REPORT_EXAMPLES]],
+        "rejected_files": len(rejected_files),
+        "rejected_file_reasons": list(rejected_files[:MAX_ERRORS]),
         "boilerplate_paragraphs": len(boilerplate),
         "boilerplate_paragraphs_removed": paragraphs_removed,
         "near_duplicate_chunks_dropped": len(duplicates),
@@ -697,6 +703,8 @@ def document_from_file(relative_path: str, data: bytes) -> Document | None:
     suffix = path.suffix.lower()
     if suffix not in SUPPORTED_SUFFIXES:
         return None
+    if b"\x00" in data[:65536]:
+        raise CorpusError([f"{relative_path}: a binary file (it holds NUL bytes), not text; leave it out"])
     text = _decode_file(relative_path, data)
     title = ""
     if suffix in (".html", ".htm"):
@@ -729,7 +737,9 @@ def _hidden(relative_path: str) -> bool:
 
 
 def _documents_from_files(files: Iterable[tuple[str, bytes]], source: str) -> DocumentSource:
-    """Documents from (relative path, bytes) pairs in path order; reports every bad file, not just the first."""
+    """Documents from (relative path, bytes) pairs in path order. A file that cannot be a document (not UTF-8,
+    binary, Python that does not parse, a doc id taken by another file) is rejected with a message naming it, and
+    the others are read: one bad file in a large archive does not cost the rest."""
     errors: list[str] = []
     documents: list[Document] = []
     skipped: list[str] = []
@@ -757,11 +767,7 @@ def _documents_from_files(files: Iterable[tuple[str, bytes]], source: str) -> Do
         else:
             first_path[document.doc_id] = relative_path
             documents.append(document)
-        if len(errors) >= MAX_ERRORS:
-            break
-    if errors:
-        raise CorpusError(errors[:MAX_ERRORS])
-    return DocumentSource(documents=documents, source=source, skipped_files=skipped)
+    return DocumentSource(documents=documents, source=source, skipped_files=skipped, rejected_files=errors)
 
 
 def _too_big(max_bytes: int) -> CorpusError:

@@ -100,11 +100,12 @@ def package_version() -> str:
 def embed_texts(
     texts: Sequence[str],
     *,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
     progress: Callable[[int, int], object] | None = None,
 ) -> npt.NDArray[np.float32]:
     """Embeddings of `texts`: shape (len(texts), 384), float32, unit length. `progress(done, total)` after each
     batch, in texts."""
+    batch_size = batch_size or BATCH_SIZE
     out = np.empty((len(texts), DIMS), dtype=np.float32)
     # Batches of similar length waste little on padding (a batch costs as much as its longest text); sorting
     # the whole corpus once does for every batch what encode() does inside one call.
@@ -120,7 +121,7 @@ def embed_texts(
 def windows(text: str) -> list[str]:
     """`text` cut into spans of at most `WINDOW_TOKENS` word pieces, `WINDOW_STRIDE` apart, at word-piece
     boundaries of the original text; a text that fits is one window (itself)."""
-    encoded = embedder().tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    encoded = embedder().tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
     offsets = encoded["offset_mapping"]
     if len(offsets) <= WINDOW_TOKENS:
         return [text]
@@ -136,7 +137,7 @@ def windows(text: str) -> list[str]:
 def embed_windowed(
     texts: Sequence[str],
     *,
-    batch_size: int = BATCH_SIZE,
+    batch_size: int | None = None,
     progress: Callable[[int, int], object] | None = None,
 ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
     """Every text's windows (`windows`) embedded: (vectors, starts), where text i's windows are rows

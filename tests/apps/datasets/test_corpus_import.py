@@ -129,6 +129,48 @@ def test_a_bad_chunker_option_is_a_400_naming_the_field(client_for, chunker: str
     assert DatasetVersion.objects.count() == 0
 
 
+def test_a_zip_with_bad_files_imports_the_rest_and_names_each_bad_file(client_for) -> None:  # type: ignore[no-untyped-def]
+    client = client_for("operator")
+    big = "\n\n".join(f"Paragraph {n} of the long manual covers option number {n} in depth." for n in range(60_000))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("docs/guide.rst", "Guide\n=====\n\nCall `connect()` first.\n")
+        archive.writestr("docs/manual.txt", big)  # one document of several megabytes
+        archive.writestr("docs/empty.md", "  \n\n")
+        archive.writestr("docs/latin1.txt", "caf\xe9".encode("latin-1"))
+        archive.writestr("docs/image.html", b"\x89PNG\r\n\x1a\n\x00\x00binary")
+        archive.writestr("docs/broken.py", "def (:\n")
+        archive.writestr("docs/tool.exe", b"MZ\x00")
+        archive.writestr("docs/data.parquet", b"PAR1")
+    response = _upload(client, _corpus(client), buffer.getvalue(), name="docs.zip")
+    assert response.status_code == 201, response.json()
+    report = response.json()["validation_report"]
+    assert report["rejected_files"] == 3
+    reasons = report["rejected_file_reasons"]
+    assert reasons[0].startswith("broken.py line 1: not valid Python")
+    assert reasons[1] == "image.html: a binary file (it holds NUL bytes), not text; leave it out"
+    assert reasons[2].startswith("latin1.txt line 1: not valid UTF-8")
+    assert report["skipped_files"] == 2 and report["empty_documents"] == 1
+    chunks = _stored_chunks(DatasetVersion.objects.get())
+    assert {c.doc_id for c in chunks} == {"guide", "manual"}
+    assert sum(1 for c in chunks if c.doc_id == "manual") > 100
+
+
+def test_a_zip_whose_every_file_is_bad_is_a_400_naming_them_and_stores_nothing(client_for) -> None:  # type: ignore[no-untyped-def]
+    client = client_for("operator")
+    response = _upload(client, _corpus(client), _zip({"a.txt": "ok", "a.md": "same id"}), name="x.zip")
+    assert response.status_code == 201  # one of the two is kept
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("bad.txt", b"\xff\xfe")
+    dataset_id = _corpus(client, "second")
+    refused = _upload(client, dataset_id, buffer.getvalue(), name="bad.zip")
+    assert refused.status_code == 400
+    body = json.dumps(refused.json())
+    assert "1 rejected" in body and "bad.txt line 1: not valid UTF-8" in body
+    assert DatasetVersion.objects.filter(dataset_id=dataset_id).count() == 0
+
+
 @pytest.mark.parametrize(
     ("data", "message"),
     [

@@ -220,16 +220,24 @@ def test_html_text_drops_scripts_and_keeps_line_breaks() -> None:
 def test_a_non_utf8_file_is_named_with_its_line(tmp_path: Path) -> None:
     (tmp_path / "ok.md").write_text("fine")
     (tmp_path / "bad.txt").write_bytes(b"line one\nline two \xff\n")
-    with pytest.raises(CorpusError) as exc:
-        parse_documents_folder(tmp_path)
-    assert exc.value.errors == ["bad.txt line 2: not valid UTF-8 (byte 0xff at column 10); re-save the file as UTF-8"]
+    (tmp_path / "blob.txt").write_bytes(b"PK\x00\x01binary")
+    source = parse_documents_folder(tmp_path)
+    # The bad files are named and left out; the good one is read.
+    assert [d.doc_id for d in source.documents] == ["ok"]
+    assert source.rejected_files == [
+        "bad.txt line 2: not valid UTF-8 (byte 0xff at column 10); re-save the file as UTF-8",
+        "blob.txt: a binary file (it holds NUL bytes), not text; leave it out",
+    ]
+    chunks, report = build_corpus(source.documents, rejected_files=source.rejected_files)
+    assert report["rejected_files"] == 2 and report["rejected_file_reasons"] == source.rejected_files
 
 
 def test_two_files_with_the_same_doc_id_are_both_named(tmp_path: Path) -> None:
     (tmp_path / "a.md").write_text("one")
     (tmp_path / "a.txt").write_text("two")
-    with pytest.raises(CorpusError, match=r"a.txt: gives doc_id 'a', as does a.md; rename one"):
-        parse_documents_folder(tmp_path)
+    source = parse_documents_folder(tmp_path)
+    assert [d.metadata["path"] for d in source.documents] == ["a.md"]
+    assert source.rejected_files == ["a.txt: gives doc_id 'a', as does a.md; rename one of them"]
 
 
 def _zip(entries: dict[str, bytes]) -> bytes:
