@@ -44,6 +44,11 @@ class Turn(BaseModel):
     content: str = ""
     tool: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
+    continues: bool = Field(
+        default=False,
+        description="An assistant turn that is the 2nd, 3rd, ... tool call of the same reply (the environments "
+        "write one assistant turn per call); it is not another turn of the model",
+    )
 
 
 class HiddenTestReport(BaseModel):
@@ -195,8 +200,10 @@ class Trajectory(BaseModel):
 
     @property
     def num_turns(self) -> int:
-        """Number of assistant turns (the `turns` of methods.md X5)."""
-        return sum(1 for turn in self.turns if turn.role == ASSISTANT_ROLE)
+        """The model's turns: its replies, counted as `max_turns` and the `env/turns` metric count them (the
+        `turns` of methods.md X5). A reply that made k tool calls is one turn, though it is stored as k assistant
+        turns (the 2nd to k-th marked `continues`)."""
+        return sum(1 for turn in self.turns if turn.role == ASSISTANT_ROLE and not turn.continues)
 
     @property
     def tool_calls(self) -> list[str]:

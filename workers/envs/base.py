@@ -405,7 +405,8 @@ class ToolUseEnvironment(Environment):
     In the trajectory a reply with k well-formed calls becomes k assistant turns (the first holds the reply's
     text), each followed by its tool turn, because `Trajectory.tool_calls` reads one call per assistant turn;
     a reply with only malformed calls is one assistant turn with no tool. Malformed calls get an error `tool`
-    turn without a tool name. `counts["turns"]` counts replies.
+    turn without a tool name. `counts["turns"]`, `max_turns` and the turn penalty (X5, `Trajectory.num_turns`)
+    all count replies: the 2nd to k-th assistant turns of one reply are marked `continues`.
 
     Subclasses set `tools` and implement `run_tool`.
     """
@@ -449,6 +450,7 @@ class ToolUseEnvironment(Environment):
                         "content": action_text if i == 0 else "",
                         "tool": call.name,
                         "args": call.arguments,
+                        **({"continues": True} if i else {}),
                     }
                 )
         else:

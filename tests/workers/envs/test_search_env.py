@@ -229,6 +229,23 @@ def test_max_turns_ends_the_episode_without_an_answer(index) -> None:
     assert last.done and env.trajectory("x")["error"].startswith("no final answer")
 
 
+def test_turns_count_replies_in_max_turns_the_metric_and_the_turn_penalty(index) -> None:
+    from workers.rewards.schema import TurnPenaltyTerm
+    from workers.trajectories import Trajectory
+
+    env = _env(index, max_turns=3)
+    three_calls = "".join(_call("search_corpus", query=q) for q in ("loch", "castle", "reef"))
+    env.step(three_calls)  # one reply, three calls
+    env.step(_call("grep_corpus", pattern="lighthouse"))
+    env.step('<Document id="lighthouse#0"></Document>')
+    record = env.trajectory("x")
+    trajectory = Trajectory.model_validate(record)
+    assert record["counts"]["turns"] == 3 and record["counts"]["tool_calls"] == 4
+    assert len(trajectory.tool_calls) == 4
+    assert trajectory.num_turns == 3  # the same count max_turns allowed
+    assert TurnPenaltyTerm(start=1, ramp=4).value(trajectory) == pytest.approx(0.5 * 2 / 4)
+
+
 @pytest.mark.parametrize(
     ("text", "ids", "answer"),
     [
