@@ -334,6 +334,13 @@ class TrainConfig(_Strict):
         "delta", description="Delta: XOR of bit patterns + zstd, rebuilt bit-for-bit (Composer 2 C5)"
     )
     checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints to object storage")
+    substeps: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Optimizer steps per rollout batch: the batch's groups split into this many minibatches, one "
+        "optimizer step each, ratios against the rollout's log-probs (Context-1: 4; 1: one step on the whole batch)",
+    )
     max_tokens_per_pack: int = Field(
         1024, ge=64, le=1_048_576, description="Learner micro-batch in packed tokens: bounds activation memory"
     )

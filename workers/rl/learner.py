@@ -51,6 +51,16 @@ def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
     return groups
 
 
+def _minibatches(samples: int, group_size: int, parts: int) -> list[range]:
+    """`parts` contiguous ranges of whole groups covering `samples` samples, as even as the groups allow (fewer
+    when there are fewer groups); one range for parts = 1."""
+    groups = max(1, -(-samples // max(group_size, 1)))
+    parts = max(1, min(parts, groups))
+    bounds = [round(groups * k / parts) * group_size for k in range(parts + 1)]
+    bounds[-1] = samples
+    return [range(min(a, samples), min(b, samples)) for a, b in zip(bounds, bounds[1:], strict=False)]
+
+
 def _flatten_segments(batch: Sequence[Sample]) -> tuple[list[list[int]], list[int], list[int]]:
     """Every segment of every sample as its own sequence, with the index of the sample it belongs to."""
     seqs: list[list[int]] = []
@@ -220,15 +230,68 @@ class Learner:
         terms = sorted({k for s in samples for k in s.terms})
         for name in terms:
             metrics[f"term/{name}"] = float(np.mean([s.terms.get(name, 0.0) for s in samples]))
-        # The batch's normalisers (methods.md P1-P5): every sampled sequence for the per-sequence and constant
-        # normalisers, the tokens of the trained groups for the token-level ones.
-        batch_sequences = len(samples)
+        # `substeps` minibatches of whole groups, one optimizer step each (Context-1's 4 gradient substeps); with
+        # 1 the whole batch is one minibatch. Each minibatch is normalised as a batch of its own.
+        parts = _minibatches(len(samples), cfg.group_size if advantages is None else 1, cfg.substeps)
+        totals = {"loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+        weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
+        counts = {"ratio": 0.0, "kl": 0.0, "steps": 0.0}
+        ratio_max = 0.0
+        self.model.train()
+        for part in parts:
+            part_kept = [i for i in kept if part.start <= i < part.stop]
+            out = self._substep(samples, adv.advantages, part_kept, sequences=len(part))
+            if out is None:
+                continue
+            for name in totals:
+                totals[name] += out[name]
+            # Clip fraction and ratio are means over ratio units (tokens; sequences for GSPO), KL over KL tokens.
+            for name in weighted:
+                weighted[name] += out[name] * out["kl_units" if name == "kl" else "ratio_units"]
+            counts["ratio"] += out["ratio_units"]
+            counts["kl"] += out["kl_units"]
+            counts["steps"] += 1
+            ratio_max = max(ratio_max, out["ratio_max"])
+        if kept:
+            self.version += 1
+        steps = max(counts["steps"], 1.0)
+        # Loss, entropy and the gradient norm: the mean over the optimizer steps taken (each already a batch mean).
+        metrics.update({name: totals[name] / steps for name in ("loss", "policy_loss", "entropy")})
+        grad_norm = totals["grad_norm"] / steps
+        metrics["clip_fraction"] = weighted["clip_fraction"] / max(counts["ratio"], 1.0)
+        metrics["ratio_mean"] = weighted["ratio_mean"] / max(counts["ratio"], 1.0)
+        if self.loss_config.kl_in_loss:
+            metrics["kl"] = weighted["kl"] / max(counts["kl"], 1.0)
+        metrics.setdefault("kl", 0.0)
+        metrics["substeps"] = counts["steps"]
+        self.step += 1
+        seconds = time.perf_counter() - started
+        metrics.update(
+            {
+                "ratio_max": ratio_max,
+                "grad_norm": grad_norm,
+                "train_seconds": seconds,
+                "train_tokens": float(sum(samples[i].total_tokens for i in kept)),
+                "trained_samples": float(len(kept)),
+            }
+        )
+        return metrics
+
+    def _substep(
+        self, samples: Sequence[Sample], all_advantages: Tensor, kept: list[int], *, sequences: int
+    ) -> dict[str, float] | None:
+        """Forward, backward and one optimizer step over the trained samples `kept` of one minibatch of
+        `sequences` samples; None when no rank had anything to train (no step taken)."""
+        cfg = self.config
+        # The minibatch's normalisers (methods.md P1-P5): every sampled sequence for the per-sequence and
+        # constant normalisers, the tokens of the trained groups for the token-level ones.
         batch_tokens = float(sum(samples[i].sampled_tokens for i in kept))
+        if int(distributed.all_reduce_max(float(len(kept)))) == 0:
+            return None
         sums = {"loss": 0.0, "policy_loss": 0.0, "entropy": 0.0}
         weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         ratio_count, kl_tokens = 0.0, 0.0
         ratio_max = 0.0
-        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         # This rank's share of the trained samples (all of them on one rank), in micro-batches; every rank runs as
         # many as the rank with the most, the extra ones on a stand-in sample whose loss counts zero.
@@ -241,11 +304,12 @@ class Learner:
         ]
         rounds = int(distributed.all_reduce_max(float(len(plan))))
         plan += [None] * (rounds - len(plan))
+        stand_in = kept[:1] or [0]
         for at, members in enumerate(plan):
             real = members is not None
-            indices = members if members is not None else kept[:1]
+            indices = members if members is not None else stand_in
             batch = [samples[i] for i in indices]
-            advantages = adv.advantages[indices].to(torch.float32).to(self.device)
+            advantages = all_advantages[indices].to(torch.float32).to(self.device)
             seqs, starts, owners = _flatten_segments(batch)
             # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
             # mask hides, so short rows packed first-fit beat one long row (helper measurement: 1.7x vs 0.17x).
@@ -267,7 +331,7 @@ class Learner:
                     mask,
                     self.loss_config,
                     ref,
-                    batch_sequences=batch_sequences,
+                    batch_sequences=sequences,
                     batch_tokens=batch_tokens,
                 )
                 # DDP and FSDP2 average gradients over ranks; the batch's gradient is their sum (each rank's loss
@@ -294,30 +358,19 @@ class Learner:
             weighted = dict(zip(weighted, totals[len(sums) : len(sums) + len(weighted)], strict=True))
             ratio_count, kl_tokens = totals[-2], totals[-1]
             ratio_max = distributed.all_reduce_max(ratio_max)
-        grad_norm = 0.0
-        if kept:
-            grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
-            self.optimizer.step()
-            self.version += 1
+        grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
+        self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.step += 1
-        seconds = time.perf_counter() - started
-        metrics.update(sums)
-        metrics["clip_fraction"] = weighted["clip_fraction"] / max(ratio_count, 1.0)
-        metrics["ratio_mean"] = weighted["ratio_mean"] / max(ratio_count, 1.0)
-        if self.loss_config.kl_in_loss:
-            metrics["kl"] = weighted["kl"] / max(kl_tokens, 1.0)
-        metrics.setdefault("kl", 0.0)
-        metrics.update(
-            {
-                "ratio_max": ratio_max,
-                "grad_norm": grad_norm,
-                "train_seconds": seconds,
-                "train_tokens": float(sum(samples[i].total_tokens for i in kept)),
-                "trained_samples": float(len(kept)),
-            }
-        )
-        return metrics
+        return {
+            **sums,
+            "grad_norm": grad_norm,
+            "clip_fraction": weighted["clip_fraction"] / max(ratio_count, 1.0),
+            "ratio_mean": weighted["ratio_mean"] / max(ratio_count, 1.0),
+            "kl": weighted["kl"] / max(kl_tokens, 1.0),
+            "ratio_units": ratio_count,
+            "kl_units": kl_tokens,
+            "ratio_max": ratio_max,
+        }
 
     def _shaped_rewards(self, samples: Sequence[Sample], rewards: Tensor) -> tuple[Tensor, dict[str, float]]:
         """The rewards the advantages are computed from: the task reward, plus DAPO's overlong penalty (P3 eq. 13)

@@ -5,6 +5,7 @@ penalty, and GSPO's clip fraction is per sequence however the batch is cut into 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -220,3 +221,33 @@ def test_kimi_keeps_equal_groups_subtracts_the_group_mean_and_divides_by_the_bat
     assert metrics["loss"] == pytest.approx(-token_sum / sum(lengths.values()), abs=2e-6)
     outside = sum(1 for i in (2, 3) for d in DELTAS[i] if abs(d) > 0.2)
     assert metrics["clip_fraction"] == pytest.approx(outside / sum(lengths.values()), abs=1e-6)
+
+
+def test_substeps_take_one_optimizer_step_per_minibatch_of_whole_groups(model_path) -> None:  # type: ignore[no-untyped-def]
+    """substeps=2 on two groups is two optimizer steps, each on one group normalised as a batch of its own:
+    the same weights as two one-group steps, and not the weights of one step on both."""
+    from workers.rl.learner import _minibatches
+
+    assert _minibatches(8, 2, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
+    assert _minibatches(6, 2, 4) == [range(0, 2), range(2, 4), range(4, 6)]  # three groups: three minibatches
+    assert _minibatches(8, 2, 1) == [range(0, 8)]
+
+    def batch(learner: Learner) -> list[Sample]:
+        # Old log-probs set against the initial weights for both groups, as the rollout recorded them.
+        return [_sample(learner, i, r, 8, DELTAS[2 if i % 2 else 3]) for i, r in enumerate([1.0, 0.0, 0.0, 1.0])]
+
+    split = Learner(model_path, _config(algorithm="cispo", substeps=2))
+    metrics = split.train_step(batch(split))
+    assert metrics["substeps"] == 2 and split.version == 1
+
+    stepwise = Learner(model_path, _config(algorithm="cispo", prompts_per_step=1))
+    samples = batch(stepwise)
+    for group in (samples[:2], samples[2:]):
+        stepwise.train_step([dataclasses.replace(s, group=0) for s in group])
+    whole = Learner(model_path, _config(algorithm="cispo"))
+    whole.train_step(batch(whole))
+    pairs = list(zip(split.model.named_parameters(), stepwise.model.parameters(), strict=True))
+    for (name, a), b in pairs:
+        assert torch.allclose(a, b, atol=1e-6), name
+    others = zip(split.model.parameters(), whole.model.parameters(), strict=True)
+    assert any(not torch.allclose(a, c, atol=1e-6) for a, c in others)
