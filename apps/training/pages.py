@@ -73,6 +73,7 @@ TRAIN_FORM_FIELDS = [
     "steps",
     "prompts_per_step",
     "group_size",
+    "substeps",
     "scale_rewards",
     "drop_equal_groups",
     "dynamic_sampling",
