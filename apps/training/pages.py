@@ -74,6 +74,7 @@ TRAIN_FORM_FIELDS = [
     "prompts_per_step",
     "group_size",
     "substeps",
+    "curriculum.by",
     "scale_rewards",
     "drop_equal_groups",
     "dynamic_sampling",

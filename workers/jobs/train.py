@@ -47,7 +47,7 @@ from workers.rewards.score import annealed_weights
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.placement import ResourcePlan, describe, plan_resources, ray_options
 from workers.rl.rollout import RolloutResult, Sample
-from workers.rl.sampling import FilledBatch, HardUpsampler, dynamic_sampling_batch
+from workers.rl.sampling import Curriculum, FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
@@ -78,7 +78,7 @@ def annealed_beta(config: TrainConfig, step: int, num_rows: int) -> float | None
 
 
 def step_prompts(
-    num_rows: int, seed: int, step: int, per_step: int, upsampler: HardUpsampler | None
+    num_rows: int, seed: int, step: int, per_step: int, upsampler: HardUpsampler | Curriculum | None
 ) -> tuple[list[int], list[float]]:
     """`step`'s prompt rows and, with hard-data upsampling, the weights they were drawn with: the data order
     (`data_order`, every task once per epoch; no weights) when `upsampler` is None, else its weighted draw."""
@@ -409,8 +409,14 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             start_step = int(state["step"])
             reporter.log(f"resumed from {spec.resume_from} at step {start_step} (policy version {state['version']})")
         upsample = config.upsample_hard
-        upsampler: HardUpsampler | None = None
-        if upsample.by != "off":
+        upsampler: HardUpsampler | Curriculum | None = None
+        if config.curriculum.by != "off":
+            upsampler = Curriculum.from_rows(rows, config.curriculum, config.steps, config.seed)
+            reporter.log(
+                f"curriculum by hops: {sum(upsampler.easy)} easy and {len(rows) - sum(upsampler.easy)} hard tasks, "
+                f"easy-skewed until step {upsampler.switch_step}"
+            )
+        elif upsample.by != "off":
             upsampler = HardUpsampler(
                 task_ids, by=upsample.by, strength=upsample.strength, max_weight=upsample.max_weight, seed=config.seed
             )
@@ -605,7 +611,9 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 )
                 if config.toggle is not None and budgets:  # first_rollout budgets grow: keep them for a resume
                     write_bytes(f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}", json.dumps(budgets).encode(), opts)
-                if upsampler is not None:  # before the checkpoint: a checkpoint with its checksum is complete
+                if isinstance(
+                    upsampler, HardUpsampler
+                ):  # before the checkpoint: a checkpoint with its checksum is complete
                     write_bytes(uri + UPSAMPLE_STATE_SUFFIX, json.dumps(upsampler.state()).encode(), opts)
                 if sharded:  # every rank writes its shards, then the manifest of checksums goes last
                     learner.save_sharded(uri, (step + 1) * per_step, opts)

@@ -189,6 +189,23 @@ class BetaSchedule(_Strict):
         return self.start + (self.end - self.start) * t
 
 
+class CurriculumConfig(_Strict):
+    """Context-1's curriculum (methods.md section 3, RL: "easy-skewed -> hard-skewed phase (by hops)"), off by
+    default. A task is easy when its `hops` (the task row's field, as the multi-hop generator writes it) is at most
+    `easy_at_most`. Steps before `switch_at` x steps draw easy tasks with weight `skew` and hard ones with 1; later
+    steps the reverse. Each step draws its prompts without replacement with probabilities proportional to those
+    weights (`workers.rl.sampling.weighted_order`); the share of hard tasks drawn is charted per step."""
+
+    by: Literal["off", "hops"] = Field(
+        default="off", description="off: no curriculum. hops: easy (few hops) first, then hard (Context-1)"
+    )
+    easy_at_most: int = Field(default=1, ge=0, le=100, description="A task with at most this many hops is easy")
+    switch_at: float = Field(
+        default=0.5, ge=0.0, le=1.0, description="Share of the steps in the easy-skewed phase (then hard-skewed)"
+    )
+    skew: float = Field(default=3.0, gt=1.0, le=100.0, description="Weight of the favoured kind (the other: 1)")
+
+
 class UpsampleHardConfig(_Strict):
     """Composer 2's hard-data upsampling ("later stages upsample hard data by #turns and thinking tokens",
     methods.md section 2), off by default: a departure from uniform sampling is the run's choice.
@@ -371,6 +388,10 @@ class TrainConfig(_Strict):
     overlong_cache_tokens: int | None = Field(
         default=None, ge=1, description="L_cache of the overlong penalty; empty: a fifth of L_max (DAPO: 4096/20480)"
     )
+    curriculum: CurriculumConfig = Field(
+        default_factory=CurriculumConfig,
+        description="Easy-skewed then hard-skewed prompt draws by hop count (Context-1); off: uniform",
+    )
     upsample_hard: UpsampleHardConfig = Field(
         default_factory=UpsampleHardConfig,
         description="Draw each step's prompts with weights that grow with the turns or tokens their past rollouts "
@@ -468,6 +489,11 @@ class TrainConfig(_Strict):
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError(
                 "mode 'async' trains on samples one policy version old: set max_staleness >= 1, or use 'sync'"
+            )
+        if self.curriculum.by != "off" and self.upsample_hard.enabled:
+            raise ValueError(
+                "curriculum and upsample_hard both choose each step's prompts: turn one of them off "
+                "(curriculum.by 'off' or upsample_hard.by 'off')"
             )
         if self.algorithm_default_of is not None and self.algorithm_default_of != self.environment:
             raise ValueError(

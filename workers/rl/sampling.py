@@ -329,3 +329,61 @@ class HardUpsampler:
         if needs.by != self.needs.by:
             raise ValueError(f"stored needs are by {needs.by}, this run upsamples by {self.needs.by}")
         self.needs = needs
+
+
+class Curriculum:
+    """Context-1's easy -> hard curriculum (`workers.rl.config.CurriculumConfig`): each step's prompts are drawn
+    with `weighted_order`, easy tasks weighing `skew` before the switch step and hard ones after. It answers as
+    `HardUpsampler` does (`draw`, `weights`, `metrics`), so the trainer uses either the same way; it keeps no state
+    (a resumed run draws the same rows: the draw is seeded by the step)."""
+
+    def __init__(self, hops: Sequence[int], *, easy_at_most: int, switch_step: int, skew: float, seed: int) -> None:
+        if not hops:
+            raise ValueError("no rows to draw from")
+        self.easy = [h <= easy_at_most for h in hops]
+        self.switch_step = switch_step
+        self.skew = skew
+        self.seed = seed
+        self._step = 0
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Mapping[str, Any]], config: Any, steps: int, seed: int) -> Curriculum:
+        """From task rows and a `CurriculumConfig`; ValueError naming the first row without an integer `hops`."""
+        hops: list[int] = []
+        for number, row in enumerate(rows, start=1):
+            value = row.get("hops")
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"curriculum.by 'hops': task row {number} ({row.get('id', '?')}) has no integer 'hops'; "
+                    "use tasks from the multi-hop generator, or set curriculum.by to 'off'"
+                )
+            hops.append(value)
+        switch = round(config.switch_at * steps)
+        return cls(hops, easy_at_most=config.easy_at_most, switch_step=switch, skew=config.skew, seed=seed)
+
+    def weights(self) -> list[float]:
+        """The row weights of the step last drawn."""
+        favour_easy = self._step < self.switch_step
+        return [self.skew if easy == favour_easy else 1.0 for easy in self.easy]
+
+    def draw(self, step: int, count: int) -> tuple[list[int], list[float]]:
+        """`step`'s `count` rows and their weights."""
+        self._step = step
+        weights = self.weights()
+        rows = weighted_order(weights, seed=self.seed, step=step, count=count, stream="curriculum")
+        return rows, [weights[i] for i in rows]
+
+    def metrics(self, drawn: Sequence[float]) -> dict[str, float]:
+        """The step's share of hard tasks, from the weights its rows were drawn with (skew > 1 tells them apart:
+        hard rows weigh 1 in the easy phase and `skew` in the hard one)."""
+        hard_weight = 1.0 if self._step < self.switch_step else self.skew
+        return {
+            "sampling/hard_share": sum(1 for w in drawn if w == hard_weight) / len(drawn) if drawn else 0.0,
+            "sampling/curriculum_phase": 0.0 if self._step < self.switch_step else 1.0,
+        }
+
+    def record(self, samples: Sequence[Any]) -> None:
+        """Nothing to learn from the episodes: the curriculum depends on the step only."""
+
+    def state(self) -> dict[str, Any]:
+        return {}
