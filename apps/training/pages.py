@@ -25,7 +25,14 @@ from apps.training.rft import rft_dataset_create
 from workers.envs.registry import environment_choices
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
-from workers.rl.config import ComputeRequest, LearnerConfig, LoraConfig, SamplingConfig, TrainConfig
+from workers.rl.config import (
+    ComputeRequest,
+    CurriculumConfig,
+    LearnerConfig,
+    LoraConfig,
+    SamplingConfig,
+    TrainConfig,
+)
 
 
 @needs(Capability.LAUNCH)
@@ -105,6 +112,7 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
         "compute": ComputeRequest,
         "lora": LoraConfig,
         "learner": LearnerConfig,
+        "curriculum": CurriculumConfig,
     }
     fields = []
     for path in TRAIN_FORM_FIELDS:
