@@ -281,7 +281,8 @@ def table(results: dict[str, Any], names: Iterable[str], part: str) -> list[str]
     for corpus in names:
         info = results[corpus]
         lines.append(
-            f"\n{corpus} ({info['chunks']} chunks, {info['tasks']} tasks, {info['queries'][part]} {part}-hop queries)"
+            f"\n{corpus} ({info['chunks']} chunks, {info['tasks']} tasks, "
+            f"{sum(info['queries'].values()) if part == 'all' else info['queries'][part]} {part}-hop queries)"
         )
         lines.append(f"  {'retriever':24} " + " ".join(f"{m:>18}" for m in (*_RECALLS, "mrr", "ndcg@10")))
         for label, metrics in info["metrics"].items():

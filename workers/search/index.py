@@ -2,12 +2,16 @@
 
 `SearchIndex.search(query)` is Context-1's `search_corpus`:
 
-1. BM25 (bm25s, Lucene scoring, English stemmer and stopwords) scores every chunk; the dense side takes the cosine
-   of the MiniLM query embedding with every chunk embedding. Dense search is exact, one float32 matrix-vector
-   product (100k chunks x 384 dims is 150 MB and about 8 ms on 2 cores), so no ANN library and no recall lost.
+1. BM25 (bm25s, Lucene scoring, the analyzer of `workers.search.analyzers`: word tokens, English stopwords, no
+   stemmer by default) scores every chunk; the dense side takes the cosine of the MiniLM query embedding with
+   every chunk embedding, a chunk longer than MiniLM's 256 word pieces scoring as its best window
+   (`dense_windows`). Dense search is exact, one float32 matrix-vector product (100k chunks x 384 dims is 150 MB
+   and about 8 ms on 2 cores), so no ANN library and no recall lost. Both read the chunk with its context: the
+   document title and the section path above it (`workers.search.corpus.chunk_document`).
 2. Chunk ids in `exclude` (the harness's dedup of chunks already seen) are masked in both score vectors before
    the top `candidates` of each are taken: they never come back and never take one of the k places.
-3. The two ranked lists are fused with reciprocal rank fusion (methods.md R1, 1-based ranks, k = 60).
+3. The two ranked lists are fused with reciprocal rank fusion: methods.md R1 (1-based ranks, k = 60) with a
+   weight per list (`bm25_weight`, `dense_weight`), or Chroma's R2 (`rrf_form="r2"`, 0-based ranks).
 4. The top `rerank_top` fused candidates are reranked, and the first k returned.
 
 The reranker is a documented choice. Context-1 reranks the top 50 fused candidates without saying with what
@@ -21,9 +25,14 @@ min-max normalised over the candidates:
 Bruch, Gai and Ingber, "An analysis of fusion functions for hybrid retrieval" (ACM TOIS 2023), found this convex
 combination better than RRF in and out of domain whenever both scores are available, and it has a single
 parameter. RRF still chooses the candidate set (it is robust to the two score scales); the convex step orders it
-using the score gaps that RRF throws away. alpha (the dense share) defaults to 0.5: equal weight until a task
-set tunes it. `reranker="none"` keeps the RRF order. With `dense=False` the index is BM25 alone: no fusion and
-no reranking.
+using the score gaps that RRF throws away. `reranker="none"` keeps the RRF order. With `dense=False` the index
+is BM25 alone: no fusion and no reranking.
+
+Every default (no stemmer, the word tokenizer, windows, dense_weight 0.25, alpha 0.3) was chosen by the retrieval
+harness `bench/retrieval_eval.py` on its three tuning corpora (Markdown, reStructuredText, Python source) and then
+reported on three evaluation corpora it never tuned on (README, "Retrieval"). The hybrid leans on BM25 because on
+technical text the exact words of a passage are the strongest evidence; the dense side then breaks BM25's ties
+and finds paraphrases.
 
 Indexes are built by the Ray job `workers.jobs.build_index`, saved as a directory (see `SearchIndex.save`) in
 object storage, and loaded once per process with `load_index`.
@@ -68,7 +77,7 @@ __all__ = [
     "save_index",
 ]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: IndexConfig's later fields, window_starts.npy; format 1 indexes still load
 MANIFEST = "manifest.json"
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -87,8 +96,9 @@ class IndexConfig(BaseModel):
         "and --flags kept whole and split into their parts (workers.search.analyzers)",
     )
     stemmer: Literal["english"] | None = Field(
-        default="english",
-        description="Snowball stemmer applied to chunk and query tokens (PyStemmer); null: no stemming",
+        default=None,
+        description="Snowball stemmer applied to chunk and query tokens (PyStemmer); null (the default, chosen by "
+        "bench/retrieval_eval.py on its tuning corpora): no stemming, so option and identifier names match as written",
     )
     stopwords: Literal["en"] | None = Field(
         default="en", description="stopword list removed before BM25; null: keep all"
@@ -104,9 +114,14 @@ class IndexConfig(BaseModel):
     bm25_weight: float = Field(
         default=1.0, ge=0, le=10, description="weight of the BM25 list in RRF (1 and 1: plain RRF; R2's w_i)"
     )
-    dense_weight: float = Field(default=1.0, ge=0, le=10, description="weight of the dense list in RRF")
+    dense_weight: float = Field(
+        default=0.25,
+        ge=0,
+        le=10,
+        description="weight of the dense list in RRF (0.25: fitted on the retrieval harness's tuning corpora)",
+    )
     dense_windows: bool = Field(
-        default=False,
+        default=True,
         description="embed a chunk longer than MiniLM's 256 word pieces in overlapping windows and score it by its "
         "best window (false: the embedding sees the chunk's beginning only)",
     )
@@ -117,22 +132,44 @@ class IndexConfig(BaseModel):
         description="convex: alpha x min-max(dense cosine) + (1 - alpha) x min-max(BM25) over the candidates "
         "(Bruch et al. 2023); none: keep the RRF order",
     )
-    alpha: float = Field(default=0.5, ge=0, le=1, description="the dense share of the convex reranker's score")
+    alpha: float = Field(
+        default=0.3,
+        ge=0,
+        le=1,
+        description="the dense share of the convex reranker's score (0.3: fitted on the harness's tuning corpora)",
+    )
+
+    @classmethod
+    def from_stored(cls, values: Mapping[str, Any], *, format_version: int) -> IndexConfig:
+        """A config as an index manifest (or a stored index row) recorded it. Format 1 predates the later fields:
+        what it lacks takes the legacy value the index was built with, not today's default."""
+        filled = dict(values)
+        if format_version < 2:
+            for name, legacy in _LATER_FIELDS.items():
+                filled.setdefault(name, legacy)
+        return cls.model_validate(filled)
 
     def content_hash(self) -> str:
         """sha256 of the full config with defaults filled in: `{}` and the same values spelled out hash alike.
-        A field added after format 1 enters the hash only when it differs from its default, so the indexes built
-        before it keep their identity."""
+        A field added after format 1 enters the hash only when it differs from its legacy value (the behaviour
+        before it existed), so the indexes built before it keep their identity."""
         values = self.model_dump(mode="json")
-        for name in _LATER_FIELDS:
-            if values[name] == type(self).model_fields[name].default:
+        for name, legacy in _LATER_FIELDS.items():
+            if values[name] == legacy:
                 del values[name]
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-# Fields added after the first indexes were stored (see IndexConfig.content_hash).
-_LATER_FIELDS = ("tokenizer", "rrf_form", "bm25_weight", "dense_weight", "dense_windows")
+# Fields added after format 1, with the value that reproduces how a format-1 index was built (see
+# IndexConfig.from_stored and content_hash).
+_LATER_FIELDS: dict[str, Any] = {
+    "tokenizer": "words",
+    "rrf_form": "r1",
+    "bm25_weight": 1.0,
+    "dense_weight": 1.0,
+    "dense_windows": False,
+}
 
 
 @dataclass(frozen=True)
@@ -457,9 +494,9 @@ class SearchIndex:
         if not (src / MANIFEST).is_file():
             raise FileNotFoundError(f"{src} holds no search index ({MANIFEST} is missing)")
         manifest = json.loads((src / MANIFEST).read_text())
-        if manifest.get("format") != FORMAT_VERSION:
-            raise ValueError(f"{src}: index format {manifest.get('format')!r}; this code reads {FORMAT_VERSION}")
-        config = IndexConfig.model_validate(manifest["config"])
+        if manifest.get("format") not in (1, FORMAT_VERSION):
+            raise ValueError(f"{src}: index format {manifest.get('format')!r}; this code reads 1 and {FORMAT_VERSION}")
+        config = IndexConfig.from_stored(manifest["config"], format_version=int(manifest["format"]))
         chunks = list(iter_chunks_jsonl((src / "chunks.jsonl").read_bytes()))
         retriever = bm25s.BM25.load(str(src / "bm25"), show_progress=False)
         embeddings = window_starts = None

@@ -72,9 +72,15 @@ def test_configs_from_before_the_new_fields_keep_their_hash() -> None:
         "stopwords": "en",
     }
     digest = hashlib.sha256(json.dumps(old, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    explicit = IndexConfig(**old, tokenizer="words", rrf_form="r1", bm25_weight=1, dense_weight=1, dense_windows=False)
-    assert explicit.content_hash() == digest
+    # A stored config lacks the later fields: it is read with their legacy values, which reproduce the index it
+    # was built as, and keeps its hash.
+    stored = IndexConfig.from_stored(old, format_version=1)
+    assert (stored.dense_weight, stored.dense_windows, stored.tokenizer) == (1.0, False, "words")
+    assert stored.content_hash() == digest
     assert IndexConfig(**old, tokenizer="code").content_hash() != digest
+    # Today's defaults are another index.
+    assert IndexConfig().content_hash() != digest
+    assert IndexConfig.from_stored(IndexConfig().model_dump(mode="json"), format_version=2) == IndexConfig()
 
 
 def test_a_long_chunk_is_found_by_a_passage_past_its_first_window() -> None:
@@ -87,7 +93,7 @@ def test_a_long_chunk_is_found_by_a_passage_past_its_first_window() -> None:
     ]
     assert len(embed.windows(chunks[0].text)) > 2
     query = "lighthouse keeper polishing the lens"
-    plain = SearchIndex.build(chunks, IndexConfig(reranker="none", bm25_weight=0.0))
+    plain = SearchIndex.build(chunks, IndexConfig(reranker="none", bm25_weight=0.0, dense_windows=False))
     windowed = SearchIndex.build(chunks, IndexConfig(reranker="none", bm25_weight=0.0, dense_windows=True))
     plain_dense = plain._dense_scores(query)
     windowed_dense = windowed._dense_scores(query)

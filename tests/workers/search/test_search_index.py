@@ -66,6 +66,9 @@ DOCS = {
 }
 
 
+LEGACY = IndexConfig(stemmer="english", alpha=0.5, dense_weight=1.0, dense_windows=False)
+
+
 def make_chunks() -> list[Chunk]:
     return [
         Chunk(chunk_id=f"{doc}#{i}", doc_id=doc, position=i, text=text, title=doc.replace("-", " "))
@@ -76,12 +79,14 @@ def make_chunks() -> list[Chunk]:
 
 @pytest.fixture(scope="module")
 def hybrid() -> SearchIndex:
-    return SearchIndex.build(make_chunks(), IndexConfig())
+    # The fusion oracles below are written for one vector per chunk, equal RRF weights and alpha 0.5 with the
+    # English stemmer: the pre-harness settings, spelled out.
+    return SearchIndex.build(make_chunks(), LEGACY)
 
 
 @pytest.fixture(scope="module")
 def lexical() -> SearchIndex:
-    return SearchIndex.build(make_chunks(), IndexConfig(dense=False))
+    return SearchIndex.build(make_chunks(), LEGACY.model_copy(update={"dense": False}))
 
 
 def ids(hits: list) -> list[str]:  # type: ignore[type-arg]
@@ -185,7 +190,9 @@ def test_convex_reranker_scores_match_an_independent_computation(hybrid):
 
 
 def test_rrf_only_reranker_keeps_the_fused_order(hybrid, lexical):
-    plain = SearchIndex(hybrid.chunks, IndexConfig(reranker="none"), hybrid._bm25, hybrid._embeddings, {})
+    plain = SearchIndex(
+        hybrid.chunks, LEGACY.model_copy(update={"reranker": "none"}), hybrid._bm25, hybrid._embeddings, {}
+    )
     query = "Eiffel tower"
     by_dense = np.argsort(-(np.asarray(hybrid._embeddings) @ embed.embed_query(query)), kind="stable")
     expected = rrf_fuse(
@@ -262,7 +269,7 @@ def test_save_and_load_give_identical_results(hybrid, tmp_path):
     hybrid.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["chunks"] == len(hybrid.chunks) and manifest["documents"] == len(DOCS)
-    assert manifest["config"] == IndexConfig().model_dump(mode="json")
+    assert manifest["config"] == LEGACY.model_dump(mode="json") and manifest["format"] == 2
     assert manifest["corpus_hash"] == hashlib.sha256(dump_chunks_jsonl(make_chunks())).hexdigest()
     assert set(manifest["build_seconds"]) == {"bm25", "dense"}
     loaded = SearchIndex.load(tmp_path / "idx")
@@ -271,6 +278,21 @@ def test_save_and_load_give_identical_results(hybrid, tmp_path):
         before, after = hybrid.search(query, k=5, exclude=["eiffel#0"]), loaded.search(query, k=5, exclude=["eiffel#0"])
         assert [(h.chunk, h.score, h.ranks) for h in before] == [(h.chunk, h.score, h.ranks) for h in after]
     assert ids(loaded.grep("tower")) == ids(hybrid.grep("tower"))
+
+
+def test_a_format_1_index_loads_with_the_settings_it_was_built_with(hybrid, tmp_path):
+    """An index saved before the later IndexConfig fields existed: its manifest lacks them, and it must load as
+    built (one vector per chunk, equal weights), not with today's defaults."""
+    hybrid.save(tmp_path / "old")
+    manifest_path = tmp_path / "old" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    for name in ("tokenizer", "rrf_form", "bm25_weight", "dense_weight", "dense_windows"):
+        del manifest["config"][name]
+    manifest["format"] = 1
+    manifest_path.write_text(json.dumps(manifest))
+    loaded = SearchIndex.load(tmp_path / "old")
+    assert loaded.config == hybrid.config and loaded.config.content_hash() == hybrid.config.content_hash()
+    assert ids(loaded.search("Eiffel tower", k=5)) == ids(hybrid.search("Eiffel tower", k=5))
 
 
 def test_load_refuses_a_directory_without_an_index(tmp_path):
