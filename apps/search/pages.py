@@ -58,7 +58,9 @@ def indexes(request: HttpRequest) -> HttpResponse:
                     errors = validation_messages(exc)
                 else:
                     return redirect("runs:detail", run_id=index.run_id)
-    rows = CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")[:200]
+    rows = list(CorpusIndex.objects.select_related("corpus_version__dataset", "run", "created_by")[:200])
+    for row in rows:
+        row.build_speed = _chunks_per_second(row.stats or {})  # type: ignore[attr-defined]
     return render(
         request,
         "search/index_list.html",
@@ -70,6 +72,14 @@ def indexes(request: HttpRequest) -> HttpResponse:
             "config_fields": [(name, f.description) for name, f in IndexConfig.model_fields.items()],
         },
     )
+
+
+def _chunks_per_second(stats: dict[str, Any]) -> float | None:
+    """Chunks indexed per second of the build (BM25 and embeddings), from the manifest; None before it is ready."""
+    manifest = stats.get("manifest") or {}
+    seconds = sum(float(v) for v in (manifest.get("build_seconds") or {}).values())
+    chunks = manifest.get("chunks")
+    return round(chunks / seconds, 1) if chunks and seconds > 0 else None
 
 
 # The form's numeric fields, in order, with their help text from the typed parameters.

@@ -214,6 +214,10 @@ def test_the_page_lists_indexes_and_builds_one(corpus_version, client, users):
     assert made.status_code == 302 and made["Location"] == f"/runs/{index.run_id}/"
     listed = client.get("/search/indexes/")
     assert f"run {index.run_id}".encode() in listed.content and b"BM25 only" in listed.content
+    # A finished build shows its speed: chunks over the manifest's BM25 and embedding seconds.
+    index.stats = {"manifest": {"chunks": 300, "build_seconds": {"bm25": 1.0, "dense": 9.0}}}
+    index.save(update_fields=["stats"])
+    assert b"<td>30.0" in client.get("/search/indexes/").content
 
 
 # --- S3 ------------------------------------------------------------------------------------------------------------
