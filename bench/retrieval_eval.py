@@ -37,7 +37,7 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +49,16 @@ import numpy as np  # noqa: E402
 
 from workers.search import embed  # noqa: E402
 from workers.search.corpus import Document, build_corpus, document_from_file  # noqa: E402
-from workers.search.index import IndexConfig, SearchIndex, _bm25_text  # noqa: E402
-from workers.search.retrieval_eval import KS, EvalQuery, evaluate, hop_queries, report  # noqa: E402
+from workers.search.index import IndexConfig, SearchIndex, index_text  # noqa: E402
+from workers.search.retrieval_eval import (  # noqa: E402
+    KS,
+    EvalQuery,
+    IndexViews,
+    evaluate,
+    hop_queries,
+    ranked_ids,
+    report,
+)
 from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
 from workers.search.synth import SynthCorpus, SynthParams, TemplateGenerator, synthesize  # noqa: E402
 from workers.search.types import Chunk  # noqa: E402
@@ -137,7 +145,7 @@ def documents(name: str, cache: Path) -> list[Document]:
 
 # --- embeddings, cached per corpus --------------------------------------------------------------------------------
 def corpus_embeddings(chunks: list[Chunk], cache: Path, windows: bool) -> tuple[np.ndarray, np.ndarray | None, float]:
-    texts = [_bm25_text(c) for c in chunks]
+    texts = [index_text(c) for c in chunks]
     key = hashlib.sha256(("\n\x00".join(texts) + f"|{windows}|{embed.runtime()}").encode()).hexdigest()[:20]
     path = cache / f"emb-{key}.npz"
     if path.exists():
@@ -179,38 +187,27 @@ ANALYZERS = {
 
 
 class Corpus:
-    """One corpus's chunks, BM25 per analyzer and dense vectors, ready to build SearchIndex views cheaply."""
+    """One corpus's chunks and its `IndexViews`, the embeddings read from (or written to) the --cache."""
 
     def __init__(self, name: str, chunks: list[Chunk], cache: Path) -> None:
         self.name = name
         self.chunks = chunks
-        self.bm25: dict[str, Any] = {}
-        for label, options in ANALYZERS.items():
-            built = SearchIndex.build(chunks, IndexConfig(dense=False, **options))
-            self.bm25[label] = built._bm25
-        self.vectors, _, self.embed_seconds = corpus_embeddings(chunks, cache, windows=False)
-        self.window_vectors, self.window_starts, self.window_seconds = corpus_embeddings(chunks, cache, windows=True)
+        self.views = IndexViews(chunks)
+        vectors, _, self.embed_seconds = corpus_embeddings(chunks, cache, windows=False)
+        self.views.set_vectors(False, vectors)
+        window_vectors, starts, self.window_seconds = corpus_embeddings(chunks, cache, windows=True)
+        self.views.set_vectors(True, window_vectors, starts)
 
     def index(self, config: IndexConfig) -> SearchIndex:
-        label = next(k for k, v in ANALYZERS.items() if v == {"tokenizer": config.tokenizer, "stemmer": config.stemmer})
-        if not config.dense:
-            return SearchIndex(self.chunks, config, self.bm25[label], None, {})
-        if config.dense_windows:
-            return SearchIndex(self.chunks, config, self.bm25[label], self.window_vectors, {}, self.window_starts)
-        return SearchIndex(self.chunks, config, self.bm25[label], self.vectors, {})
+        return self.views.index(config)
 
 
-def searcher(index: SearchIndex, depth: int = 100) -> Callable[[str], list[str]]:
-    return lambda query: [h.chunk.chunk_id for h in index.search(query, k=depth)]
+def searcher(index: SearchIndex) -> Callable[[str], Sequence[str]]:
+    return ranked_ids(index)
 
 
-def dense_only(index: SearchIndex) -> Callable[[str], list[str]]:
-    def search(query: str) -> list[str]:
-        scores = index._dense_scores(query)
-        assert scores is not None
-        return [index.chunks[i].chunk_id for i in np.argsort(-scores, kind="stable")[:100].tolist()]
-
-    return search
+def dense_only(index: SearchIndex) -> Callable[[str], Sequence[str]]:
+    return ranked_ids(index, dense_only=True)
 
 
 def hybrid(base: dict[str, Any], **changes: Any) -> IndexConfig:

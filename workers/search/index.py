@@ -72,6 +72,7 @@ __all__ = [
     "IndexConfig",
     "SearchIndex",
     "index_cache_dir",
+    "index_text",
     "load_index",
     "rrf_fuse",
     "save_index",
@@ -232,7 +233,7 @@ def _minmax(values: FloatArray) -> FloatArray:
     return ((values - low) / (high - low)).astype(np.float32)
 
 
-def _bm25_text(chunk: Chunk) -> str:
+def index_text(chunk: Chunk) -> str:
     """What both retrievers read: the document title and section path (chunk context), then the text."""
     section = chunk.metadata.get("section")
     context = [part for part in (chunk.title, section if isinstance(section, str) else "") if part]
@@ -433,7 +434,7 @@ class SearchIndex:
                 raise ValueError(f"chunk id {chunk.chunk_id!r} appears twice in the corpus; chunk ids must be unique")
             seen.add(chunk.chunk_id)
         started = time.perf_counter()
-        texts = [_bm25_text(c) for c in chunks]
+        texts = [index_text(c) for c in chunks]
         analyzer = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords).get()
         retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
         retriever.index(analyzer.tokens(texts), show_progress=False)

@@ -20,7 +20,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from workers.search import embed
+from workers.search.index import IndexConfig, SearchIndex, index_text
 from workers.search.synth import OPEN_QUOTE, SynthCorpus
+from workers.search.types import Chunk
 
 KS = (1, 5, 10)
 Retriever = Callable[[str], Sequence[str]]
@@ -126,3 +129,50 @@ def report(
             "all": summarize(rows),
         }
     return result
+
+
+class IndexViews:
+    """Many `IndexConfig`s over one corpus without rebuilding what they share: BM25 is built once per analyzer
+    (tokenizer, stemmer, stopwords, k1, b) and embeddings once per window setting (`vectors` may be given, e.g.
+    from a cache), then each config is a cheap `SearchIndex` over them."""
+
+    def __init__(self, chunks: Sequence[Chunk]) -> None:
+        self.chunks = list(chunks)
+        self._bm25: dict[tuple[Any, ...], Any] = {}
+        self._vectors: dict[bool, tuple[Any, Any]] = {}
+
+    def set_vectors(self, windows: bool, vectors: Any, starts: Any = None) -> None:
+        self._vectors[windows] = (vectors, starts)
+
+    def index(self, config: IndexConfig) -> SearchIndex:
+        key = (config.tokenizer, config.stemmer, config.stopwords, config.bm25_k1, config.bm25_b)
+        if key not in self._bm25:
+            lexical = config.model_copy(update={"dense": False})
+            self._bm25[key] = SearchIndex.build(self.chunks, lexical)._bm25
+        if not config.dense:
+            return SearchIndex(self.chunks, config, self._bm25[key], None, {})
+        windows = config.dense_windows
+        if windows not in self._vectors:
+            texts = [index_text(c) for c in self.chunks]
+            if windows:
+                self._vectors[windows] = embed.embed_windowed(texts)
+            else:
+                self._vectors[windows] = (embed.embed_texts(texts), None)
+        vectors, starts = self._vectors[windows]
+        return SearchIndex(self.chunks, config, self._bm25[key], vectors, {}, starts if windows else None)
+
+
+def ranked_ids(index: SearchIndex, *, dense_only: bool = False, depth: int = 100) -> Retriever:
+    """A retriever over `index`: its search, or (`dense_only`) the dense scores alone."""
+    import numpy as np
+
+    if not dense_only:
+        return lambda query: [h.chunk.chunk_id for h in index.search(query, k=depth)]
+
+    def dense(query: str) -> list[str]:
+        scores = index._dense_scores(query)
+        if scores is None:
+            raise ValueError("dense_only needs an index with embeddings")
+        return [index.chunks[i].chunk_id for i in np.argsort(-scores, kind="stable")[:depth].tolist()]
+
+    return dense

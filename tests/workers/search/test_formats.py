@@ -152,7 +152,7 @@ def test_numbers_make_chunks_different_not_duplicates() -> None:
 
 def test_a_chunk_keeps_the_heading_path_above_it_as_context() -> None:
     from workers.search.corpus import Document, chunk_document
-    from workers.search.index import _bm25_text
+    from workers.search.index import index_text
 
     text = "# Guide\n\n## Install\n\n" + " ".join(["Run the installer now."] * 30) + "\n\n### Linux\n\nUse apt."
     chunks = chunk_document(Document("g", text, title="Guide"), ChunkerConfig(max_words=60))
@@ -161,4 +161,4 @@ def test_a_chunk_keeps_the_heading_path_above_it_as_context() -> None:
     assert sections[0] is None and sections[1] == "Install"
     last = chunks[-1]
     assert last.text.startswith("### Linux") and last.metadata["section"] == "Install"
-    assert _bm25_text(chunks[1]).startswith("Guide\nInstall\n")
+    assert index_text(chunks[1]).startswith("Guide\nInstall\n")
