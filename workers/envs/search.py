@@ -261,16 +261,31 @@ class SearchEnv(ToolUseEnvironment):
                         field=name,
                         environment=cls.name,
                     )
+        facts = task.metadata.get("gold_facts")
+        if facts is not None and not (
+            isinstance(facts, list)
+            and facts
+            and all(isinstance(f, list) and f and all(isinstance(c, str) and c for c in f) for f in facts)
+        ):
+            raise TaskFieldError(
+                f"{where}: field 'gold_facts' must be a non-empty list of facts, each a non-empty list of the chunk "
+                'ids that hold it (e.g. [["doc#0", "copy#3"], ["other#1"]]), got {json_kind(facts)}',
+                field="gold_facts",
+                environment=cls.name,
+            )
         return task
 
     @classmethod
     def referenced_chunk_ids(cls, row: Mapping[str, Any]) -> set[str]:
-        """Every chunk id a task row names: gold, answer and distractor chunks."""
+        """Every chunk id a task row names: gold, answer and distractor chunks, and the chunks of its facts."""
         out: set[str] = set()
         for name in ("gold_chunk_ids", "answer_chunk_ids", "distractor_chunk_ids"):
             value = row.get(name)
             if isinstance(value, list):
                 out.update(str(item) for item in value)
+        for fact in row.get("gold_facts") or []:
+            if isinstance(fact, list):
+                out.update(str(item) for item in fact)
         return out
 
     @classmethod
@@ -531,6 +546,7 @@ class SearchEnv(ToolUseEnvironment):
             "output_items": [{"id": item.id, "justification": item.justification} for item in self._output],
             "gold_doc_ids": list(metadata.get("gold_chunk_ids") or []),
             "answer_doc_ids": list(metadata.get("answer_chunk_ids") or []),
+            **({"gold_facts": [list(f) for f in metadata["gold_facts"]]} if metadata.get("gold_facts") else {}),
             "seen_doc_ids": list(self._seen),
             "pruned_chunk_ids": list(self._pruned),
             "token_usage": list(self._usage),

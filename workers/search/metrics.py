@@ -5,7 +5,11 @@ Per episode, from a search trajectory record (workers.envs.search):
   without them, the answer text matching a gold answer after normalisation);
 - `output_recall`, `output_precision`, `output_f1`: the output ids against the gold chunk ids;
 - `trajectory_recall`: the share of gold chunks shown at any point (pruned ones included);
-- `turns`, `prune_calls`.
+- `turns`, `prune_calls`;
+- per fact, for tasks whose row lists `gold_facts` (methods.md section 3: "some datasets are scored per fact: a
+  fact counts as found if any of its chunks was retrieved"; each fact is the list of chunk ids that hold it):
+  `fact_recall` (facts with a chunk in the output) and `trajectory_fact_recall` (facts with a chunk shown at any
+  point). Tasks without facts report neither.
 
 `ensemble_outputs` fuses several rollouts' output lists of one task with reciprocal rank fusion (methods.md R1,
 1-based ranks, k = 60): Context-1 (4x) is four rollouts fused this way.
@@ -62,6 +66,11 @@ def episode_metrics(record: Mapping[str, Any]) -> dict[str, float]:
     out["trajectory_recall"] = set_recall(_ids(record, "seen_doc_ids"), gold) if gold else 0.0
     out["turns"] = float(counts.get("turns", 0))
     out["prune_calls"] = float(counts.get("prune_chunks_calls", 0))
+    facts = [{str(c) for c in fact} for fact in record.get("gold_facts") or [] if fact]
+    if facts:
+        output, seen = set(_ids(record, "output_doc_ids")), set(_ids(record, "seen_doc_ids"))
+        out["fact_recall"] = sum(1 for fact in facts if fact & output) / len(facts)
+        out["trajectory_fact_recall"] = sum(1 for fact in facts if fact & seen) / len(facts)
     return out
 
 

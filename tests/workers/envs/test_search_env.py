@@ -304,6 +304,25 @@ def test_episode_metrics_and_the_rrf_ensemble(index) -> None:
     assert fused["output_recall"] == 1.0
 
 
+def test_facts_are_scored_when_any_of_their_chunks_is_found(index) -> None:
+    env = make_env("search", index_uri="memory://test")
+    assert isinstance(env, SearchEnv)
+    env.bind_index(index)
+    # Two facts: the engineer (in lighthouse#1, or copied into castle#0), and the reef (lighthouse#0 only).
+    facts = [["lighthouse#1", "castle#0"], ["lighthouse#0"]]
+    env.reset(env.validate_task_row(_task(gold_facts=facts)))
+    env.step("<Document id=castle#0></Document>")
+    record = env.trajectory("x")
+    assert record["gold_facts"] == facts
+    metrics = episode_metrics(record)
+    assert metrics["fact_recall"] == 0.5  # the first fact through its copy; the chunk recall says 0
+    assert metrics["output_recall"] == 0.0
+    assert "fact_recall" not in episode_metrics({**record, "gold_facts": []})
+    assert SearchEnv.referenced_chunk_ids(_task(gold_facts=facts)) >= {"castle#0", "lighthouse#0"}
+    with pytest.raises(ValueError, match="field 'gold_facts' must be a non-empty list of facts"):
+        SearchEnv.validate_task_row(_task(gold_facts=[["a#0"], []]), index=1)
+
+
 def test_task_rows_need_gold_chunk_ids() -> None:
     with pytest.raises(ValueError, match="gold_chunk_ids"):
         SearchEnv.validate_task_row({"id": 1, "prompt": "q"}, index=3)
