@@ -40,6 +40,7 @@ from workers.rewards.schema import context1_spec  # noqa: E402
 from workers.rl.config import TrainConfig  # noqa: E402
 from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
+from workers.rl.sampling import Curriculum  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
 from workers.search import synth  # noqa: E402
 from workers.search.corpus import build_corpus  # noqa: E402
@@ -116,6 +117,10 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4, help="CISPO learning rate (LoRA)")
     parser.add_argument("--sft-lr", type=float, default=5e-5, help="SFT warm-up learning rate (full parameters)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--substeps", type=int, default=1, help="optimizer steps per batch (Context-1: 4)")
+    parser.add_argument(
+        "--curriculum", action="store_true", help="Context-1's easy -> hard draws by hop count (else the data order)"
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
@@ -204,8 +209,11 @@ def main() -> None:
         beta_schedule={"start": 4.0, "end": 2.0, "epochs": 3},
         sampling={"temperature": 1.0, "max_new_tokens": 96},
         loss={"kl_coef": 0.0},
+        substeps=args.substeps,
+        curriculum={"by": "hops"} if args.curriculum else {"by": "off"},
     )
     learner = Learner(sft_path, config, threads=args.threads)
+    curriculum = Curriculum.from_rows(train, config.curriculum, config.steps, config.seed) if args.curriculum else None
     rollout = worker_for(sft_path, 1.0, env_params)
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()
@@ -214,7 +222,10 @@ def main() -> None:
 
     history = []
     for step in range(config.steps):
-        order = data_order(len(train), config.seed, step, config.prompts_per_step)
+        if curriculum is not None:
+            order, _ = curriculum.draw(step, config.prompts_per_step)
+        else:
+            order = data_order(len(train), config.seed, step, config.prompts_per_step)
         beta = config.beta_schedule.beta(step * config.prompts_per_step // len(train)) if config.beta_schedule else None
         result = rollout.rollout(
             [train[i] for i in order], group_size=config.group_size, seed=step, id_prefix=f"s{step}-", f_beta=beta
@@ -224,7 +235,11 @@ def main() -> None:
         if blob is not None:
             rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
         env_means = mean_metrics(s.episode_metrics for s in result.samples)
-        history.append({"step": step + 1, "reward_mean": metrics["reward_mean"], **env_means})
+        # What an analysis of "does RL add anything" needs: the signal each step had to learn from.
+        signal = ("reward_std", "dropped_groups", "groups", "advantage_abs_mean", "clip_fraction", "substeps")
+        history.append(
+            {"step": step + 1, "reward_mean": metrics["reward_mean"], **{k: metrics[k] for k in signal}, **env_means}
+        )
         log(
             f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, output recall "
             f"{env_means['output_recall']:.3f}, dropped groups {metrics['dropped_groups']:.0f}, "
