@@ -8,8 +8,9 @@ with `embed_windowed`, in overlapping windows of 256 word pieces that the index 
 Runtime (`runtime()`, `CRUCIBLE_EMBED_DTYPE`): the matrix products run in bfloat16 under autocast where the CPU has
 native bfloat16 (AMX or AVX512-BF16; a GPU), in float32 elsewhere; weights, pooling and normalisation stay float32.
 On this project's 2-core Xeon (AMX), bfloat16 with batches of 32 builds an index 2.4x faster per chunk than
-float32 with batches of 128, with a cosine of 0.9999 to the float32 vector (`bench/index_build.py`). ONNX Runtime was tried and left
-out: float32 was slower than torch here and its int8 model moved vectors to a cosine of 0.94.
+float32 with batches of 128, with a cosine of 0.9999 to the float32 vector (`bench/index_build.py`). ONNX
+Runtime was tried and left out: float32 was slower than torch here and its int8 model moved vectors to a cosine of
+0.94.
 Texts are embedded in batches of similar token length (`BATCH_SIZE`), so little is spent on padding.
 """
 
