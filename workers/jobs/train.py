@@ -611,9 +611,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 )
                 if config.toggle is not None and budgets:  # first_rollout budgets grow: keep them for a resume
                     write_bytes(f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}", json.dumps(budgets).encode(), opts)
-                if isinstance(
-                    upsampler, HardUpsampler
-                ):  # before the checkpoint: a checkpoint with its checksum is complete
+                # Before the checkpoint: a checkpoint with its checksum is complete.
+                if isinstance(upsampler, HardUpsampler):
                     write_bytes(uri + UPSAMPLE_STATE_SUFFIX, json.dumps(upsampler.state()).encode(), opts)
                 if sharded:  # every rank writes its shards, then the manifest of checksums goes last
                     learner.save_sharded(uri, (step + 1) * per_step, opts)
