@@ -23,6 +23,7 @@ from workers.models.registry import BUILTIN_SHAPES
 from workers.rl.algorithms import SettingsError
 from workers.rl.config import TrainConfig, estimate_memory_gb, settings_for, shape_from_hf_config
 from workers.rl.placement import GB, plan_resources
+from workers.rl.sampling import Curriculum
 
 
 def with_corpus_index(config: dict[str, Any], corpus_version: DatasetVersion | None) -> dict[str, Any]:
@@ -128,6 +129,11 @@ def train_config_check(
         problems.setdefault("config.prompts_per_step", []).append(
             f"{parsed.prompts_per_step} prompts per step but {dataset_version} has only {len(rows)} tasks"
         )
+    if rows is not None and parsed.curriculum.by != "off":
+        try:
+            Curriculum.from_rows([r for r in rows if isinstance(r, dict)], parsed.curriculum, parsed.steps, 0)
+        except ValueError as exc:
+            problems.setdefault("config.curriculum.by", []).append(str(exc))
     if shape is not None and settings_ok:
         memory = estimate_memory_gb(parsed, shape)
         per_role = parsed.compute.per_rank is not None or parsed.compute.per_engine is not None

@@ -66,3 +66,11 @@ def test_a_bad_upsampling_setting_is_a_400_naming_the_field(launch):
     reply = launch({**TINY, "upsample_hard": {"by": "turns", "max_weight": 0.5}})
     assert reply.status_code == 400
     assert "config.upsample_hard.max_weight" in reply.json()["fields"], reply.json()
+
+
+def test_a_curriculum_on_tasks_without_hops_is_a_400_naming_the_row(launch):  # type: ignore[no-untyped-def]
+    reply = launch({**TINY, "curriculum": {"by": "hops"}})
+    assert reply.status_code == 400
+    problems = reply.json()["fields"]["config.curriculum.by"]
+    assert "task row 1" in problems[0] and "no integer 'hops'" in problems[0]
+    assert not Run.objects.exists()
