@@ -374,6 +374,12 @@ class Environment(abc.ABC):
         """Extra trajectory fields a subclass fills (output_doc_ids, seen_doc_ids, ...); none by default."""
         return {}
 
+    @classmethod
+    def ensemble_metrics(cls, records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+        """Metrics of several attempts at one task fused into one answer (Context-1's "4x": the search outputs
+        fused with RRF); None where the environment has no such fusion (the default)."""
+        return None
+
     def trajectory(self, trajectory_id: str | None = None) -> dict[str, Any]:
         """The finished episode as a `workers.trajectories` record (a JSON-able dict, one JSONL line).
 

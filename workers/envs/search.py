@@ -539,6 +539,13 @@ class SearchEnv(ToolUseEnvironment):
 
         return episode_metrics(record)
 
+    @classmethod
+    def ensemble_metrics(cls, records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
+        """Context-1 (kx): the k attempts' output lists fused with RRF (methods.md section 3), scored as one."""
+        from workers.search.metrics import ensemble_metrics
+
+        return ensemble_metrics(records) if len(records) > 1 else None
+
     def trajectory_fields(self) -> dict[str, Any]:
         metadata = self.task.metadata
         return {

@@ -37,6 +37,7 @@ from workers.jobs.common import (
     write_bytes,
 )
 from workers.jobs.specs import EvalConfig, EvalSpec
+from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.evaluate")
 
@@ -147,6 +148,7 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             max_new_tokens=config.max_new_tokens,
             detectors=spec.detectors,
         )
+        ensembles: list[dict[str, float]] = []  # per task, the k attempts fused (Context-1's "4x")
         counts: list[tuple[int, int]] = []
         findings_per_attempt: list[list[Finding]] = []
         scores: list[float] = []
@@ -166,6 +168,9 @@ def run(spec: EvalSpec) -> dict[str, Any]:
                 report_flags(reporter, sample.findings, step=0)  # after its trajectory, so ingest links them
                 findings_per_attempt.append(sample.findings)
             for task_id, samples in by_task.items():
+                fused = env_cls.ensemble_metrics([s.trajectory for s in samples])
+                if fused is not None:
+                    ensembles.append(fused)
                 fields = task_result(task_id, samples, config.score_field)
                 reporter.task_result(**fields)
                 counts.append((fields["samples"], fields["passed"]))
@@ -179,6 +184,8 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             reporter.metric(done, values)
             reporter.log(f"{done}/{len(rows)} tasks: pass@1 so far {running['pass@1']:.3f}")
         metrics = {**pass_at_ks(counts, config.k), "mean_score": sum(scores) / len(scores)}
+        if ensembles:
+            metrics.update({f"ensemble_{config.k}x/{k}": v for k, v in mean_metrics(ensembles).items()})
         summary = {
             "eval": {
                 "tasks": len(rows),

@@ -164,6 +164,54 @@ def test_the_eval_job_reports_each_attempts_flags_after_its_trajectory(
     assert metric["values"]["flags/rate"] == 1.0 and metric["values"]["flags/malformed_tool_calls"] == 1.0
 
 
+class PerAttemptBackend(ScriptedBackend):
+    """Attempt i of a batch answers `replies[i]` (every turn), so the k attempts at one task differ."""
+
+    def generate(self, prompt_token_ids: Sequence[Sequence[int]], params: SamplingParams) -> list[Generation]:
+        out = []
+        for i, prompt in enumerate(prompt_token_ids):
+            text = self.replies[i % len(self.replies)]
+            ids = self._tokenizer.encode(text, add_special_tokens=False)
+            out.append(Generation(list(prompt), list(ids), [0.0] * len(ids), text, "stop", 0))
+        return out
+
+
+def test_the_eval_job_scores_search_attempts_fused_as_context1_kx(
+    ingested: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workers.envs.search import SearchEnv
+    from workers.jobs import evaluate
+    from workers.search.index import IndexConfig, SearchIndex, save_index
+    from workers.search.types import Chunk
+
+    chunks = [Chunk(f"d{i}#0", f"d{i}", 0, f"Passage {i} about topic number {i}.") for i in range(3)]
+    index_uri = f"file://{tmp_path}/index"
+    save_index(SearchIndex.build(chunks, IndexConfig(dense=False)), index_uri)
+    # Each attempt finds one gold chunk and one wrong one (0.5 recall alone); RRF puts d0 (in both) and d1 (first
+    # in one) above d2 in the fused top two: 1.0.
+    replies = [
+        "<Document id=d0#0></Document><Document id=d2#0></Document>",
+        "<Document id=d1#0></Document><Document id=d0#0></Document>",
+    ]
+    monkeypatch.setattr(evaluate, "load_policy", lambda config, opts: PerAttemptBackend(replies))
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t1", "prompt": "Find topics 0 and 1", "gold_chunk_ids": ["d0#0", "d1#0"]}))
+    spec = evaluate.EvalSpec(
+        run_id=1,
+        kind="eval",
+        ingest_url="http://cp/api/v1/runs/1/ingest/",
+        config=evaluate.EvalConfig(
+            base_model=TINY_LLAMA, environment="search", env_params={"index_uri": index_uri}, k=2
+        ),
+        tasks_uri=f"file://{tasks}",
+        reward=SearchEnv.eval_reward(),
+        output_prefix=f"file://{tmp_path}/out",
+    )
+    metrics = evaluate.run(spec)["eval"]["metrics"]
+    assert metrics["ensemble_2x/output_recall"] == 1.0
+    assert metrics["mean_score"] < 1.0  # no single attempt had both
+
+
 def test_the_rescore_job_reports_flags_and_writes_them_beside_the_scores(
     ingested: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
