@@ -261,7 +261,7 @@ def pick_analyzer(results: dict[str, Any]) -> dict[str, Any]:
     """The BM25 analyzer with the best mean recall@1 over the tuning corpora (ties: recall@5)."""
 
     def score(label: str) -> tuple[float, float]:
-        firsts = [results[c]["metrics"][label]["all"] for c in TUNING]
+        firsts = [results[c]["metrics"][label]["all"] for c in TUNING if c in results]
         return (
             statistics.mean(f["recall@1"]["mean"] for f in firsts),
             statistics.mean(f["recall@5"]["mean"] for f in firsts),
