@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import bm25s
@@ -129,7 +129,3 @@ class AnalyzerPool:
             analyzer = Analyzer(*self._args)
             self._local.analyzer = analyzer
         return analyzer
-
-
-def vocabulary(tokens: Iterable[list[str]]) -> int:
-    return len({t for row in tokens for t in row})
