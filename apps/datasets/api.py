@@ -90,7 +90,7 @@ class DatasetViewSet(viewsets.ModelViewSet):
     def versions(self, request: Request, pk: str | None = None) -> Response:
         """GET lists versions; POST (multipart `file`) validates the whole file and adds the next version.
 
-        For a corpus, `file` is a documents JSONL or a zip of .txt/.md/.html files, chunked with the optional
+        For a corpus, `file` is a documents JSONL or a zip of .md/.rst/.txt/.html/.py files, chunked with the optional
         `chunker` field (a JSON object of chunker options); the version stores the chunks.
         """
         dataset = get_object_or_404(Dataset, pk=pk)

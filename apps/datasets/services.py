@@ -138,7 +138,7 @@ def corpus_chunks_from_source(
 def corpus_chunks_from_upload(*, data: bytes, chunker: ChunkerOption = None) -> tuple[bytes, int, dict[str, Any]]:
     """An uploaded corpus, as (canonical chunk JSONL, chunk count, report), or a 400 naming the bad line or file.
 
-    The upload is a zip of .txt/.md/.html files (told by its magic bytes), a JSONL of documents, or canonical
+    The upload is a zip of .md/.rst/.txt/.html/.py files (told by its magic bytes), a JSONL of documents, or canonical
     chunk JSONL (a stored version exported and uploaded again), which is checked and kept as it is.
     """
     config = _chunker(chunker)

@@ -28,7 +28,7 @@ BUILTIN_CORPORA = ("python-docs",)
 class Command(BaseCommand):
     help = (
         "Import documents into a corpus dataset (created if missing) as its next version: a JSONL of documents, "
-        "a zip or folder of .txt/.md/.html files, or the built-in Python documentation corpus."
+        "a zip or folder of .md/.rst/.txt/.html/.py files, or the built-in Python documentation corpus."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -37,8 +37,12 @@ class Command(BaseCommand):
         source.add_argument(
             "--jsonl", type=Path, help='documents, one {"doc_id", "text", "title"?, "metadata"?} a line'
         )
-        source.add_argument("--zip", type=Path, help="a zip of a folder of .txt/.md/.markdown/.html/.htm files")
-        source.add_argument("--folder", type=Path, help="a folder of .txt/.md/.markdown/.html/.htm files (recursive)")
+        source.add_argument(
+            "--zip", type=Path, help="a zip of a folder of .md/.markdown/.rst/.txt/.html/.htm/.py files"
+        )
+        source.add_argument(
+            "--folder", type=Path, help="a folder of .md/.markdown/.rst/.txt/.html/.htm/.py files (recursive)"
+        )
         source.add_argument(
             "--builtin", choices=BUILTIN_CORPORA, help="python-docs: pydoc topics and stdlib docstrings"
         )
