@@ -36,7 +36,7 @@ import sys
 import tarfile
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -201,14 +201,6 @@ class Corpus:
         return self.views.index(config)
 
 
-def searcher(index: SearchIndex) -> Callable[[str], Sequence[str]]:
-    return ranked_ids(index)
-
-
-def dense_only(index: SearchIndex) -> Callable[[str], Sequence[str]]:
-    return ranked_ids(index, dense_only=True)
-
-
 def hybrid(base: dict[str, Any], **changes: Any) -> IndexConfig:
     return IndexConfig(**{**base, **changes})
 
@@ -216,19 +208,19 @@ def hybrid(base: dict[str, Any], **changes: Any) -> IndexConfig:
 def retrievers_for(corpus: Corpus, analyzer: dict[str, Any], fitted: dict[str, float]) -> dict[str, Any]:
     rows: dict[str, Any] = {"bm25s plain (peer)": plain_bm25s(corpus.chunks)}
     for label, options in ANALYZERS.items():
-        rows[label] = searcher(corpus.index(IndexConfig(dense=False, **options)))
-    rows["dense"] = dense_only(corpus.index(IndexConfig(**analyzer)))
-    rows["dense windows"] = dense_only(corpus.index(IndexConfig(dense_windows=True, **analyzer)))
+        rows[label] = ranked_ids(corpus.index(IndexConfig(dense=False, **options)))
+    rows["dense"] = ranked_ids(corpus.index(IndexConfig(**analyzer)), dense_only=True)
+    rows["dense windows"] = ranked_ids(corpus.index(IndexConfig(dense_windows=True, **analyzer)), dense_only=True)
     for windows in (False, True):
         tag = " +windows" if windows else ""
         base = {**analyzer, "dense_windows": windows}
-        rows[f"rrf{tag}"] = searcher(corpus.index(hybrid(base, reranker="none")))
-        rows[f"rrf r2{tag}"] = searcher(corpus.index(hybrid(base, reranker="none", rrf_form="r2")))
-        rows[f"convex a=0.5{tag}"] = searcher(corpus.index(hybrid(base, reranker="convex", alpha=0.5)))
-        rows[f"weighted rrf{tag}"] = searcher(
+        rows[f"rrf{tag}"] = ranked_ids(corpus.index(hybrid(base, reranker="none")))
+        rows[f"rrf r2{tag}"] = ranked_ids(corpus.index(hybrid(base, reranker="none", rrf_form="r2")))
+        rows[f"convex a=0.5{tag}"] = ranked_ids(corpus.index(hybrid(base, reranker="convex", alpha=0.5)))
+        rows[f"weighted rrf{tag}"] = ranked_ids(
             corpus.index(hybrid(base, reranker="none", dense_weight=fitted["dense_weight"]))
         )
-        rows[f"convex fitted{tag}"] = searcher(
+        rows[f"convex fitted{tag}"] = ranked_ids(
             corpus.index(hybrid(base, reranker="convex", alpha=fitted["alpha"], dense_weight=fitted["dense_weight"]))
         )
     return rows
@@ -246,7 +238,7 @@ def fit(corpora: list[Corpus], queries: dict[str, list[EvalQuery]], analyzer: di
         per_corpus = []
         for corpus in corpora:
             config = hybrid(analyzer, reranker="convex", alpha=alpha, dense_weight=weight, dense_windows=windows)
-            rows = evaluate({"x": searcher(corpus.index(config))}, queries[corpus.name])["x"]
+            rows = evaluate({"x": ranked_ids(corpus.index(config))}, queries[corpus.name])["x"]
             per_corpus.append(statistics.mean(statistics.mean(r[m] for m in (*_RECALLS, "mrr")) for r in rows))
         scored.append((statistics.mean(per_corpus), weight, alpha))
         log(f"  fit: dense_weight {weight}, alpha {alpha}: {scored[-1][0]:.4f}")
@@ -332,7 +324,7 @@ def main() -> None:
     bm25_rows = {}
     for name in names:
         rows = {
-            label: searcher(corpora[name].index(IndexConfig(dense=False, **options)))
+            label: ranked_ids(corpora[name].index(IndexConfig(dense=False, **options)))
             for label, options in ANALYZERS.items()
         }
         bm25_rows[name] = report(evaluate(rows, queries[name]), queries[name])
