@@ -1,6 +1,6 @@
 """Learning check for the Context-1 recipe on a CPU: SFT warm-up, then CISPO, on the demo search tasks.
 
-    .venv/bin/python bench/search_learning_check.py            # the README's figures (about 40 minutes, 2 cores)
+    .venv/bin/python bench/search_learning_check.py            # the README's figures (hours on 2 cores)
     .venv/bin/python bench/search_learning_check.py --quick    # a smoke run with the tiny test model
 
 Everything is the project's own code, in one process (no Ray, no control plane), so the numbers come from the
@@ -10,9 +10,13 @@ same harness, reward, filter, learner and rollout code a run uses:
 2. base: SmolLM2-135M-Instruct evaluated greedily on the held-out tasks (one episode per task);
 3. SFT warm-up: the scripted search teacher's trajectories on the train tasks, rejection-filtered
    (`workers.search.rejection`), fine-tune the base model on them; evaluate;
-4. RL: CISPO with LoRA from the SFT model on the train tasks (Context-1 reward, F-beta anneal); evaluate.
-Each evaluation is paired per held-out task; the script prints the mean output recall with a paired bootstrap
-95% interval of the difference, a Wilcoxon signed-rank test and a sign test, and writes bench/results/.
+4. RL: CISPO with LoRA from the SFT model on the train tasks (Context-1 reward, F-beta anneal), once per
+   --seeds (same SFT model, other draws and samples); evaluate.
+Held out twice: tasks of the training corpus that neither SFT nor RL saw, and tasks of --eval-corpora, corpora
+that neither saw at all (those of `bench/retrieval_eval.py`'s evaluation split: reStructuredText and Python
+source, indexed with the same defaults). Each evaluation is paired per held-out task; the script prints the mean
+output recall with a paired bootstrap 95% interval of the difference, a Wilcoxon signed-rank test and a sign
+test (RL seeds pooled per task by their mean, and each seed alone), and writes bench/results/.
 """
 
 from __future__ import annotations
@@ -106,6 +110,61 @@ def paired(after: list[dict[str, float]], before: list[dict[str, float]], metric
     }
 
 
+def unseen_corpus(name: str, tasks: int, work: Path, dense: bool) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """A corpus from the retrieval harness's evaluation split, indexed with the defaults; its verified tasks."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from retrieval_eval import documents
+
+    cache = Path.home() / ".cache" / "crucible" / "retrieval-bench"
+    cache.mkdir(parents=True, exist_ok=True)
+    chunks, _ = build_corpus(documents(name, cache), source=name)
+    index_uri = f"file://{work}/index-{name}"
+    save_index(SearchIndex.build(chunks, IndexConfig(dense=dense)), index_uri)
+    corpus = synth.SynthCorpus(chunks)
+    made = synth.synthesize(
+        corpus, synth.SynthParams(num_tasks=tasks, max_hops=2, seed=0), synth.TemplateGenerator(corpus)
+    )
+    log(f"{name}: {len(chunks)} chunks indexed, {len(made.tasks)} tasks")
+    return {**ENV, "index_uri": index_uri, "training": False}, made.tasks
+
+
+def pooled(per_seed: list[list[dict[str, float]]]) -> list[dict[str, float]]:
+    """Per task, the mean of each metric over the RL seeds (one paired row per task)."""
+    return [
+        {k: float(np.mean([rows[i][k] for rows in per_seed])) for k in per_seed[0][i]} for i in range(len(per_seed[0]))
+    ]
+
+
+def summarise(
+    figures: dict[str, Any],
+    held: list[str],
+    base_eval: dict[str, list[dict[str, float]]],
+    sft_eval: dict[str, list[dict[str, float]]],
+    rl_evals: list[dict[str, list[dict[str, float]]]],
+) -> None:
+    """Paired comparisons per held-out set (RL seeds pooled per task, and each seed alone), and the unseen
+    corpora's tasks together."""
+    figures["comparisons"] = {}
+    figures["means"] = {}
+    for name in held:
+        rl_rows = pooled([e[name] for e in rl_evals])
+        pairs = {"cispo_vs_sft": paired(rl_rows, sft_eval[name])}
+        pairs.update({f"cispo_seed{s}_vs_sft": paired(e[name], sft_eval[name]) for s, e in enumerate(rl_evals)})
+        if name in base_eval:
+            pairs["sft_vs_base"] = paired(sft_eval[name], base_eval[name])
+            pairs["cispo_vs_base"] = paired(rl_rows, base_eval[name])
+        figures["comparisons"][name] = pairs
+        figures["means"][name] = {"sft": mean_metrics(sft_eval[name]), "cispo": mean_metrics(rl_rows)}
+        if name in base_eval:
+            figures["means"][name]["base"] = mean_metrics(base_eval[name])
+    unseen = [n for n in held if n != "in-domain"]
+    if unseen:  # every unseen corpus's tasks in one paired test
+        rl_all = [row for n in unseen for row in pooled([e[n] for e in rl_evals])]
+        figures["comparisons"]["unseen corpora"] = {
+            "cispo_vs_sft": paired(rl_all, [row for n in unseen for row in sft_eval[n]])
+        }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="tiny model, few tasks: checks the script runs")
@@ -121,11 +180,20 @@ def main() -> None:
     parser.add_argument(
         "--curriculum", action="store_true", help="Context-1's easy -> hard draws by hop count (else the data order)"
     )
+    parser.add_argument("--seeds", type=int, default=2, help="RL runs from the same SFT model, other seeds")
+    parser.add_argument(
+        "--eval-corpora",
+        default="rst-celery,py-eval",
+        help="unseen corpora to evaluate on (names of bench/retrieval_eval.py; empty: none)",
+    )
+    parser.add_argument("--eval-tasks", type=int, default=40, help="verified tasks per unseen corpus (at most)")
+    parser.add_argument("--base-eval", action="store_true", help="also evaluate the base model on the unseen corpora")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
         args.tasks, args.steps, args.prompts_per_step, args.group_size, args.sft_epochs = 12, 2, 2, 2, 1
+        args.eval_tasks, args.seeds = min(args.eval_tasks, 4), min(args.seeds, 2)
     import torch
 
     torch.set_num_threads(args.threads)
@@ -147,8 +215,21 @@ def main() -> None:
     test = [t for t in made.tasks if held_out(t["id"])]
     log(f"{len(chunks)} chunks indexed; {len(made.tasks)} tasks: {len(train)} train, {len(test)} held out")
     figures.update({"chunks": len(chunks), "train_tasks": len(train), "held_out_tasks": len(test)})
+    # Held-out sets: "in-domain" (the training corpus's unseen tasks) and one per unseen corpus.
+    held: dict[str, tuple[dict[str, Any], list[dict[str, Any]]]] = {
+        "in-domain": ({**env_params, "training": False}, test)
+    }
+    for name in [n for n in args.eval_corpora.split(",") if n]:
+        held[name] = unseen_corpus(name, args.eval_tasks, work, dense=not args.quick)
+    figures["held_out"] = {name: len(tasks) for name, (_, tasks) in held.items()}
     reward = context1_spec(beta=4.0).model_dump(mode="json")
-    eval_env = {**env_params, "training": False}
+
+    def evaluate_all(worker: RolloutWorker, label: str, sets: list[str]) -> dict[str, list[dict[str, float]]]:
+        out = {}
+        for name in sets:
+            worker.env_params = held[name][0]
+            out[name] = evaluate(worker, held[name][1], f"{label} {name}")
+        return out
 
     def worker_for(path: str, temperature: float, params: dict[str, Any]) -> RolloutWorker:
         backend = make_backend("transformers", path, threads=args.threads)
@@ -162,7 +243,9 @@ def main() -> None:
         )
 
     base_path = str(resolve_base_model(model))
-    base_eval = evaluate(worker_for(base_path, 0.0, eval_env), test, "base")
+    base_eval = evaluate_all(
+        worker_for(base_path, 0.0, env_params), "base", list(held) if args.base_eval else ["in-domain"]
+    )
 
     # SFT warm-up from the scripted teacher.
     from workers.jobs.sft import SFTConfig, fine_tune, generate
@@ -192,9 +275,47 @@ def main() -> None:
     del student
     log(f"SFT on {len(selected.kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
     figures["sft"] = {"filter": report, "loss": losses}
-    sft_eval = evaluate(worker_for(sft_path, 0.0, eval_env), test, "sft")
+    sft_eval = evaluate_all(worker_for(sft_path, 0.0, env_params), "sft", list(held))
+    rl_evals: list[dict[str, list[dict[str, float]]]] = []
+    figures["rl"] = []
+    for seed in range(args.seeds):
+        history, config, rollout = rl_run(args, seed, sft_path, env_params, train, worker_for)
+        figures["rl"].append({"seed": seed, "history": history, "config": config.model_dump(mode="json")})
+        rollout.temperature = 0.0
+        rl_evals.append(evaluate_all(rollout, f"cispo seed {seed}", list(held)))
+        del rollout
+        summarise(figures, list(held), base_eval, sft_eval, rl_evals)
+        if not args.quick:  # a partial result survives an interrupted run
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps({**figures, "partial": seed + 1 < args.seeds}, indent=2))
 
-    # CISPO from the SFT model.
+    figures["seconds"] = round(time.perf_counter() - started)
+    print()
+    print(
+        f"{'held-out output recall':<40} {'before':>7} {'after':>7} {'diff':>7} {'95% CI':>17} {'W p':>8} {'sign p':>8}"
+    )
+    for name, pairs in figures["comparisons"].items():
+        for label, c in pairs.items():
+            ci = f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
+            print(
+                f"{name + ' ' + label:<40} {c['before']:7.3f} {c['after']:7.3f} {c['difference']:+7.3f} {ci:>17} "
+                f"{c['wilcoxon_p']:8.4f} {c['sign_test_p']:8.4f}"
+            )
+    if not args.quick:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(figures, indent=2))
+        log(f"wrote {args.out}")
+
+
+def rl_run(
+    args: argparse.Namespace,
+    seed: int,
+    sft_path: str,
+    env_params: dict[str, Any],
+    train: list[dict[str, Any]],
+    worker_for: Any,
+) -> tuple[list[dict[str, Any]], TrainConfig, RolloutWorker]:
+    """CISPO from the SFT model with one seed; the per-step signal an analysis of "does RL add" needs."""
     config = TrainConfig(
         base_model=sft_path,
         environment="search",
@@ -211,6 +332,7 @@ def main() -> None:
         loss={"kl_coef": 0.0},
         substeps=args.substeps,
         curriculum={"by": "hops"} if args.curriculum else {"by": "off"},
+        seed=seed,
     )
     learner = Learner(sft_path, config, threads=args.threads)
     curriculum = Curriculum.from_rows(train, config.curriculum, config.steps, config.seed) if args.curriculum else None
@@ -228,7 +350,11 @@ def main() -> None:
             order = data_order(len(train), config.seed, step, config.prompts_per_step)
         beta = config.beta_schedule.beta(step * config.prompts_per_step // len(train)) if config.beta_schedule else None
         result = rollout.rollout(
-            [train[i] for i in order], group_size=config.group_size, seed=step, id_prefix=f"s{step}-", f_beta=beta
+            [train[i] for i in order],
+            group_size=config.group_size,
+            seed=seed * 1000 + step,
+            id_prefix=f"r{seed}s{step}-",
+            f_beta=beta,
         )
         metrics = learner.train_step(result.samples)
         blob, _ = learner.weight_update()
@@ -237,42 +363,24 @@ def main() -> None:
         env_means = mean_metrics(s.episode_metrics for s in result.samples)
         # What an analysis of "does RL add anything" needs: the signal each step had to learn from.
         signal = ("reward_std", "dropped_groups", "groups", "advantage_abs_mean", "clip_fraction", "substeps")
+        terms = mean_metrics(s.terms for s in result.samples)  # the reward's parts: outcome, penalties
         history.append(
-            {"step": step + 1, "reward_mean": metrics["reward_mean"], **{k: metrics[k] for k in signal}, **env_means}
+            {
+                "step": step + 1,
+                "beta": beta,
+                "reward_mean": metrics["reward_mean"],
+                **{k: metrics[k] for k in signal},
+                **env_means,
+                **{f"term/{k}": v for k, v in terms.items()},
+            }
         )
         log(
-            f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, output recall "
+            f"seed {seed} step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, output recall "
             f"{env_means['output_recall']:.3f}, dropped groups {metrics['dropped_groups']:.0f}, "
             f"{result.generation_seconds:.0f}s gen, {metrics['train_seconds']:.0f}s train"
         )
-    figures["rl"] = {"history": history, "config": config.model_dump(mode="json")}
-    rollout.temperature = 0.0
-    rollout.env_params = eval_env
-    rl_eval = evaluate(rollout, test, "cispo")
-
-    figures["comparisons"] = {
-        "cispo_vs_sft": paired(rl_eval, sft_eval),
-        "cispo_vs_base": paired(rl_eval, base_eval),
-        "sft_vs_base": paired(sft_eval, base_eval),
-    }
-    figures["means"] = {
-        name: mean_metrics(rows) for name, rows in (("base", base_eval), ("sft", sft_eval), ("cispo", rl_eval))
-    }
-    figures["seconds"] = round(time.perf_counter() - started)
-    print()
-    print(
-        f"{'held-out output recall':<28} {'before':>7} {'after':>7} {'diff':>7} {'95% CI':>17} {'W p':>8} {'sign p':>8}"
-    )
-    for name, c in figures["comparisons"].items():
-        ci = f"[{c['ci95'][0]:+.3f}, {c['ci95'][1]:+.3f}]"
-        print(
-            f"{name:<28} {c['before']:7.3f} {c['after']:7.3f} {c['difference']:+7.3f} {ci:>17} "
-            f"{c['wilcoxon_p']:8.4f} {c['sign_test_p']:8.4f}"
-        )
-    if not args.quick:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(figures, indent=2))
-        log(f"wrote {args.out}")
+    del learner
+    return history, config, rollout
 
 
 if __name__ == "__main__":
