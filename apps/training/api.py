@@ -19,7 +19,7 @@ from apps.common.routers import AppRouter
 from apps.datasets.models import DatasetVersion
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
-from apps.runs.models import Run, RunKind
+from apps.runs.models import Checkpoint, Run, RunKind
 from apps.training import services
 from apps.training.lineage import lineage_launch
 from apps.training.rft import MAX_PER_TASK, rft_dataset_create
@@ -59,6 +59,14 @@ class TrainingLaunchSerializer(serializers.Serializer):
         default=False,
         help_text="kind=train or sft: launch although reviewers excluded some of the tasks; those tasks are left out",
     )
+    init_checkpoint = serializers.PrimaryKeyRelatedField(
+        queryset=Checkpoint.objects.select_related("run"),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="kind=train or sft: a training run's checkpoint (id) whose policy this run starts from (LoRA "
+        "merged; fresh optimizer and step counter); base_model follows the checkpoint. SFT → RL → RL chains",
+    )
 
 
 def launch_from_api(user: User, data: dict[str, Any]) -> Run:
@@ -69,15 +77,25 @@ def launch_from_api(user: User, data: dict[str, Any]) -> Run:
         "name": data["name"],
         "tags": data["tags"],
     }
+    start = data["init_checkpoint"]
     if data["kind"] == RunKind.RESCORE:
+        if start is not None:
+            raise ValidationError({"init_checkpoint": ["only training and SFT runs start from a checkpoint"]})
         return services.run_launch_rescore(**common)
-    if not isinstance(data["config"], dict):
+    config = data["config"]
+    if not isinstance(config, dict):
         raise ValidationError({"config": [f"must be a JSON object of {data['kind']} settings"]})
+    if data["kind"] == RunKind.TRAIN and config.get("checkpoint_uri"):
+        raise ValidationError(
+            {"config.checkpoint_uri": ["set by init_checkpoint: name the checkpoint's id there instead of its URI"]}
+        )
     guards = {"allow_contamination": data["allow_contamination"], "allow_excluded": data["allow_excluded"]}
+    common["corpus_version"] = data["corpus_version"]
     if data["kind"] == RunKind.SFT:
-        return services.run_launch_sft(**common, config=data["config"], corpus_version=data["corpus_version"], **guards)
+        config = services.from_checkpoint(config, start) if start is not None else config
+        return services.run_launch_sft(**common, config=config, **guards)
     return services.run_launch_train(
-        **common, config=data["config"], corpus_version=data["corpus_version"], auto_eval=data["auto_eval"], **guards
+        **common, config=config, auto_eval=data["auto_eval"], init_checkpoint=start, **guards
     )
 
 

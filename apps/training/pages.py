@@ -19,7 +19,7 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfig, RewardConfigVersion
-from apps.runs.models import Run, TrajectorySummary
+from apps.runs.models import Checkpoint, Run, RunKind, TrajectorySummary
 from apps.training import services
 from apps.training.rft import rft_dataset_create
 from workers.envs.registry import environment_choices
@@ -185,7 +185,11 @@ def train_new(request: HttpRequest) -> HttpResponse:
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []
     values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
+    if request.method == "GET" and request.GET.get("init_checkpoint", "").isdigit():
+        values["init_checkpoint"] = request.GET["init_checkpoint"]  # "train from here" on a run's checkpoints
     if request.method == "POST":
+        init_id = request.POST.get("init_checkpoint", "")
+        init = _training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
         try:
             dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
             reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
@@ -194,13 +198,19 @@ def train_new(request: HttpRequest) -> HttpResponse:
         else:
             corpus_id = request.POST.get("corpus_version", "")
             try:
+                config = _train_config_from_post(request.POST)
+                if init is not None:
+                    config.pop("base_model", None)  # the checkpoint's own base model
+                elif init_id:
+                    raise ValidationError({"init_checkpoint": [f"no training run has a checkpoint {init_id}"]})
                 run = services.run_launch_train(
                     created_by=request_user(request),
                     dataset_version=dataset_version,
                     reward_version=reward_version,
-                    config=_train_config_from_post(request.POST),
+                    config=config,
                     name=request.POST.get("name", "")[:200],
                     corpus_version=corpora.filter(pk=int(corpus_id)).first() if corpus_id.isdigit() else None,
+                    init_checkpoint=init,
                 )
             except ValidationError as exc:
                 errors = validation_messages(exc)
@@ -213,6 +223,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "versions": versions,
             "rewards": rewards,
             "corpora": corpora,
+            "checkpoints": _training_checkpoints()[:50],
             "errors": errors,
             "fields": _train_form_fields(values),
             "values": values,
@@ -220,6 +231,11 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "per_engine": values.get("compute.per_engine", ""),
         },
     )
+
+
+def _training_checkpoints() -> Any:
+    """Training runs' checkpoints, newest first: what a new run may start from."""
+    return Checkpoint.objects.filter(run__kind=RunKind.TRAIN).select_related("run").order_by("-pk")
 
 
 def fine_tuned_models(limit: int = 20) -> list[str]:

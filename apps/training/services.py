@@ -104,6 +104,32 @@ def _with_contamination_tag(tags: Sequence[str], carried: dict[str, Any]) -> lis
     return list(tags)
 
 
+def from_checkpoint(config: Any, checkpoint: Checkpoint) -> dict[str, Any]:
+    """`config` set to start from `checkpoint` (a training run's): its `checkpoint_uri`, and its base model, the one
+    the checkpoint was trained from (a different `base_model` in `config` is refused, naming both)."""
+    if not isinstance(config, dict):
+        raise ValidationError({"config": ["must be a JSON object of the run's settings"]})
+    if checkpoint.run.kind != RunKind.TRAIN:
+        raise ValidationError(
+            {
+                "init_checkpoint": [
+                    f"checkpoint {checkpoint.pk} belongs to a {checkpoint.run.kind} run, not a training run"
+                ]
+            }
+        )
+    trained_from = str((checkpoint.run.spec.get("config") or {}).get("base_model", ""))
+    if config.get("base_model") not in (None, "", trained_from):
+        raise ValidationError(
+            {
+                "config.base_model": [
+                    f"checkpoint {checkpoint.pk} was trained from {trained_from!r}, not {config['base_model']!r}: "
+                    "leave base_model out (it follows the checkpoint) or set it to that model"
+                ]
+            }
+        )
+    return {**config, "base_model": trained_from, "checkpoint_uri": checkpoint.uri}
+
+
 def run_launch_train(
     *,
     created_by: User,
@@ -114,11 +140,17 @@ def run_launch_train(
     tags: Sequence[str] = (),
     parent: Run | None = None,
     resume_from: Checkpoint | None = None,
+    init_checkpoint: Checkpoint | None = None,
     corpus_version: DatasetVersion | None = None,
     allow_contamination: bool = False,
     auto_eval: Sequence[BenchmarkVersion] = (),
     allow_excluded: bool = False,
 ) -> Run:
+    """A training run. `init_checkpoint`: start from that checkpoint's policy (another training run's) with a fresh
+    optimizer and step counter; the run is linked to the checkpoint's run as its child."""
+    if init_checkpoint is not None:
+        config = from_checkpoint(config, init_checkpoint)
+        parent = parent or init_checkpoint.run
     parsed = train_config_check(
         config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
     )
@@ -137,6 +169,13 @@ def run_launch_train(
         spec["corpus_version"] = corpus_version.pk
     if resume_from is not None:
         spec["resume_from"] = {"checkpoint": resume_from.pk, "uri": resume_from.uri, "step": resume_from.step}
+    if init_checkpoint is not None:
+        spec["init_checkpoint"] = {
+            "checkpoint": init_checkpoint.pk,
+            "run": init_checkpoint.run_id,
+            "step": init_checkpoint.step,
+            "uri": init_checkpoint.uri,
+        }
     return run_create(
         kind=RunKind.TRAIN,
         name=name or f"{parsed.algorithm} {parsed.base_model} on {dataset_version.dataset.name}",
@@ -250,7 +289,12 @@ def run_resume(*, run: Run, user: User) -> Run:
     steps = int(run.spec["config"]["steps"])
     if checkpoint.step >= steps:
         raise ValidationError(
-            {"run": [f"run {run.pk} finished all {steps} steps; launch a new run with more steps to train further"]}
+            {
+                "run": [
+                    f"run {run.pk} finished all {steps} steps; to train further, launch a new run from its checkpoint "
+                    f"(init_checkpoint {checkpoint.pk})"
+                ]
+            }
         )
     assert run.dataset_version is not None and run.reward_version is not None
     corpus_id = run.spec.get("corpus_version")

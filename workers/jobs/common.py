@@ -16,6 +16,7 @@ import fsspec
 from workers.detectors.base import Finding
 from workers.jobs.specs import JobSpec
 from workers.reporting import Reporter, replay_spools
+from workers.rl.checkpoints import SHARDED_SUFFIX
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
 
@@ -86,7 +87,7 @@ def write_checkpoint(uri: str, blob: bytes, storage_options: dict[str, Any]) -> 
     return digest
 
 
-SHARDED_CHECKPOINT_SUFFIX = ".dcp"
+SHARDED_CHECKPOINT_SUFFIX = SHARDED_SUFFIX
 """A sharded checkpoint (`torch.distributed.checkpoint`, learner strategy ddp or fsdp2) is a directory
 `step-NNNNNN.dcp/`; its checksum file `step-NNNNNN.dcp.sha256` lists every file in it."""
 

@@ -16,7 +16,6 @@ fails the job rather than counting as a failed answer: a broken harness must not
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import time
@@ -29,7 +28,6 @@ from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
 from workers.jobs.common import (
     configure_logging,
-    is_sharded_checkpoint,
     load_spec,
     read_bytes,
     report_flags,
@@ -37,6 +35,7 @@ from workers.jobs.common import (
     write_bytes,
 )
 from workers.jobs.specs import EvalConfig, EvalSpec
+from workers.rl.checkpoints import checkpoint_policy_state
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.evaluate")
@@ -79,33 +78,6 @@ def attempt_score(sample: Any, score_field: str) -> float:
             f"it reports: reward, {', '.join(sorted(sample.episode_metrics)) or 'nothing else'}"
         )
     return min(1.0, max(0.0, float(value)))
-
-
-def checkpoint_policy_state(
-    base_model: str, checkpoint_uri: str, opts: dict[str, Any], threads: int
-) -> tuple[Any, int]:
-    """A trainer checkpoint's policy weights under `base_model`'s parameter names (LoRA merged) and its version."""
-    import torch
-
-    from workers.models.registry import resolve_base_model
-    from workers.rl.config import LearnerConfig, TrainConfig
-    from workers.rl.distributed import read_sharded_extra
-    from workers.rl.learner import Learner
-
-    if is_sharded_checkpoint(checkpoint_uri):  # written by ddp or fsdp2 ranks: loaded here on one process
-        written = TrainConfig.model_validate(read_sharded_extra(checkpoint_uri, opts)["config"])
-        train_config = written.model_copy(update={"learner": LearnerConfig()})
-        learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
-        learner.load_sharded(checkpoint_uri, opts)
-    else:
-        blob = read_bytes(checkpoint_uri, opts)
-        payload = torch.load(io.BytesIO(blob), weights_only=False)
-        train_config = TrainConfig.model_validate(payload["config"])
-        learner = Learner(str(resolve_base_model(base_model)), train_config, threads=threads)
-        learner.load_checkpoint(blob)
-    state, version = learner.policy_state(), learner.version
-    del learner
-    return state, version
 
 
 def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:

@@ -143,6 +143,7 @@ def run(spec: SessionTrainSpec) -> dict[str, Any]:
             train_config,
             threads=max(1, int(config.compute.cpus)),
             device=device,
+            storage_options=opts,
         )
         if spec.checkpoint_uri:
             learner.load_checkpoint(blob)

@@ -280,7 +280,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
             str(resolve_base_model(config.base_model)), dtype=torch.float32, local_files_only=True
         )
         if config.checkpoint_uri:
-            from workers.jobs.evaluate import checkpoint_policy_state
+            from workers.rl.checkpoints import checkpoint_policy_state
 
             state, version = checkpoint_policy_state(config.base_model, config.checkpoint_uri, opts, config.threads)
             missing, unexpected = model.load_state_dict(state, strict=False)

@@ -164,10 +164,12 @@ class _RolloutActor:
 
 
 class _LearnerActor:
-    def __init__(self, model_path: str, config: TrainConfig, threads: int, device: str) -> None:
+    def __init__(
+        self, model_path: str, config: TrainConfig, threads: int, device: str, storage_options: dict[str, Any]
+    ) -> None:
         from workers.rl.learner import Learner
 
-        self.learner = Learner(model_path, config, threads=threads, device=device)
+        self.learner = Learner(model_path, config, threads=threads, device=device, storage_options=storage_options)
 
     def ready(self) -> bool:
         return True
@@ -318,20 +320,25 @@ def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
     }
 
 
-def _learner(model_path: str, config: TrainConfig, plan: ResourcePlan, group: PlacementGroup) -> Any:
-    """One learner actor (strategy single) or a group of ranks (ddp, fsdp2), rank i in bundle i of `group`."""
+def _learner(
+    model_path: str, config: TrainConfig, plan: ResourcePlan, group: PlacementGroup, opts: dict[str, Any]
+) -> Any:
+    """One learner actor (strategy single) or a group of ranks (ddp, fsdp2), rank i in bundle i of `group`; `opts`
+    (storage options) read `config.checkpoint_uri`, the policy a run from another run's checkpoint starts from."""
     device = "cuda" if plan.rank_gpus > 0 else "cpu"
     if config.learner.strategy == "single":
         actor = (
             ray.remote(_LearnerActor)
             .options(**ray_options(plan.rank_claim(0)), scheduling_strategy=_in_bundle(group, 0))
-            .remote(model_path, config, plan.rank_threads(), device)
+            .remote(model_path, config, plan.rank_threads(), device, opts)
         )
         return _SingleLearner(actor)
     from workers.rl.learner_group import LearnerGroup
 
     claims = [plan.rank_claim(rank) for rank in range(plan.ranks)]
-    return LearnerGroup(model_path, config, plan.rank_threads(), group=group, claims=claims, device=device)
+    return LearnerGroup(
+        model_path, config, plan.rank_threads(), group=group, claims=claims, device=device, storage_options=opts
+    )
 
 
 def _in_bundle(group: PlacementGroup, index: int) -> PlacementGroupSchedulingStrategy:
@@ -388,7 +395,11 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         plan = plan_resources(config)
         workers = plan.engines
         group = placement_group(plan.bundles(), strategy="PACK")
-        learner = _learner(model_path, config, plan, group)
+        learner = _learner(model_path, config, plan, group, opts)
+        if config.checkpoint_uri:
+            reporter.log(
+                f"starting from checkpoint {config.checkpoint_uri} (its policy, LoRA merged, on {config.base_model})"
+            )
         rollouts = _engines(model_path, spec, plan, group)
         _wait_for_resources([group.ready(), *learner.ready(), *[r.ready.remote() for r in rollouts]], reporter, plan)
         placement = learner.start() + ray.get([r.placement.remote() for r in rollouts])

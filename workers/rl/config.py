@@ -299,6 +299,14 @@ class TrainConfig(_Strict):
         min_length=1,
         description="A built-in model name or a local directory with config.json (nothing downloads)",
     )
+    checkpoint_uri: str | None = Field(
+        default=None,
+        description=(
+            "A trainer checkpoint of base_model whose policy (LoRA merged) the run starts from instead of "
+            "base_model's own weights: a new run from another run's checkpoint (SFT → RL → RL). Not a resume: the "
+            "step counter, optimizer and data order start fresh (resume a run for those)"
+        ),
+    )
     backend: Literal["transformers", "vllm"] = Field(
         "transformers", description="Rollout inference: transformers (CPU or GPU) or vLLM (GPU clusters)"
     )

@@ -13,7 +13,7 @@ import copy
 import io
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,7 +125,13 @@ def _given_advantages(advantages: Sequence[float] | Tensor, samples: int) -> Adv
 
 class Learner:
     def __init__(
-        self, model_path: Path | str, config: TrainConfig, *, threads: int | None = None, device: str = "cpu"
+        self,
+        model_path: Path | str,
+        config: TrainConfig,
+        *,
+        threads: int | None = None,
+        device: str = "cpu",
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -136,6 +142,9 @@ class Learner:
         self.settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
         self.loss_config = self.settings.loss
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
+        if config.checkpoint_uri:  # start from another run's policy: before the reference copy and the adapters
+            self._load_initial(model, config, storage_options, threads)
+            torch.manual_seed(config.seed)  # the adapters' init draws as in a run from base_model's weights
         self.device = torch.device(device)
         self.model_path = str(model_path)
         model = model.to(self.device)
@@ -178,6 +187,21 @@ class Learner:
         self.sender = WeightSyncSender()
         self._sent_version: int | None = None  # the policy version last gathered for the rollout workers
         self.temperature = config.sampling.temperature or 1.0
+
+    @staticmethod
+    def _load_initial(
+        model: Any, config: TrainConfig, storage_options: Mapping[str, Any] | None, threads: int | None
+    ) -> None:
+        from workers.rl.checkpoints import checkpoint_policy_state
+
+        assert config.checkpoint_uri
+        state, _ = checkpoint_policy_state(config.base_model, config.checkpoint_uri, storage_options, threads)
+        _, unexpected = model.load_state_dict(state, strict=False)
+        if unexpected:
+            raise ValueError(
+                f"checkpoint_uri {config.checkpoint_uri} holds weights {unexpected[:3]} that base_model "
+                f"{config.base_model!r} does not have: it was trained from another model"
+            )
 
     # --- training -------------------------------------------------------------------------------------------
     def train_step(

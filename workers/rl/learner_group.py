@@ -45,10 +45,18 @@ def placement_of(role: str, rank: int = 0) -> dict[str, Any]:
 class RankActor:
     """One rank of the learner: joins the process group, then holds a `workers.rl.learner.Learner`."""
 
-    def __init__(self, model_path: str, config: TrainConfig, threads: int, device: str = "cpu") -> None:
+    def __init__(
+        self,
+        model_path: str,
+        config: TrainConfig,
+        threads: int,
+        device: str = "cpu",
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
         import torch
 
         self.model_path, self.config, self.threads, self.device = model_path, config, threads, device
+        self.storage_options = storage_options or {}
         torch.set_num_threads(threads)
         self.learner: Any = None
 
@@ -66,7 +74,9 @@ class RankActor:
         from workers.rl.learner import Learner
 
         init_process_group(rank, world_size, address, port, device=self.device)
-        self.learner = Learner(self.model_path, self.config, threads=self.threads, device=self.device)
+        self.learner = Learner(
+            self.model_path, self.config, threads=self.threads, device=self.device, storage_options=self.storage_options
+        )
         return placement_of("learner", rank)
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -93,6 +103,7 @@ class LearnerGroup:
         claims: list[dict[str, float]],
         device: str = "cpu",
         ready_timeout_s: float | None = None,
+        storage_options: dict[str, Any] | None = None,
     ) -> None:
         self.world_size = config.learner.ranks
         if len(claims) != self.world_size:
@@ -103,7 +114,7 @@ class LearnerGroup:
             actor_cls.options(
                 **ray_options(claim),
                 scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
-            ).remote(model_path, config, threads, device)
+            ).remote(model_path, config, threads, device, storage_options)
             for i, claim in enumerate(claims)
         ]
         self.ready_timeout_s = ready_timeout_s

@@ -142,6 +142,82 @@ def test_resume_continues_from_the_latest_checkpoint_as_a_linked_run(launch, cli
     assert child.spec["config"] == parent.spec["config"] and child.progress_done == 1
 
 
+def test_a_run_starts_from_another_training_runs_checkpoint_by_its_id(launch, client_for, monkeypatch):
+    """SFT → RL → RL from the API: `init_checkpoint` sets the start policy and the base model, links the runs; a
+    checkpoint URI in the config, a checkpoint of another kind of run, an unknown id or another base model is a 400
+    naming the field, and nothing is created."""
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    first = Run.objects.get(pk=launch().json()["id"])
+    checkpoint = Checkpoint.objects.create(run=first, step=2, uri="file:///tmp/first/step-2.pt")
+    count = Run.objects.count()
+
+    def refused(field: str, words: str, **body: object) -> None:
+        reply = launch(**body)
+        assert reply.status_code == 400, reply.json()
+        assert words in " ".join(reply.json()["fields"][field]), reply.json()
+        assert Run.objects.count() == count
+
+    refused("init_checkpoint", "does not exist", init_checkpoint=999_999)
+    refused("config.checkpoint_uri", "init_checkpoint", config={**TINY, "checkpoint_uri": checkpoint.uri})
+    refused(
+        "config.base_model",
+        "trained from 'tiny-llama-smollm2-tokenizer'",
+        config={**TINY, "base_model": "smollm2-135m-instruct"},
+        init_checkpoint=checkpoint.pk,
+    )
+    sft = Run.objects.get(pk=launch().json()["id"])
+    Run.objects.filter(pk=sft.pk).update(kind="sft")  # as if an SFT run had written a trainer checkpoint
+    other = Checkpoint.objects.create(run=sft, step=1, uri="file:///tmp/sft.pt")
+    count = Run.objects.count()
+    refused("init_checkpoint", "not a training run", init_checkpoint=other.pk)
+
+    no_model = {k: v for k, v in TINY.items() if k != "base_model"}
+    reply = launch(config=no_model, init_checkpoint=checkpoint.pk)
+    assert reply.status_code == 201, reply.json()
+    child = Run.objects.get(pk=reply.json()["id"])
+    assert child.parent_id == first.pk and child.progress_done == 0
+    assert child.spec["config"]["checkpoint_uri"] == checkpoint.uri
+    assert child.spec["config"]["base_model"] == TINY["base_model"]
+    assert child.spec["init_checkpoint"] == {
+        "checkpoint": checkpoint.pk,
+        "run": first.pk,
+        "step": 2,
+        "uri": checkpoint.uri,
+    }
+    assert "resume_from" not in child.spec
+    from apps.runs.services import worker_spec
+
+    assert worker_spec(child)["config"]["checkpoint_uri"] == checkpoint.uri
+
+
+def test_the_launch_form_offers_checkpoints_and_starts_from_the_one_picked(launch, client, users, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    first = Run.objects.get(pk=launch().json()["id"])
+    checkpoint = Checkpoint.objects.create(run=first, step=2, uri="file:///tmp/first/step-2.pt")
+    web = client
+    web.force_login(users["operator"])
+    detail = web.get(f"/runs/{first.pk}/").content.decode()
+    assert f"?init_checkpoint={checkpoint.pk}" in detail  # "train from here"
+    page = web.get(f"/runs/new/train/?init_checkpoint={checkpoint.pk}").content.decode()
+    assert f'<option value="{checkpoint.pk}" selected>' in page
+    form = {
+        "dataset_version": launch.tasks.pk,
+        "reward_version": launch.reward.pk,
+        "base_model": "smollm2-135m-instruct",  # the form's default: the checkpoint's own model wins
+        "steps": "2",
+        "prompts_per_step": "2",
+        "group_size": "2",
+        "env_params": "{}",
+    }
+    gone = web.post("/runs/new/train/", {**form, "init_checkpoint": "999999"})
+    assert gone.status_code == 200 and "no training run has a checkpoint 999999" in gone.content.decode()
+    reply = web.post("/runs/new/train/", {**form, "init_checkpoint": str(checkpoint.pk)})
+    assert reply.status_code == 302, reply.content.decode()[-2000:]
+    child = Run.objects.order_by("-pk").first()
+    assert child.parent_id == first.pk and child.spec["config"]["checkpoint_uri"] == checkpoint.uri
+    assert child.spec["config"]["base_model"] == TINY["base_model"]
+
+
 # --- the search environment ------------------------------------------------------------------------------------
 SEARCH = {**TINY, "environment": "search", "algorithm": "cispo", "env_params": {"max_turns": 2}}
 

@@ -16,8 +16,8 @@ import torch
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
 from workers.jobs.common import CHECKSUM_SUFFIX, sharded_manifest
-from workers.jobs.evaluate import checkpoint_policy_state
 from workers.jobs.specs import TrainSpec
+from workers.rl.checkpoints import checkpoint_policy_state
 
 from .test_train_dynamic_sampling import RecordingReporter
 
@@ -88,3 +88,38 @@ def test_a_two_rank_fsdp2_run_places_its_ranks_checkpoints_in_shards_and_resumes
 
     state, version = checkpoint_policy_state(TINY, checkpoints[1][1], {}, threads=1)
     assert version == 2 and all(torch.isfinite(v).all() for v in state.values())
+
+
+@pytest.mark.slow
+def test_a_run_from_another_runs_checkpoint_starts_from_its_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SFT → RL → RL in the job: a run names another run's checkpoint as `checkpoint_uri` (here one whose policy
+    differs from the base model in one tensor); it starts from that policy at step 0 (not a resume), and its own
+    checkpoint reads back on top of it, not on top of the base model."""
+    from workers.models.registry import resolve_base_model
+    from workers.rl.config import TrainConfig
+    from workers.rl.learner import Learner
+
+    reporters: list[RecordingReporter] = []
+    monkeypatch.setattr(train, "reporter_for", lambda spec: reporters.append(RecordingReporter()) or reporters[-1])
+    (tmp_path / "tasks.jsonl").write_text("".join(json.dumps(r) + "\n" for r in arithmetic_tasks(8, seed=0)))
+    spec = _spec(tmp_path, "second", {"strategy": "single"}, steps=1)
+    earlier = Learner(str(resolve_base_model(TINY)), TrainConfig.model_validate(spec.config.model_dump()))
+    name, tensor = next(iter(earlier.model.named_parameters()))
+    with torch.no_grad():
+        tensor.add_(0.5)  # "what run 1 learned"
+    (tmp_path / "first.pt").write_bytes(earlier.checkpoint_bytes(data_position=0))
+    first = f"file://{tmp_path}/first.pt"
+
+    train.run(spec.model_copy(update={"config": spec.config.model_copy(update={"checkpoint_uri": first})}))
+    logs = [args[0] for name, args, _ in reporters[0].calls if name == "log"]
+    assert any(line.startswith(f"starting from checkpoint {first}") for line in logs)
+    assert not any(line.startswith("resumed from") for line in logs)
+    [(step, second, _)] = [args for name, args, _ in reporters[0].calls if name == "checkpoint"]
+    start, _ = checkpoint_policy_state(TINY, first, {}, threads=1)
+    after, version = checkpoint_policy_state(TINY, second, {}, threads=1)
+    base = dict(Learner(str(resolve_base_model(TINY)), TrainConfig(base_model=TINY)).model.named_parameters())
+    assert step == 1 and version == 1
+    assert not torch.equal(after[name], base[name].detach())  # run 1's change is in run 2's policy
+    assert torch.allclose(after[name], start[name], atol=0.05)  # one small step from where it started

@@ -178,3 +178,36 @@ def test_a_segmented_episode_trains_exactly_like_the_same_tokens_in_one_sequence
     assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     for g, h in zip(grads["plain"], grads["segmented"], strict=True):
         torch.testing.assert_close(g, h, rtol=1e-4, atol=1e-7)
+
+
+def test_a_run_from_another_runs_checkpoint_starts_from_its_policy_and_its_own_checkpoints_stack(model_path, tmp_path):
+    """SFT → RL → RL: run B starts from run A's LoRA checkpoint (merged), trains adapters of its own, and B's
+    checkpoint read back anywhere (evals, serving) is A's policy plus B's update, not the base plus B's."""
+    from workers.rl.checkpoints import checkpoint_policy_state
+
+    lora = {"rank": 2, "alpha": 4, "target_modules": ["q_proj", "v_proj"]}
+    first = Learner(model_path, _config(lora=lora))
+    first.train_step(_samples(first, 0))
+    uri_a = f"file://{tmp_path}/a.pt"
+    (tmp_path / "a.pt").write_bytes(first.checkpoint_bytes(data_position=2))
+    policy_a = first.policy_state()
+
+    second = Learner(model_path, _config(lora=lora, checkpoint_uri=uri_a, seed=5))
+    assert (second.step, second.version) == (0, 0)  # a fresh run, not a resume
+    for name, value in second.policy_state().items():
+        assert torch.equal(value, policy_a[name]), name
+    second.train_step(_samples(second, 1))
+    (tmp_path / "b.pt").write_bytes(second.checkpoint_bytes(data_position=2))
+    policy_b = second.policy_state()
+    assert any(not torch.equal(policy_b[k], policy_a[k]) for k in policy_b)
+
+    read_back, version = checkpoint_policy_state(TINY_LLAMA, f"file://{tmp_path}/b.pt")
+    assert version == 1
+    for name, value in policy_b.items():
+        assert torch.allclose(read_back[name], value, atol=1e-6), name
+
+
+def test_a_start_checkpoint_that_is_gone_fails_naming_it(model_path, tmp_path):
+    config = _config(checkpoint_uri=f"file://{tmp_path}/gone.pt")
+    with pytest.raises(FileNotFoundError, match="gone.pt"):
+        Learner(model_path, config)
