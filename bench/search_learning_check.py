@@ -135,6 +135,32 @@ def pooled(per_seed: list[list[dict[str, float]]]) -> list[dict[str, float]]:
     ]
 
 
+def sft_warm_up(
+    sft_config: Any, train: list[dict[str, Any]], reward: dict[str, Any], base_path: str, sft_path: str
+) -> dict[str, Any]:
+    """The scripted teacher's trajectories on the train tasks, rejection-filtered; the base model fine-tuned on
+    them and saved to `sft_path`. Returns the filter report and the losses."""
+    import torch
+
+    from workers.jobs.sft import fine_tune, generate
+
+    teacher_samples = generate(sft_config, train, reward)
+    selected = select_trajectories([s.trajectory for s in teacher_samples], sft_config.filter)
+    report = selected.report(len(teacher_samples))
+    report["teacher_metrics"] = mean_metrics(s.episode_metrics for s in teacher_samples)
+    log(f"teacher: {report}")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
+    sft_started = time.perf_counter()
+    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config)
+    student.save_pretrained(sft_path)
+    AutoTokenizer.from_pretrained(base_path, local_files_only=True).save_pretrained(sft_path)
+    del student
+    log(f"SFT on {len(selected.kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
+    return {"filter": report, "loss": losses}
+
+
 def summarise(
     figures: dict[str, Any],
     held: list[str],
@@ -188,6 +214,12 @@ def main() -> None:
     )
     parser.add_argument("--eval-tasks", type=int, default=40, help="verified tasks per unseen corpus (at most)")
     parser.add_argument("--base-eval", action="store_true", help="also evaluate the base model on the unseen corpora")
+    parser.add_argument(
+        "--reuse",
+        default="",
+        help="the work directory of an earlier run with the same settings (printed at its start): its SFT model and "
+        "its stored evaluations are reused instead of recomputed (SFT and greedy evaluation are deterministic)",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
@@ -203,7 +235,10 @@ def main() -> None:
 
     chunks, _ = build_corpus(stdlib_documents())
     index = SearchIndex.build(chunks, IndexConfig(dense=not args.quick))
-    work = Path(tempfile.mkdtemp(prefix="crucible-learning-check-"))
+    work = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="crucible-learning-check-"))
+    log(f"work directory {work}")
+    stored_path = work / "evaluations.json"  # base and SFT evaluations, per held-out set, for --reuse
+    stored: dict[str, Any] = json.loads(stored_path.read_text()) if stored_path.exists() else {}
     index_uri = f"file://{work}/index"
     save_index(index, index_uri)
     env_params = {**ENV, "index_uri": index_uri}
@@ -243,12 +278,21 @@ def main() -> None:
         )
 
     base_path = str(resolve_base_model(model))
-    base_eval = evaluate_all(
-        worker_for(base_path, 0.0, env_params), "base", list(held) if args.base_eval else ["in-domain"]
-    )
+
+    def evaluated(label: str, path: str, sets: list[str]) -> dict[str, list[dict[str, float]]]:
+        key = json.dumps({"label": label, "sets": {n: [t["id"] for t in held[n][1]] for n in sets}}, sort_keys=True)
+        if key not in stored:
+            stored[key] = evaluate_all(worker_for(path, 0.0, env_params), label, sets)
+            stored_path.write_text(json.dumps(stored))
+        else:
+            log(f"{label}: evaluations reused from {stored_path}")
+        result: dict[str, list[dict[str, float]]] = stored[key]
+        return result
+
+    base_eval = evaluated("base", base_path, list(held) if args.base_eval else ["in-domain"])
 
     # SFT warm-up from the scripted teacher.
-    from workers.jobs.sft import SFTConfig, fine_tune, generate
+    from workers.jobs.sft import SFTConfig
 
     sft_config = SFTConfig(
         teacher_model="scripted-search",
@@ -259,31 +303,37 @@ def main() -> None:
         learning_rate=args.sft_lr,
         max_tokens_per_pack=4096,
     )
-    teacher_samples = generate(sft_config, train, reward)
-    selected = select_trajectories([s.trajectory for s in teacher_samples], sft_config.filter)
-    report = selected.report(len(teacher_samples))
-    report["teacher_metrics"] = mean_metrics(s.episode_metrics for s in teacher_samples)
-    log(f"teacher: {report}")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
-    sft_started = time.perf_counter()
-    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config)
     sft_path = str(work / "sft")
-    student.save_pretrained(sft_path)
-    AutoTokenizer.from_pretrained(base_path, local_files_only=True).save_pretrained(sft_path)
-    del student
-    log(f"SFT on {len(selected.kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
-    figures["sft"] = {"filter": report, "loss": losses}
-    sft_eval = evaluate_all(worker_for(sft_path, 0.0, env_params), "sft", list(held))
+    if args.reuse and (work / "sft" / "config.json").exists():
+        log(f"SFT model reused from {sft_path}")
+        figures["sft"] = {"reused": sft_path}
+    else:
+        figures["sft"] = sft_warm_up(sft_config, train, reward, base_path, sft_path)
+    sft_eval = evaluated("sft", sft_path, list(held))
     rl_evals: list[dict[str, list[dict[str, float]]]] = []
     figures["rl"] = []
     for seed in range(args.seeds):
-        history, config, rollout = rl_run(args, seed, sft_path, env_params, train, worker_for)
-        figures["rl"].append({"seed": seed, "history": history, "config": config.model_dump(mode="json")})
-        rollout.temperature = 0.0
-        rl_evals.append(evaluate_all(rollout, f"cispo seed {seed}", list(held)))
-        del rollout
+        settings = ("steps", "prompts_per_step", "group_size", "lr", "substeps", "curriculum", "sft_epochs", "sft_lr")
+        key = json.dumps(
+            {
+                "seed": seed,
+                **{k: getattr(args, k) for k in settings},
+                "sets": {n: len(t) for n, (_, t) in held.items()},
+            },
+            sort_keys=True,
+        )
+        if key not in stored:  # an RL seed's history and evaluations, kept for --reuse after an interruption
+            history, config, rollout = rl_run(args, seed, sft_path, env_params, train, worker_for)
+            rollout.temperature = 0.0
+            evals = evaluate_all(rollout, f"cispo seed {seed}", list(held))
+            del rollout
+            stored[key] = {"history": history, "config": config.model_dump(mode="json"), "evals": evals}
+            stored_path.write_text(json.dumps(stored))
+        else:
+            log(f"cispo seed {seed}: run and evaluations reused from {stored_path}")
+        done = stored[key]
+        figures["rl"].append({"seed": seed, "history": done["history"], "config": done["config"]})
+        rl_evals.append(done["evals"])
         summarise(figures, list(held), base_eval, sft_eval, rl_evals)
         if not args.quick:  # a partial result survives an interrupted run
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
