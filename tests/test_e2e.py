@@ -297,6 +297,9 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     assert sorted(p["role"] for p in run.summary["placement"]) == ["engine", "learner"]
     chart_frames = [json.loads(f) for f in frames if f.startswith("{")]
     assert any("reward_mean" in f["series"] and "loss" in f["series"] for f in chart_frames)
+    # the reward distribution of each step reaches the page ("No distribution yet" on a training run: issue 22)
+    assert any((f["histogram"] or {}).get("name") == "reward" for f in chart_frames)
+    assert sum(run.events.filter(kind="histogram").values_list("data__counts", flat=True)[0]) == 2 * 2
 
     # As if the run had crashed right after step 2's checkpoint: resume continues from it. (With only the row gone,
     # resume would find step 3 whole in storage and say there is nothing left to train: tests/faults.)

@@ -43,7 +43,7 @@ from workers.jobs.common import (
 from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
 from workers.rewards.schema import validate_reward_spec
-from workers.rewards.score import annealed_weights
+from workers.rewards.score import annealed_weights, histogram
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.placement import ResourcePlan, describe, plan_resources, ray_options
 from workers.rl.rollout import RolloutResult, Sample
@@ -596,6 +596,8 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 }
             )
             reporter.metric(step + 1, metrics)
+            hist = histogram([s.reward for s in samples])  # the run page's reward distribution, latest step
+            reporter.histogram("reward", hist["edges"], hist["counts"])
             keep = samples[: config.trajectory_samples_per_step]
             stored_uri = f"{spec.output_prefix}/trajectories/step-{step + 1:06d}.jsonl"
             if keep:
