@@ -770,6 +770,35 @@ def test_in_a_browser_an_operator_launches_a_run_and_its_chart_updates_live(stac
     assert "status badge turned succeeded" in report["steps"]
 
 
+def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
+    """Playwright: on a run whose loss and KL are all below 0.01 the tick labels are distinct and non-zero and the
+    step axis shows integers; hovering shows values on every chart; charts are grouped by prefix with the key ones
+    first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
+    page overlays two runs; no console errors (favicon included)."""
+    from django.utils import timezone
+
+    from apps.runs.models import MetricPoint, Run
+
+    now = timezone.now()
+    runs = []
+    for offset in (0.0, 0.002):
+        run = Run.objects.create(kind="rescore", name="browser-charts", spec={}, created_by=users["operator"])
+        MetricPoint.objects.bulk_create(
+            MetricPoint(run=run, step=step, name=name, value=value, time=now)
+            for step in range(1, 41)
+            for name, value in (
+                ("loss", 0.004 + offset + 0.003 * ((step * 7) % 5) / 5),
+                ("kl", 2e-5 * step),
+                ("reward_mean", step / 40),
+                ("env/turns", 1 + step % 3),
+                ("reward/f_beta", 0.5),
+            )
+        )
+        runs.append(run)
+    report = _browser_flow(stack, users["operator"], "charts", CRUCIBLE_RUNS=",".join(str(r.pk) for r in runs))
+    assert "the layout is remembered across a reload" in report["steps"]
+
+
 def test_in_a_browser_a_reviewer_works_a_queue_with_the_keyboard(stack, users):
     """Playwright: a reviewer claims a flagged trajectory, sees the detector's evidence highlighted, labels one a
     false positive with `2` (the next item opens) and the next a confirmed hack with `1`; no console errors."""

@@ -1,29 +1,34 @@
-// Run comparison: one uPlot chart per metric with every run's (server-downsampled) mean overlaid.
+// Run comparison: one uPlot chart per metric with every run's (server-downsampled) mean overlaid, on the shared
+// chart helpers (tick labels that fit the range, integer steps, every run's value on hover, CSV/PNG export).
 (function () {
   "use strict";
   const node = document.getElementById("compare-series");
   const box = document.getElementById("compare-charts");
   if (!node || !box) return;
-  const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2"];
+  const C = window.CrucibleCharts;
   document.querySelectorAll(".swatch").forEach((el) => {
-    el.style.cssText = `display:inline-block;width:10px;height:10px;margin-right:6px;background:${palette[+el.dataset.index % palette.length]}`;
+    el.style.cssText = `display:inline-block;width:10px;height:10px;margin-right:6px;background:${C.PALETTE[+el.dataset.index % C.PALETTE.length]}`;
   });
   const series = JSON.parse(node.textContent);
   Object.keys(series).forEach((name) => {
-    const lines = series[name];
-    if (!lines.length) return;
+    const runs = series[name];
+    if (!runs.length) return;
     // Align the runs on the union of their steps (uPlot.join), gaps where a run has no point.
-    const data = uPlot.join(lines.map((l) => [l.steps, l.mean]));
-    const el = document.createElement("div");
-    el.className = "small-chart";
-    el.dataset.metric = name;
-    box.appendChild(el);
-    new uPlot({
-      title: name, width: Math.max(260, Math.floor(box.clientWidth / 2) - 12), height: 180,
-      scales: { x: { time: false } },
-      series: [{ label: "step" }].concat(lines.map((l, i) => ({
-        label: "run " + l.run, stroke: palette[i % palette.length], width: 1.5, spanGaps: true,
-      }))),
-    }, data, el);
+    const joined = uPlot.join(runs.map((l) => [l.steps, l.mean]));
+    const lines = runs.map((l, i) => ({ label: "run " + l.run, ys: joined[i + 1], color: C.PALETTE[i % C.PALETTE.length] }));
+    const holder = document.createElement("div");
+    holder.className = "small-chart";
+    holder.dataset.metric = name;
+    holder.innerHTML = '<div class="chart-tools"><button type="button" data-act="csv">CSV</button>' +
+      '<button type="button" data-act="png">PNG</button></div><div class="plot"></div>';
+    box.appendChild(holder);
+    const chart = C.lineChart(holder.querySelector(".plot"), joined[0], lines, {
+      title: name, width: Math.max(260, Math.floor(box.clientWidth / 2) - 12), height: 180, sync: "compare",
+    });
+    holder.querySelector(".chart-tools").addEventListener("click", (evt) => {
+      const act = evt.target.dataset && evt.target.dataset.act;
+      if (act === "csv") C.exportCsv(`compare-${name}`, chart._crucible.xs, chart._crucible.lines);
+      if (act === "png") C.exportPng(`compare-${name}`, chart);
+    });
   });
 })();

@@ -22,15 +22,31 @@
   const wsState = document.getElementById("ws-state");
 
   function chartWidth(el) { return Math.max(300, el.clientWidth - 8); }
+  const C = window.CrucibleCharts;
 
-  // One small chart per metric (small multiples): reward, loss, KL and timings live on different scales.
+  // Charts grouped by the metric name's prefix (train/, reward/, env/, eval/, ...; names without one are "train"),
+  // the key ones pinned first; each group collapsible. Collapsed groups, smoothing and log scales are remembered
+  // per user in this browser (localStorage).
+  const KEY = ["reward_mean", "eval/score", "loss", "kl", "entropy", "tokens_per_second"];
+  const GROUP_ORDER = ["key", "train", "reward", "rollout", "env", "eval", "term", "detector", "flags"];
   const charts = new Map(); // name -> uPlot
-  const FIRST = ["reward_mean", "loss", "kl", "entropy", "clip_fraction", "tokens_per_second"];
+  C.live = charts; // for the browser tests (tests/browser/flows.mjs) and the console
+  const storeKey = `crucible.charts.v1.${live.dataset.user || ""}`;
+  const layout = (() => {
+    try { return Object.assign({ collapsed: [], smoothing: 0, log: [] }, JSON.parse(localStorage.getItem(storeKey) || "{}")); }
+    catch (err) { return { collapsed: [], smoothing: 0, log: [] }; }
+  })();
+  function saveLayout() { try { localStorage.setItem(storeKey, JSON.stringify(layout)); } catch (err) { /* private mode */ } }
+  function groupOf(name) {
+    if (KEY.includes(name)) return "key";
+    return name.includes("/") ? name.split("/")[0] : "train";
+  }
   function order(a, b) {
-    const ia = FIRST.indexOf(a), ib = FIRST.indexOf(b);
+    const ia = KEY.indexOf(a), ib = KEY.indexOf(b);
     if (ia !== ib) return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib);
     return a < b ? -1 : a > b ? 1 : 0;
   }
+  function groupRank(g) { const i = GROUP_ORDER.indexOf(g); return i < 0 ? 50 : i; }
 
   function seriesData(name) {
     const steps = Array.from(points.keys()).filter((s) => name in points.get(s)).sort((a, b) => a - b);
@@ -42,11 +58,17 @@
   let filter = "";
   function visible(name) { return !filter || name.toLowerCase().includes(filter); }
   function applyFilter() {
-    for (const [name, c] of charts) c.root.parentNode.style.display = visible(name) ? "" : "none";
+    for (const [name, c] of charts) c.root.closest(".small-chart").style.display = visible(name) ? "" : "none";
+    document.querySelectorAll("#chart-metrics .chart-group").forEach((g) => {
+      const shown = Array.from(g.querySelectorAll(".small-chart")).some((b) => b.style.display !== "none");
+      g.style.display = shown ? "" : "none";
+    });
   }
   document.addEventListener("DOMContentLoaded", () => {
     const pause = document.getElementById("chart-pause");
     const box = document.getElementById("chart-filter");
+    const smooth = document.getElementById("chart-smoothing");
+    const smoothOut = document.getElementById("chart-smoothing-value");
     if (pause) pause.addEventListener("click", () => {
       paused = !paused;
       pause.textContent = paused ? "Resume updates" : "Pause updates";
@@ -54,16 +76,104 @@
       if (!paused) drawMetrics();
     });
     if (box) box.addEventListener("input", () => { filter = box.value.trim().toLowerCase(); applyFilter(); });
+    if (smooth) {
+      smooth.value = String(layout.smoothing);
+      if (smoothOut) smoothOut.textContent = Number(layout.smoothing).toFixed(2);
+      smooth.addEventListener("input", () => {
+        layout.smoothing = Number(smooth.value);
+        if (smoothOut) smoothOut.textContent = layout.smoothing.toFixed(2);
+        saveLayout();
+        rebuildAll();
+      });
+    }
   });
 
   // A chart the user zoomed keeps its zoom while new points arrive; an unzoomed one follows the data.
-  function update(chart, data) {
-    const xs = data[0];
+  function update(chart, name) {
+    const [xs, ys] = seriesData(name);
     const last = chart._crucibleRange;
     const sx = chart.scales.x;
     const zoomed = last && sx.min != null && (sx.min > last[0] || sx.max < last[1]);
-    chart.setData(data, !zoomed);
+    chart._crucible.xs = xs;
+    chart._crucible.lines[0].ys = ys;
+    chart.setData(C.chartData(xs, chart._crucible.lines, layout.smoothing), !zoomed);
     if (xs.length) chart._crucibleRange = [xs[0], xs[xs.length - 1]];
+  }
+
+  function groupBox(el, group) {
+    let box = el.querySelector(`.chart-group[data-group="${group}"]`);
+    if (box) return box.querySelector(".chart-grid");
+    box = document.createElement("details");
+    box.className = "chart-group";
+    box.dataset.group = group;
+    box.open = !layout.collapsed.includes(group);
+    const title = document.createElement("summary");
+    title.textContent = group === "key" ? "key metrics" : group;
+    box.appendChild(title);
+    const grid = document.createElement("div");
+    grid.className = "chart-grid";
+    box.appendChild(grid);
+    box.addEventListener("toggle", () => {
+      layout.collapsed = layout.collapsed.filter((g) => g !== group);
+      if (!box.open) layout.collapsed.push(group);
+      saveLayout();
+    });
+    const groups = Array.from(el.querySelectorAll(".chart-group"));
+    const after = groups.find((g) => groupRank(g.dataset.group) > groupRank(group) ||
+      (groupRank(g.dataset.group) === groupRank(group) && g.dataset.group > group));
+    el.insertBefore(box, after || null);
+    return grid;
+  }
+
+  function build(name, holder) {
+    const [xs, ys] = seriesData(name);
+    const plot = holder.querySelector(".plot");
+    plot.textContent = "";
+    const width = Math.max(240, Math.floor(document.getElementById("chart-metrics").clientWidth / 2) - 24);
+    const chart = C.lineChart(plot, xs, [{ label: name, ys: ys }], {
+      title: name, width: width, height: 170, smoothing: layout.smoothing, log: layout.log.includes(name),
+      sync: `run-${runId}`,
+    });
+    const logButton = holder.querySelector('[data-act="log"]');
+    logButton.setAttribute("aria-pressed", String(chart._crucible.log));
+    logButton.title = layout.log.includes(name) && !chart._crucible.log
+      ? "log scale needs values above 0: this metric has some at or below 0" : "logarithmic y-axis";
+    if (xs.length) chart._crucibleRange = [xs[0], xs[xs.length - 1]];
+    charts.set(name, chart);
+    return chart;
+  }
+
+  function rebuildAll() {
+    for (const [name, chart] of Array.from(charts)) {
+      const holder = chart.root.closest(".small-chart");
+      chart.destroy();
+      build(name, holder);
+    }
+    applyFilter();
+  }
+
+  function newChart(el, name) {
+    const holder = document.createElement("div");
+    holder.className = "small-chart";
+    holder.dataset.metric = name;
+    holder.innerHTML = '<div class="chart-tools"><button type="button" data-act="log" aria-pressed="false">log</button>' +
+      '<button type="button" data-act="csv">CSV</button><button type="button" data-act="png">PNG</button></div>' +
+      '<div class="plot"></div>';
+    groupBox(el, groupOf(name)).appendChild(holder);
+    holder.querySelector(".chart-tools").addEventListener("click", (evt) => {
+      const act = evt.target.dataset && evt.target.dataset.act;
+      const chart = charts.get(name);
+      if (!act || !chart) return;
+      if (act === "csv") C.exportCsv(`run${runId}-${name}`, chart._crucible.xs, chart._crucible.lines);
+      if (act === "png") C.exportPng(`run${runId}-${name}`, chart);
+      if (act === "log") {
+        layout.log = layout.log.includes(name) ? layout.log.filter((n) => n !== name) : layout.log.concat([name]);
+        saveLayout();
+        chart.destroy();
+        build(name, holder);
+      }
+    });
+    build(name, holder);
   }
 
   function drawMetrics() {
@@ -72,27 +182,14 @@
     const cols = Array.from(names).sort(order);
     if (!cols.length) { el.textContent = "No metrics yet."; return; }
     if (!charts.size) el.textContent = "";
-    cols.forEach((name, i) => {
-      const data = seriesData(name);
-      if (charts.has(name)) { update(charts.get(name), data); return; }
-      const box = document.createElement("div");
-      box.className = "small-chart";
-      box.dataset.metric = name;
-      el.appendChild(box);
-      const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
-      charts.set(name, new uPlot({
-        title: name, width: Math.max(240, Math.floor(el.clientWidth / 2) - 12), height: 160,
-        scales: { x: { time: false } }, legend: { show: false },
-        axes: [{ size: 28 }, { size: 50 }],
-        series: [{ label: "step" }, { label: name, stroke: palette[i % palette.length], width: 1.5, spanGaps: true }],
-      }, data, box));
-    });
-    // Keep the boxes in a stable, useful order as new metrics appear.
-    for (const name of cols) { const c = charts.get(name); if (c) el.appendChild(c.root.parentNode); }
-    for (const name of cols) { const c = charts.get(name); if (c && !c._crucibleRange && data0(name)) c._crucibleRange = data0(name); }
+    for (const name of cols) {
+      if (charts.has(name)) update(charts.get(name), name);
+      else newChart(el, name);
+    }
+    // Keep each group's charts in a stable, useful order as new metrics appear.
+    for (const name of cols) { const c = charts.get(name); if (c) { const h = c.root.closest(".small-chart"); h.parentNode.appendChild(h); } }
     applyFilter();
   }
-  function data0(name) { const xs = seriesData(name)[0]; return xs.length ? [xs[0], xs[xs.length - 1]] : null; }
 
   function drawHistogram(h) {
     const el = document.getElementById("chart-histogram");

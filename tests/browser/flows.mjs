@@ -64,6 +64,66 @@ async function review(page) {
   check((await page.textContent("#label-result")).includes("confirmed hack"), "1 labelled it a confirmed hack");
 }
 
+// A run's charts read like W&B's: tick labels of values below 0.01 are distinct and non-zero, step axes show
+// integers, hovering shows values, charts sit in groups by prefix (key ones first) that fold, the filter, smoothing
+// and log scale change what is drawn; the comparison page overlays two runs.
+async function charts(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const [first, second] = process.env.CRUCIBLE_RUNS.split(",");
+  await page.goto(`${base}/runs/${first}/`);
+  await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  const axes = await page.evaluate(() => {
+    const c = window.CrucibleCharts.live.get("loss");
+    return { y: c.axes[1]._values.filter((v) => v), x: c.axes[0]._values.filter((v) => v) };
+  });
+  check(axes.y.length >= 2 && new Set(axes.y).size === axes.y.length && !axes.y.some((v) => /^-?0(\.0*)?$/.test(v)),
+    `small values get distinct, non-zero tick labels: ${axes.y.join(" ")}`);
+  check(axes.x.length >= 2 && axes.x.every((v) => /^\d+$/.test(v)), `the step axis shows integers: ${axes.x.join(" ")}`);
+  const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
+  check(groups[0] === "key" && groups.includes("env") && groups.includes("reward"), `grouped by prefix: ${groups.join(", ")}`);
+  const inKey = await page.$$eval('.chart-group[data-group="key"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
+  check(inKey[0] === "reward_mean" && inKey.includes("loss"), `key charts pinned first: ${inKey.join(", ")}`);
+  const over = await page.$('.small-chart[data-metric="loss"] .u-over');
+  await over.scrollIntoViewIfNeeded();
+  const boxOver = await over.boundingBox();
+  await page.mouse.move(boxOver.x + boxOver.width / 3, boxOver.y + boxOver.height / 2);
+  await page.mouse.move(boxOver.x + boxOver.width / 2, boxOver.y + boxOver.height / 2, { steps: 5 });
+  const values = (metric) => page.$$eval(`.small-chart[data-metric="${metric}"] .u-legend .u-value`, (vs) => vs.map((v) => v.textContent));
+  await page.waitForFunction(() => {
+    const v = document.querySelectorAll('.small-chart[data-metric="loss"] .u-legend .u-value');
+    return v.length && Array.from(v).every((e) => e.textContent && e.textContent !== "–");
+  }, null, { timeout: 5000 });
+  const own = await values("loss");
+  check(own.every((v) => v && v !== "–"), `hovering shows the step and value: ${own.join(" ")}`);
+  const other = await values("kl");
+  check(other.every((v) => v && v !== "–"), `and the other charts' values at that step: ${other.join(" ")}`);
+  await page.fill("#chart-filter", "env/");
+  const shown = await page.$$eval(".small-chart", (cs) => cs.filter((c) => c.style.display !== "none").map((c) => c.dataset.metric));
+  check(shown.length === 1 && shown[0] === "env/turns", `the filter leaves the matching chart: ${shown.join(", ")}`);
+  await page.fill("#chart-filter", "");
+  await page.click('.chart-group[data-group="env"] > summary');
+  check(!(await page.$eval('.chart-group[data-group="env"]', (g) => g.open)), "a group folds");
+  await page.$eval("#chart-smoothing", (el) => { el.value = "0.8"; el.dispatchEvent(new Event("input")); });
+  const smoothed = await page.evaluate(() => {
+    const c = window.CrucibleCharts.live.get("loss");
+    return { series: c.series.length, raw: c.data[1].slice(0, 3), smooth: c.data[2].slice(0, 3) };
+  });
+  check(smoothed.series === 3 && smoothed.smooth[2] !== smoothed.raw[2], `smoothing draws an EMA over the faint raw series`);
+  await page.click('.small-chart[data-metric="loss"] [data-act="log"]');
+  check(await page.evaluate(() => window.CrucibleCharts.live.get("loss").scales.y.distr === 3), "log scale switches the y-axis");
+  await page.reload();
+  await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  const kept = await page.evaluate(() => ({
+    log: window.CrucibleCharts.live.get("loss").scales.y.distr, smoothing: document.getElementById("chart-smoothing").value,
+    folded: !document.querySelector('.chart-group[data-group="env"]').open,
+  }));
+  check(kept.log === 3 && kept.smoothing === "0.8" && kept.folded, "the layout is remembered across a reload");
+  await page.goto(`${base}/runs/compare/?run=${first}&run=${second}`);
+  await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  const labels = await page.$$eval('#compare-charts .small-chart[data-metric="loss"] .u-legend .u-series th', (ts) => ts.map((t) => t.textContent));
+  check(labels.filter((t) => t.includes("run ")).length === 2, `two runs overlaid: ${labels.join(" | ")}`);
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -74,7 +134,7 @@ try {
   const page = await browser.newPage();
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await ({ launch, review })[flow](page);
+  await ({ launch, review, charts })[flow](page);
   if (problems.length) throw new Error(problems.join("\n"));
 } catch (err) {
   code = 1;

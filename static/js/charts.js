@@ -1,0 +1,148 @@
+// Chart helpers shared by the run page and the comparison page (uPlot): tick labels that fit the range, integer
+// step axes, hover values, EMA smoothing, log scale, and CSV/PNG export. Exposed as window.CrucibleCharts.
+(function (global) {
+  "use strict";
+
+  const SI = [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
+  const PALETTE = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777"];
+  // Step axes: ticks only on whole steps (uPlot picks the smallest increment that leaves room for the labels).
+  const STEP_INCRS = [1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, 1e3, 2e3, 2500, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5,
+    1e6, 2e6, 5e6, 1e7];
+
+  function distinct(labels) { return new Set(labels).size === labels.length; }
+  function trimZeros(text) { return text.includes(".") ? text.replace(/0+$/, "").replace(/\.$/, "") : text; }
+
+  // Tick labels for one axis: SI prefixes from 10^4 up, scientific notation below 10^-2, fixed decimals between,
+  // with the fewest digits that keep neighbouring ticks apart (so 0.001, 0.002 never both read "0").
+  function tickLabels(splits) {
+    const finite = splits.filter((v) => v != null && Number.isFinite(v));
+    if (!finite.length) return splits.map(() => "");
+    const mag = Math.max(...finite.map(Math.abs));
+    let step = Infinity;
+    for (let i = 1; i < finite.length; i++) {
+      const d = Math.abs(finite[i] - finite[i - 1]);
+      if (d > 0) step = Math.min(step, d);
+    }
+    if (!Number.isFinite(step)) step = mag || 1;
+    let format;
+    if (mag >= 1e4) {
+      const [div, sym] = SI.find(([d]) => mag >= d);
+      const start = Math.max(0, Math.ceil(-Math.log10(step / div) - 1e-9));
+      format = (v, extra) => trimZeros((v / div).toFixed(Math.min(start + extra, 12))) + sym;
+    } else if (mag > 0 && mag < 1e-2) {
+      const start = Math.max(1, Math.ceil(Math.log10(mag / step) + 1e-9));
+      format = (v, extra) => (v === 0 ? "0" : v.toExponential(Math.min(start + extra - 1, 12)).replace(/\.?0+e/, "e"));
+    } else {
+      const start = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+      format = (v, extra) => v.toFixed(Math.min(start + extra, 12));
+    }
+    for (let extra = 0; extra < 8; extra++) {
+      const labels = finite.map((v) => format(v, extra));
+      if (distinct(labels) || extra === 7) {
+        return splits.map((v) => (v != null && Number.isFinite(v) ? format(v, extra) : ""));
+      }
+    }
+    return splits.map(String);
+  }
+
+  // One value for the hover legend and exports: four significant digits, scientific where that is shorter.
+  function formatValue(v) {
+    if (v == null || !Number.isFinite(v)) return "–";
+    if (v === 0) return "0";
+    const a = Math.abs(v);
+    if (a >= 1e5 || a < 1e-3) return v.toExponential(3).replace(/\.?0+e/, "e");
+    return String(Number(v.toPrecision(4)));
+  }
+
+  function stepLabels(splits) {
+    return splits.map((v) => (Number.isInteger(v) ? String(v) : ""));
+  }
+
+  // TensorBoard's smoothing: an exponential moving average with its start-up bias removed; gaps stay gaps.
+  function ema(values, weight) {
+    if (!weight) return values.slice();
+    const out = [];
+    let last = 0;
+    let n = 0;
+    for (const v of values) {
+      if (v == null || !Number.isFinite(v)) { out.push(null); continue; }
+      last = last * weight + (1 - weight) * v;
+      n += 1;
+      out.push(last / (1 - Math.pow(weight, n)));
+    }
+    return out;
+  }
+
+  function positive(data) {
+    return data.slice(1).every((ys) => ys.every((v) => v == null || v > 0));
+  }
+
+  // A chart of one or more lines against step: `lines` = [{label, ys, color}], `xs` the shared steps. With
+  // smoothing, each line is drawn smoothed over its raw values (faint). Options: title, width, height, log,
+  // smoothing (0..0.99), sync (a cursor sync key: hovering one chart shows the values on all of them).
+  function chartData(xs, lines, smoothing) {
+    const data = [xs];
+    for (const line of lines) {
+      if (smoothing > 0) data.push(line.ys);
+      data.push(smoothing > 0 ? ema(line.ys, smoothing) : line.ys);
+    }
+    return data;
+  }
+
+  function lineChart(el, xs, lines, opts) {
+    const smoothing = opts.smoothing || 0;
+    const series = [{ label: "step", value: (u, v) => (v == null ? "–" : String(v)) }];
+    lines.forEach((line, i) => {
+      const color = line.color || PALETTE[i % PALETTE.length];
+      if (smoothing > 0) {
+        series.push({ label: `${line.label} (raw)`, stroke: color + "40", width: 1, spanGaps: true,
+          value: (u, v) => formatValue(v), points: { show: false } });
+      }
+      series.push({ label: line.label, stroke: color, width: 1.5, spanGaps: true, value: (u, v) => formatValue(v) });
+    });
+    const data = chartData(xs, lines, smoothing);
+    const log = !!opts.log && positive(data);
+    const chart = new uPlot({
+      title: opts.title, width: opts.width, height: opts.height || 180,
+      scales: { x: { time: false }, y: { distr: log ? 3 : 1 } },
+      legend: { show: true, live: true },
+      cursor: opts.sync ? { sync: { key: opts.sync } } : {},
+      axes: [
+        { size: 30, incrs: STEP_INCRS, values: (u, splits) => stepLabels(splits) },
+        { size: 64, values: (u, splits) => tickLabels(splits) },
+      ],
+      series: series,
+    }, data, el);
+    chart._crucible = { xs: xs, lines: lines, log: log };
+    return chart;
+  }
+
+  function download(name, href) {
+    const a = document.createElement("a");
+    a.href = href;
+    a.download = name;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+  }
+
+  function csvOf(xs, lines) {
+    const head = ["step"].concat(lines.map((l) => JSON.stringify(l.label)));
+    const rows = xs.map((x, i) => [x].concat(lines.map((l) => (l.ys[i] == null ? "" : l.ys[i]))).join(","));
+    return head.join(",") + "\n" + rows.join("\n") + "\n";
+  }
+
+  function exportCsv(name, xs, lines) {
+    const url = URL.createObjectURL(new Blob([csvOf(xs, lines)], { type: "text/csv" }));
+    download(`${name.replace(/[^\w.-]+/g, "_")}.csv`, url);
+    setTimeout(() => URL.revokeObjectURL(url), 1000);
+  }
+
+  function exportPng(name, chart) {
+    download(`${name.replace(/[^\w.-]+/g, "_")}.png`, chart.ctx.canvas.toDataURL("image/png"));
+  }
+
+  global.CrucibleCharts = {
+    tickLabels, formatValue, stepLabels, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
+  };
+})(window);
