@@ -774,11 +774,15 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     """Playwright: on a run whose loss and KL are all below 0.01 the tick labels are distinct and non-zero and the
     step axis shows integers; hovering shows values on every chart; charts are grouped by prefix with the key ones
     first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
-    page overlays two runs; no console errors (favicon included)."""
+    page overlays two runs; the launch form offers only the rewards that fit the environment; no console errors
+    (favicon included)."""
     from django.utils import timezone
 
     from apps.runs.models import MetricPoint, Run
+    from tests.factories import context1_version, exact_answer_version
 
+    context1_version(owner=users["operator"], name="browser-ctx1")
+    exact_answer_version(owner=users["operator"], name="browser-exact")
     now = timezone.now()
     runs = []
     for offset in (0.0, 0.002):

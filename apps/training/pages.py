@@ -22,9 +22,11 @@ from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.runs.models import Checkpoint, Run, RunKind, TrajectorySummary
 from apps.training import services
 from apps.training.rft import rft_dataset_create
-from workers.envs.registry import environment_choices
+from workers.envs.base import check_reward_compatible
+from workers.envs.registry import environment_choices, get_environment
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
+from workers.rewards.schema import RewardSpecError
 from workers.rl.config import (
     ComputeRequest,
     CurriculumConfig,
@@ -187,6 +189,12 @@ def train_new(request: HttpRequest) -> HttpResponse:
     values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
     if request.method == "GET" and request.GET.get("init_checkpoint", "").isdigit():
         values["init_checkpoint"] = request.GET["init_checkpoint"]  # "train from here" on a run's checkpoints
+    fits = reward_environments(rewards)
+    if request.method == "GET":  # defaults that pair: the first reward that scores the default environment
+        environment = str(TrainConfig.model_fields["environment"].default)
+        first = next((pk for pk, envs in fits.items() if environment in envs), None)
+        if first is not None:
+            values["reward_version"] = str(first)
     if request.method == "POST":
         init_id = request.POST.get("init_checkpoint", "")
         init = _training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
@@ -221,7 +229,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
         "runs/train_new.html",
         {
             "versions": versions,
-            "rewards": rewards,
+            "rewards": [_with_fits(r, fits) for r in rewards],
             "corpora": corpora,
             "checkpoints": _training_checkpoints()[:50],
             "errors": errors,
@@ -231,6 +239,27 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "per_engine": values.get("compute.per_engine", ""),
         },
     )
+
+
+def reward_environments(rewards: Any) -> dict[int, list[str]]:
+    """For each reward config version, the environments whose trajectories it can score (their `produces` cover
+    every term's inputs): the launch form offers only the rewards that fit the chosen environment."""
+    fits: dict[int, list[str]] = {}
+    for reward in rewards:
+        try:
+            fits[reward.pk] = [
+                name
+                for name, _ in environment_choices()
+                if not check_reward_compatible(get_environment(name), reward.spec)
+            ]
+        except RewardSpecError:
+            fits[reward.pk] = []
+    return fits
+
+
+def _with_fits(reward: RewardConfigVersion, fits: dict[int, list[str]]) -> RewardConfigVersion:
+    reward.fits = " ".join(fits.get(reward.pk, []))  # type: ignore[attr-defined]  # the option's data-envs
+    return reward
 
 
 def _training_checkpoints() -> Any:

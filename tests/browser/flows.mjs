@@ -122,6 +122,14 @@ async function charts(page) {
   await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const labels = await page.$$eval('#compare-charts .small-chart[data-metric="loss"] .u-legend .u-series th', (ts) => ts.map((t) => t.textContent));
   check(labels.filter((t) => t.includes("run ")).length === 2, `two runs overlaid: ${labels.join(" | ")}`);
+  // The launch form offers only the rewards that fit the chosen environment.
+  await page.goto(`${base}/runs/new/train/`);
+  await page.selectOption('select[name="environment"]', "exact_answer");
+  const offered = await page.$$eval('select[name="reward_version"] option', (os) => os.filter((o) => !o.disabled).map((o) => o.textContent));
+  check(offered.length > 0 && offered.every((t) => !t.includes("browser-ctx1")), `for exact_answer the Context-1 reward is not offered: ${offered.join(" | ")}`);
+  await page.selectOption('select[name="environment"]', "search");
+  const forSearch = await page.$$eval('select[name="reward_version"] option', (os) => os.filter((o) => !o.disabled).map((o) => o.textContent));
+  check(forSearch.some((t) => t.includes("browser-ctx1")), "for search it is");
 }
 
 const browser = await chromium.launch({

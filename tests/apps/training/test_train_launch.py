@@ -218,6 +218,23 @@ def test_the_launch_form_offers_checkpoints_and_starts_from_the_one_picked(launc
     assert child.spec["config"]["base_model"] == TINY["base_model"]
 
 
+def test_the_launch_form_pairs_its_defaults_and_marks_which_environments_each_reward_fits(client, users):  # type: ignore[no-untyped-def]
+    """The default environment's first fitting reward is preselected; every option says which environments it can
+    score (launch.js hides the others), so the form never offers a pairing the launch would refuse."""
+    operator = users["operator"]
+    retrieval = context1_version(owner=operator, name="ctx1")  # listed first by name: not offered for exact_answer
+    exact = exact_answer_version(owner=operator, name="exact")
+    client.force_login(operator)
+    page = client.get("/runs/new/train/").content.decode()
+    import re
+
+    options = dict(re.findall(r'<option value="(\d+)" data-envs="([^"]*)"', page))
+    assert "exact_answer" in options[str(exact.pk)].split()
+    assert "search" in options[str(retrieval.pk)].split() and "exact_answer" not in options[str(retrieval.pk)].split()
+    assert f'<option value="{exact.pk}" data-envs="{options[str(exact.pk)]}" selected>' in page
+    assert "js/launch.js" in page
+
+
 # --- the search environment ------------------------------------------------------------------------------------
 SEARCH = {**TINY, "environment": "search", "algorithm": "cispo", "env_params": {"max_turns": 2}}
 
