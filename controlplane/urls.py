@@ -1,5 +1,7 @@
 from django.contrib import admin
+from django.templatetags.static import static
 from django.urls import include, path, re_path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
 
 from apps.accounts import api as accounts_api
@@ -68,6 +70,8 @@ PAGE_MODULES = [
 
 urlpatterns = [
     path("admin/", admin.site.urls),
+    # Browsers and tools that ask for /favicon.ico without reading the page's <link rel="icon">.
+    path("favicon.ico", RedirectView.as_view(url=static("favicon.svg"), permanent=True)),
     path("api/v1/", include(api_v1)),
     *(path("", include(module)) for module in PAGE_MODULES),
 ]

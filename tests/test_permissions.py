@@ -328,3 +328,13 @@ def test_a_non_integer_id_is_a_404_not_a_server_error(client_for, path) -> None:
     client = client_for("admin")
     assert client.get(path).status_code == 404
     assert client.post(path, {}, format="json").status_code in (404, 405)
+
+
+def test_the_favicon_is_public_and_exists(client):  # type: ignore[no-untyped-def]
+    """Every page links /static/favicon.svg; /favicon.ico (asked for by tools that skip the link) redirects there,
+    with no login (a 404 here was a console error on every page)."""
+    from django.contrib.staticfiles import finders
+
+    reply = client.get("/favicon.ico")
+    assert reply.status_code == 301 and reply["Location"].endswith("/favicon.svg")
+    assert finders.find("favicon.svg")
