@@ -774,11 +774,11 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     """Playwright: on a run whose loss and KL are all below 0.01 the tick labels are distinct and non-zero and the
     step axis shows integers; hovering shows values on every chart; charts are grouped by prefix with the key ones
     first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
-    page overlays two runs; the launch form offers only the rewards that fit the environment; no console errors
-    (favicon included)."""
+    page overlays two runs; reward and token distributions over steps are drawn; the launch form offers only the
+    rewards that fit the environment; no console errors (favicon included)."""
     from django.utils import timezone
 
-    from apps.runs.models import MetricPoint, Run
+    from apps.runs.models import MetricPoint, Run, TrajectorySummary
     from tests.factories import context1_version, exact_answer_version
 
     context1_version(owner=users["operator"], name="browser-ctx1")
@@ -797,6 +797,13 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
                 ("env/turns", 1 + step % 3),
                 ("reward/f_beta", 0.5),
             )
+        )
+        TrajectorySummary.objects.bulk_create(
+            TrajectorySummary(
+                run=run, trajectory_id=f"t{step}-{i}", step=step, reward=(step + i) / 44, completion_tokens=20 + i
+            )
+            for step in range(1, 41)
+            for i in range(4)
         )
         runs.append(run)
     report = _browser_flow(stack, users["operator"], "charts", CRUCIBLE_RUNS=",".join(str(r.pk) for r in runs))

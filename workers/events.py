@@ -57,6 +57,7 @@ class TrajectoryEvent(_Event):
     reward: float | None = None
     terms: dict[str, float] = {}
     num_turns: int = 0
+    completion_tokens: int = Field(default=0, ge=0, description="tokens the policy sampled in the episode")
     error: str | None = None
     storage_uri: str = ""
 

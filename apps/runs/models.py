@@ -187,6 +187,7 @@ class TrajectorySummary(models.Model):
     reward = models.FloatField(null=True)
     terms = models.JSONField(default=dict)
     num_turns = models.PositiveIntegerField(default=0)
+    completion_tokens = models.PositiveIntegerField(default=0, help_text="Tokens the policy sampled (0: not reported)")
     error = models.TextField(blank=True)
     storage_uri = models.CharField(max_length=500, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -133,6 +133,19 @@ def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
     return JsonResponse({"last_seq": run.last_seq, "series": series})
 
 
+@needs(Capability.READ)
+def run_distribution(request: HttpRequest, run_id: int) -> JsonResponse:
+    """`?field=reward|completion_tokens|num_turns`: that value's distribution over the run's steps."""
+    run = get_object_or_404(Run, pk=run_id)
+    field = request.GET.get("field", "reward")
+    if field not in selectors.DISTRIBUTION_FIELDS:
+        choices = ", ".join(sorted(selectors.DISTRIBUTION_FIELDS))
+        return JsonResponse(
+            {"detail": f"field {field!r} is not one of {choices}", "fields": {"field": [choices]}}, status=400
+        )
+    return JsonResponse(selectors.trajectory_distribution(run_id=run.pk, field=field))
+
+
 @needs(Capability.LAUNCH)
 @require_POST
 def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
@@ -299,6 +312,7 @@ urlpatterns = [
     path("runs/<int:run_id>/", run_detail, name="detail"),
     path("runs/<int:run_id>/cancel/", run_cancel_view, name="cancel"),
     path("runs/<int:run_id>/chart.json", run_chart, name="chart"),
+    path("runs/<int:run_id>/distribution.json", run_distribution, name="distribution"),
     path("runs/<int:run_id>/checkpoints/", run_checkpoints, name="checkpoints"),
     path("runs/<int:run_id>/trajectories/<str:trajectory_id>/", trajectory_detail, name="trajectory"),
 ]

@@ -291,6 +291,52 @@ def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str
     }
 
 
+DISTRIBUTION_FIELDS = {"reward": "reward", "completion_tokens": "completion_tokens", "num_turns": "num_turns"}
+"""Per-trajectory values whose distribution over steps the run page draws (W&B's distribution chart)."""
+
+_DISTRIBUTION_SQL = """
+WITH span AS (
+    SELECT min({col})::float8 AS lo, max({col})::float8 AS hi, min(step) AS s0, max(step) AS s1
+    FROM runs_trajectorysummary WHERE run_id = %(run)s AND {col} IS NOT NULL
+)
+SELECT
+    CASE WHEN span.s1 = span.s0 THEN 0
+         ELSE least(%(cols)s - 1, floor((t.step - span.s0)::float8 * %(cols)s / (span.s1 - span.s0 + 1))::int) END,
+    CASE WHEN span.hi = span.lo THEN 0
+         ELSE least(%(bins)s - 1, floor((t.{col} - span.lo) * %(bins)s / (span.hi - span.lo))::int) END,
+    count(*), min(t.step), max(t.step), span.lo, span.hi, span.s0, span.s1
+FROM runs_trajectorysummary t, span
+WHERE t.run_id = %(run)s AND t.{col} IS NOT NULL
+GROUP BY 1, 2, span.lo, span.hi, span.s0, span.s1
+"""
+
+
+def trajectory_distribution(*, run_id: int, field: str, bins: int = 20, max_columns: int = 100) -> dict[str, Any]:
+    """How a per-trajectory value (`DISTRIBUTION_FIELDS`) spreads at each step: counts in `bins` equal-width bins
+    over the run's whole range (so columns compare), steps grouped into at most `max_columns` columns, in one
+    grouped scan in PostgreSQL. `columns[i]` = [first step, last step] of column i; `counts[i][b]` its count in
+    bin b, whose edges are `edges[b]`, `edges[b + 1]`."""
+    column = DISTRIBUTION_FIELDS[field]  # a fixed name from the dict, never the request's text
+    params = {"run": run_id, "bins": bins, "cols": max_columns}
+    with connection.cursor() as cursor:
+        cursor.execute(_DISTRIBUTION_SQL.format(col=column), params)
+        rows = cursor.fetchall()
+    if not rows:
+        return {"field": field, "edges": [], "columns": [], "counts": []}
+    lo, hi = float(rows[0][5]), float(rows[0][6])
+    width = (hi - lo) / bins if hi > lo else 1.0
+    edges = [lo + width * b for b in range(bins + 1)] if hi > lo else [lo - 0.5, lo + 0.5]
+    used = sorted({r[0] for r in rows})
+    index = {c: i for i, c in enumerate(used)}
+    counts = [[0] * (bins if hi > lo else 1) for _ in used]
+    spans: list[list[int]] = [[0, 0] for _ in used]
+    for col, b, n, first, last, *_ in rows:
+        i = index[col]
+        counts[i][b] += int(n)
+        spans[i] = [min(spans[i][0] or first, first), max(spans[i][1], last)]
+    return {"field": field, "edges": edges, "columns": spans, "counts": counts}
+
+
 MAX_RECORD_SCAN_BYTES = 256 * 1024 * 1024
 
 

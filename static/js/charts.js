@@ -142,7 +142,66 @@
     download(`${name.replace(/[^\w.-]+/g, "_")}.png`, chart.ctx.canvas.toDataURL("image/png"));
   }
 
+  // W&B's distribution chart as a heat-map strip: one column per group of steps, one row per bin (high values on
+  // top), shade = the column's share in that bin. `d` is /runs/<id>/distribution.json. Hover names the cell.
+  function distributionStrip(el, d, label) {
+    el.textContent = "";
+    if (!d.counts.length) { el.textContent = `No ${label} yet.`; return null; }
+    const width = Math.max(300, el.clientWidth - 70);
+    const height = 110;
+    const wrap = document.createElement("div");
+    wrap.className = "dist-strip";
+    const axis = document.createElement("div");
+    axis.className = "dist-axis";
+    const hi = d.edges[d.edges.length - 1];
+    const lo = d.edges[0];
+    axis.innerHTML = `<span>${formatValue(hi)}</span><span>${formatValue(lo)}</span>`;
+    const canvas = document.createElement("canvas");
+    canvas.width = width;
+    canvas.height = height;
+    canvas.dataset.columns = String(d.counts.length);
+    const ctx = canvas.getContext("2d");
+    const cols = d.counts.length;
+    const bins = d.counts[0].length;
+    const cw = width / cols;
+    const rh = height / bins;
+    d.counts.forEach((column, i) => {
+      const top = Math.max(...column) || 1;
+      column.forEach((n, b) => {
+        if (!n) return;
+        ctx.fillStyle = `rgba(37,99,235,${(0.15 + 0.85 * n / top).toFixed(3)})`;
+        ctx.fillRect(i * cw, height - (b + 1) * rh, Math.ceil(cw), Math.ceil(rh));
+      });
+    });
+    const steps = document.createElement("div");
+    steps.className = "dist-steps muted";
+    steps.innerHTML = `<span>step ${d.columns[0][0]}</span><span>${label}</span><span>step ${d.columns[cols - 1][1]}</span>`;
+    const hover = document.createElement("div");
+    hover.className = "dist-hover muted";
+    hover.textContent = "Hover for counts.";
+    canvas.addEventListener("mousemove", (evt) => {
+      const r = canvas.getBoundingClientRect();
+      const i = Math.min(cols - 1, Math.floor((evt.clientX - r.left) / r.width * cols));
+      const b = Math.min(bins - 1, Math.floor((r.bottom - evt.clientY) / r.height * bins));
+      const [s0, s1] = d.columns[i];
+      const edgeLo = d.edges[b], edgeHi = d.edges[Math.min(b + 1, d.edges.length - 1)];
+      const total = d.counts[i].reduce((a, n) => a + n, 0);
+      hover.textContent = `steps ${s0 === s1 ? s0 : s0 + "–" + s1}, ${label} ${formatValue(edgeLo)} to ${formatValue(edgeHi)}: ` +
+        `${d.counts[i][b]} of ${total} trajectories`;
+    });
+    const body = document.createElement("div");
+    body.className = "dist-body";
+    body.appendChild(axis);
+    body.appendChild(canvas);
+    wrap.appendChild(body);
+    wrap.appendChild(steps);
+    wrap.appendChild(hover);
+    el.appendChild(wrap);
+    return canvas;
+  }
+
   global.CrucibleCharts = {
+    distributionStrip,
     tickLabels, formatValue, stepLabels, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
   };
 })(window);

@@ -207,6 +207,27 @@
     }, data, el);
   }
 
+  // Distributions over steps (reward, sampled tokens, turns) from the stored trajectories; refetched at most every
+  // 5 s while the run streams.
+  const DISTRIBUTIONS = [["reward", "reward"], ["completion_tokens", "sampled tokens"], ["num_turns", "turns"]];
+  let distributionsAt = 0;
+  function loadDistributions(force) {
+    const box = document.getElementById("chart-distributions");
+    if (!box || (!force && Date.now() - distributionsAt < 5000)) return;
+    distributionsAt = Date.now();
+    for (const [field, label] of DISTRIBUTIONS) {
+      let el = box.querySelector(`[data-field="${field}"]`);
+      if (!el) {
+        el = document.createElement("div");
+        el.dataset.field = field;
+        box.appendChild(el);
+      }
+      fetch(`/runs/${runId}/distribution.json?field=${field}`, { credentials: "same-origin" })
+        .then((r) => r.json())
+        .then((d) => { if (d.counts) C.distributionStrip(el, d, label); });
+    }
+  }
+
   function addSeries(series) {
     for (const [name, pts] of Object.entries(series)) {
       names.add(name);
@@ -233,6 +254,7 @@
     loadChart();
     const init = document.getElementById("initial-histogram");
     drawHistogram(init ? JSON.parse(init.textContent) : null);
+    loadDistributions(true);
   });
 
   live.addEventListener("htmx:wsOpen", (evt) => {
@@ -249,7 +271,7 @@
       evt.preventDefault(); // a chart frame: ours, not htmx's
       const frame = JSON.parse(message);
       if (frame.series) { addSeries(frame.series); drawMetrics(); }
-      if (frame.histogram) drawHistogram(frame.histogram);
+      if (frame.histogram) { drawHistogram(frame.histogram); loadDistributions(false); }
       if (frame.batch) sawBatch(frame.batch);
       return;
     }

@@ -79,6 +79,17 @@ async function charts(page) {
   check(axes.y.length >= 2 && new Set(axes.y).size === axes.y.length && !axes.y.some((v) => /^-?0(\.0*)?$/.test(v)),
     `small values get distinct, non-zero tick labels: ${axes.y.join(" ")}`);
   check(axes.x.length >= 2 && axes.x.every((v) => /^\d+$/.test(v)), `the step axis shows integers: ${axes.x.join(" ")}`);
+  await page.waitForSelector('#chart-distributions [data-field="reward"] canvas', { timeout: 30000 });
+  const columns = await page.$eval('#chart-distributions [data-field="reward"] canvas', (c) => Number(c.dataset.columns));
+  check(columns === 40, `the reward distribution over steps has a column per step: ${columns}`);
+  const strip = await page.$('#chart-distributions [data-field="reward"] canvas');
+  await strip.scrollIntoViewIfNeeded();
+  const sb = await strip.boundingBox();
+  await page.mouse.move(sb.x + sb.width - 3, sb.y + 3);
+  const said = await page.textContent('#chart-distributions [data-field="reward"] .dist-hover');
+  check(/steps? 40/.test(said) && /of 4 trajectories/.test(said), `hovering a cell names it: ${said}`);
+  await page.waitForSelector('#chart-distributions [data-field="completion_tokens"] canvas', { timeout: 30000 });
+  steps.push("sampled tokens over steps drawn");
   const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
   check(groups[0] === "key" && groups.includes("env") && groups.includes("reward"), `grouped by prefix: ${groups.join(", ")}`);
   const inKey = await page.$$eval('.chart-group[data-group="key"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));

@@ -316,6 +316,7 @@ def _trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
         "reward": sample.reward,
         "terms": sample.terms,
         "num_turns": sample.num_turns,
+        "completion_tokens": sample.sampled_tokens,
         "error": sample.error,
     }
 

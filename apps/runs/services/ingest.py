@@ -154,6 +154,7 @@ def _store_rows(run: Run, by_kind: dict[str, list[Any]], now: datetime) -> list[
             reward=e.reward,
             terms=e.terms,
             num_turns=e.num_turns,
+            completion_tokens=e.completion_tokens,
             error=e.error or "",
             storage_uri=e.storage_uri,
         )
