@@ -776,6 +776,8 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
     page overlays two runs; reward and token distributions over steps are drawn; the launch form offers only the
     rewards that fit the environment; no console errors (favicon included)."""
+    from datetime import timedelta
+
     from django.utils import timezone
 
     from apps.runs.models import MetricPoint, Run, TrajectorySummary
@@ -788,7 +790,7 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     for offset in (0.0, 0.002):
         run = Run.objects.create(kind="rescore", name="browser-charts", spec={}, created_by=users["operator"])
         MetricPoint.objects.bulk_create(
-            MetricPoint(run=run, step=step, name=name, value=value, time=now)
+            MetricPoint(run=run, step=step, name=name, value=value, time=now + timedelta(seconds=30 * step))
             for step in range(1, 41)
             for name, value in (
                 ("loss", 0.004 + offset + 0.003 * ((step * 7) % 5) / 5),

@@ -130,7 +130,10 @@ def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
     run = get_object_or_404(Run, pk=run_id)
     names = selectors.metric_names(run_id=run.pk)
     series = [selectors.metric_series(run_id=run.pk, name=n, max_points=1000) for n in names]
-    return JsonResponse({"last_seq": run.last_seq, "series": series})
+    # The steps' wall times (from the longest series), for the charts' wall-time x-axis.
+    longest = max(series, key=lambda s: s["count"])["name"] if series else None
+    times = selectors.step_times(run_id=run.pk, name=longest) if longest else {"steps": [], "epoch": []}
+    return JsonResponse({"last_seq": run.last_seq, "series": series, "times": times})
 
 
 @needs(Capability.READ)

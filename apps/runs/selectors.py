@@ -291,6 +291,35 @@ def metric_series(*, run_id: int, name: str, max_points: int = 1000) -> dict[str
     }
 
 
+_STEP_TIMES_SQL = """
+SELECT DISTINCT p.step, extract(epoch FROM p.time)
+FROM generate_series(%(lo)s::bigint, %(hi)s::bigint, %(stride)s::bigint) AS e(step)
+CROSS JOIN LATERAL (
+    SELECT m.step, m.time FROM runs_metricpoint m
+    WHERE m.run_id = %(run)s AND m.name = %(name)s AND m.step >= e.step
+    ORDER BY m.step LIMIT 1
+) p
+ORDER BY 1
+"""
+"""One index probe per sampled step (at most max_points of them), so a million-point series costs what a short one
+does."""
+
+
+def step_times(*, run_id: int, name: str, max_points: int = 1000) -> dict[str, Any]:
+    """When each step was reported (epoch seconds), from one series, downsampled to at most `max_points` steps: the
+    charts' wall-time x-axis interpolates between them. Empty for a series without points."""
+    params: dict[str, int | str] = {"run": run_id, "name": name, "n": max(10, min(max_points, 5000))}
+    with connection.cursor() as cursor:
+        cursor.execute(_STEP_RANGE_SQL, params)
+        lo, hi = cursor.fetchone()
+        if lo is None:
+            return {"steps": [], "epoch": []}
+        params.update(lo=lo, hi=hi, stride=max(1, (hi - lo + 1) // int(params["n"])))
+        cursor.execute(_STEP_TIMES_SQL, params)
+        rows = cursor.fetchall()
+    return {"steps": [int(r[0]) for r in rows], "epoch": [float(r[1]) for r in rows]}
+
+
 DISTRIBUTION_FIELDS = {"reward": "reward", "completion_tokens": "completion_tokens", "num_turns": "num_turns"}
 """Per-trajectory values whose distribution over steps the run page draws (W&B's distribution chart)."""
 

@@ -54,6 +54,36 @@
     return String(Number(v.toPrecision(4)));
   }
 
+  const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+    172800, 604800];
+  // Seconds since the run's first point as 45s, 12m, 3h 05m, 2d 04h.
+  function duration(sec) {
+    if (sec == null || !Number.isFinite(sec)) return "–";
+    const s = Math.round(sec);
+    if (s < 60) return `${s}s`;
+    if (s < 3600) return `${Math.floor(s / 60)}m${s % 60 ? " " + String(s % 60).padStart(2, "0") + "s" : ""}`;
+    if (s < 86400) return `${Math.floor(s / 3600)}h ${String(Math.floor((s % 3600) / 60)).padStart(2, "0")}m`;
+    return `${Math.floor(s / 86400)}d ${String(Math.floor((s % 86400) / 3600)).padStart(2, "0")}h`;
+  }
+
+  // Wall time of a step: piecewise-linear between the sampled (step, epoch) pairs of /runs/<id>/chart.json; past
+  // the last one, `live` (step -> epoch when its frame arrived); seconds since the first point.
+  function stepClock(times, live) {
+    const steps = times.steps || [];
+    const epoch = times.epoch || [];
+    const start = epoch.length ? epoch[0] : null;
+    return function (step) {
+      if (live && live.has(step)) return start == null ? 0 : live.get(step) - start;
+      if (!steps.length) return null;
+      if (step <= steps[0]) return 0;
+      let lo = 0, hi = steps.length - 1;
+      if (step >= steps[hi]) return epoch[hi] - start;
+      while (hi - lo > 1) { const mid = (lo + hi) >> 1; if (steps[mid] <= step) lo = mid; else hi = mid; }
+      const f = (step - steps[lo]) / (steps[hi] - steps[lo]);
+      return epoch[lo] + f * (epoch[hi] - epoch[lo]) - start;
+    };
+  }
+
   function stepLabels(splits) {
     return splits.map((v) => (Number.isInteger(v) ? String(v) : ""));
   }
@@ -91,7 +121,10 @@
 
   function lineChart(el, xs, lines, opts) {
     const smoothing = opts.smoothing || 0;
-    const series = [{ label: "step", value: (u, v) => (v == null ? "–" : String(v)) }];
+    const time = opts.xMode === "time";
+    const series = [time
+      ? { label: "wall time", value: (u, v) => duration(v) }
+      : { label: "step", value: (u, v) => (v == null ? "–" : String(v)) }];
     lines.forEach((line, i) => {
       const color = line.color || PALETTE[i % PALETTE.length];
       if (smoothing > 0) {
@@ -108,7 +141,9 @@
       legend: { show: true, live: true },
       cursor: opts.sync ? { sync: { key: opts.sync } } : {},
       axes: [
-        { size: 30, incrs: STEP_INCRS, values: (u, splits) => stepLabels(splits) },
+        time
+          ? { size: 30, incrs: TIME_INCRS, values: (u, splits) => splits.map(duration) }
+          : { size: 30, incrs: STEP_INCRS, values: (u, splits) => stepLabels(splits) },
         { size: 64, values: (u, splits) => tickLabels(splits) },
       ],
       series: series,
@@ -201,7 +236,7 @@
   }
 
   global.CrucibleCharts = {
-    distributionStrip,
+    distributionStrip, duration, stepClock,
     tickLabels, formatValue, stepLabels, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
   };
 })(window);

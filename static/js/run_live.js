@@ -33,8 +33,8 @@
   C.live = charts; // for the browser tests (tests/browser/flows.mjs) and the console
   const storeKey = `crucible.charts.v1.${live.dataset.user || ""}`;
   const layout = (() => {
-    try { return Object.assign({ collapsed: [], smoothing: 0, log: [] }, JSON.parse(localStorage.getItem(storeKey) || "{}")); }
-    catch (err) { return { collapsed: [], smoothing: 0, log: [] }; }
+    try { return Object.assign({ collapsed: [], smoothing: 0, log: [], x: "step" }, JSON.parse(localStorage.getItem(storeKey) || "{}")); }
+    catch (err) { return { collapsed: [], smoothing: 0, log: [], x: "step" }; }
   })();
   function saveLayout() { try { localStorage.setItem(storeKey, JSON.stringify(layout)); } catch (err) { /* private mode */ } }
   function groupOf(name) {
@@ -48,9 +48,15 @@
   }
   function groupRank(g) { const i = GROUP_ORDER.indexOf(g); return i < 0 ? 50 : i; }
 
+  // The x-axis: steps, or wall time since the first point (step -> time from chart.json, live steps by arrival).
+  let times = { steps: [], epoch: [] };
+  const liveTimes = new Map();
   function seriesData(name) {
     const steps = Array.from(points.keys()).filter((s) => name in points.get(s)).sort((a, b) => a - b);
-    return [steps, steps.map((s) => points.get(s)[name])];
+    const ys = steps.map((s) => points.get(s)[name]);
+    if (layout.x !== "time") return [steps, ys];
+    const clock = C.stepClock(times, liveTimes);
+    return [steps.map(clock), ys];
   }
 
   // Pause keeps collecting points but stops redrawing; the filter shows only the metrics whose name matches.
@@ -76,6 +82,11 @@
       if (!paused) drawMetrics();
     });
     if (box) box.addEventListener("input", () => { filter = box.value.trim().toLowerCase(); applyFilter(); });
+    const xAxis = document.getElementById("chart-x");
+    if (xAxis) {
+      xAxis.value = layout.x;
+      xAxis.addEventListener("change", () => { layout.x = xAxis.value; saveLayout(); rebuildAll(); });
+    }
     if (smooth) {
       smooth.value = String(layout.smoothing);
       if (smoothOut) smoothOut.textContent = Number(layout.smoothing).toFixed(2);
@@ -132,7 +143,7 @@
     const width = Math.max(240, Math.floor(document.getElementById("chart-metrics").clientWidth / 2) - 24);
     const chart = C.lineChart(plot, xs, [{ label: name, ys: ys }], {
       title: name, width: width, height: 170, smoothing: layout.smoothing, log: layout.log.includes(name),
-      sync: `run-${runId}`,
+      sync: `run-${runId}`, xMode: layout.x,
     });
     const logButton = holder.querySelector('[data-act="log"]');
     logButton.setAttribute("aria-pressed", String(chart._crucible.log));
@@ -228,8 +239,9 @@
     }
   }
 
-  function addSeries(series) {
+  function addSeries(series, arrived) {
     for (const [name, pts] of Object.entries(series)) {
+      if (arrived) for (const [step] of pts) if (!liveTimes.has(step)) liveTimes.set(step, arrived);
       names.add(name);
       for (const [step, value] of pts) {
         if (!points.has(step)) points.set(step, {});
@@ -243,6 +255,7 @@
       .then((r) => r.json())
       .then((body) => {
         points.clear(); names.clear();
+        times = body.times || { steps: [], epoch: [] };
         for (const s of body.series) {
           addSeries({ [s.name]: s.steps.map((step, i) => [step, s.mean[i]]) });
         }
@@ -270,7 +283,7 @@
     if (message.charAt(0) === "{") {
       evt.preventDefault(); // a chart frame: ours, not htmx's
       const frame = JSON.parse(message);
-      if (frame.series) { addSeries(frame.series); drawMetrics(); }
+      if (frame.series) { addSeries(frame.series, Date.now() / 1000); drawMetrics(); }
       if (frame.histogram) { drawHistogram(frame.histogram); loadDistributions(false); }
       if (frame.batch) sawBatch(frame.batch);
       return;

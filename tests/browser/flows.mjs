@@ -122,6 +122,14 @@ async function charts(page) {
   check(smoothed.series === 3 && smoothed.smooth[2] !== smoothed.raw[2], `smoothing draws an EMA over the faint raw series`);
   await page.click('.small-chart[data-metric="loss"] [data-act="log"]');
   check(await page.evaluate(() => window.CrucibleCharts.live.get("loss").scales.y.distr === 3), "log scale switches the y-axis");
+  await page.selectOption("#chart-x", "time");
+  const timeAxis = await page.evaluate(() => {
+    const c = window.CrucibleCharts.live.get("loss");
+    return { labels: c.axes[0]._values.filter((v) => v), x: c.series[0].label, last: c.data[0][c.data[0].length - 1] };
+  });
+  check(timeAxis.x === "wall time" && timeAxis.labels.every((v) => /^\d+(s|m|h|d)/.test(v)) && Math.round(timeAxis.last) === 39 * 30,
+    `the x-axis switches to wall time: ${timeAxis.labels.join(" ")}`);
+  await page.selectOption("#chart-x", "step");
   await page.reload();
   await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const kept = await page.evaluate(() => ({

@@ -73,3 +73,28 @@ def test_ingest_stores_the_sampled_tokens(run):  # type: ignore[no-untyped-def]
     assert TrajectorySummary.objects.get(run=run, trajectory_id="x").completion_tokens == 37
     with pytest.raises(ValueError, match="completion_tokens"):
         EVENTS_LIST.validate_python([{**event, "completion_tokens": -1}])
+
+
+def test_step_times_sample_a_series_for_the_wall_time_axis(run, users):  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.test import Client
+    from django.utils import timezone
+
+    from apps.runs.models import MetricPoint
+    from apps.runs.selectors import step_times
+
+    start = timezone.now()
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, step=step, name="loss", value=1.0, time=start + timedelta(seconds=2 * step))
+        for step in range(0, 5000)
+    )
+    times = step_times(run_id=run.pk, name="loss", max_points=100)
+    assert 90 <= len(times["steps"]) <= 101 and times["steps"] == sorted(times["steps"]) and times["steps"][0] == 0
+    gaps = {round(b - a, 3) for a, b in zip(times["epoch"], times["epoch"][1:], strict=False)}
+    assert gaps == {100.0}  # every 50th step, 2 s apart each
+    assert step_times(run_id=run.pk, name="nothing") == {"steps": [], "epoch": []}
+    viewer = Client()
+    viewer.force_login(users["viewer"])
+    body = viewer.get(f"/runs/{run.pk}/chart.json").json()
+    assert len(body["times"]["steps"]) > 10 and body["times"]["epoch"][0] == pytest.approx(start.timestamp())
