@@ -53,6 +53,14 @@ def _sparkline_points(series: list[tuple[int, float]]) -> str:
     return " ".join(f"{1 + (s - x0) * w / dx:.1f},{1 + h - (v - lo) * h / dv:.1f}" for s, v in series)
 
 
+COLUMN_SUGGESTIONS = [
+    *(f"config.{k}" for k in ("algorithm", "base_model", "environment", "learning_rate", "steps", "group_size")),
+    *(f"config.{k}" for k in ("prompts_per_step", "seed", "mode", "lora.rank", "substeps", "learner.strategy")),
+    *(f"summary.{k}" for k in ("pass@1", "start_step", "sft_loss")),
+]
+"""What the runs list's column box suggests (any config.<key> or summary.<key> works)."""
+
+
 @needs(Capability.READ)
 def runs_index(request: HttpRequest) -> HttpResponse:
     filters = selectors.RunListFilters.from_query(request.GET)
@@ -62,11 +70,18 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         run.reward_last = run.sparkline[-1][1] if run.sparkline else None
         run.queue_position = selectors.queue_position(run)
     query = urlencode({k: v for k, v in asdict(filters).items() if v})
+    unsorted = urlencode({k: v for k, v in asdict(filters).items() if v and k != "sort"})
     template = "runs/_table.html" if request.headers.get("HX-Request") else "runs/index.html"
+    columns = [f"{source}.{path}" for source, path in filters.columns()]
     context = {
         "page": page,
         "filters": filters,
         "query": query,
+        "unsorted": unsorted,
+        "columns": columns,
+        "column_problems": filters.column_problems(),
+        "sortable": [("name", "Name"), ("kind", "Kind"), ("status", "Status"), ("progress", "Progress")],
+        "column_suggestions": COLUMN_SUGGESTIONS,
         "statuses": RunStatus.values,
         "kinds": [handler.kind for handler in kinds.handlers()],
         "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -8,6 +9,7 @@ from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db import connection
 from django.db.models import Q, QuerySet
+from django.db.models.fields.json import KeyTextTransform, KeyTransform
 
 from apps.accounts.models import Capability, User
 from apps.runs import ray_jobs
@@ -97,28 +99,83 @@ SPARKLINE_POINTS = 50
 
 @dataclass(frozen=True)
 class RunListFilters:
-    """The runs list's filters as the page's query string gives them; blank means "any"."""
+    """The runs list's filters, sort and extra columns as the page's query string gives them; blank means "any"."""
 
     status: str = ""
     kind: str = ""
     tag: str = ""
     owner: str = ""
     q: str = ""
+    dataset: str = ""
+    reward: str = ""
+    sort: str = ""
+    cols: str = ""
 
     @classmethod
     def from_query(cls, query: Any) -> RunListFilters:
-        return cls(**{f: str(query.get(f, "")).strip()[:200] for f in ("status", "kind", "tag", "owner", "q")})
+        return cls(**{f: str(query.get(f, "")).strip()[:200] for f in cls.__dataclass_fields__})
+
+    def columns(self) -> list[tuple[str, str]]:
+        """The extra columns: `config.<key>` (the run's config, a dotted path inside it) or `summary.<key>`, at most
+        8; anything else is left out (`column_problems` says why)."""
+        picked = []
+        for raw in self.cols.split(","):
+            source, _, path = raw.strip().partition(".")
+            if source in ("config", "summary") and COLUMN_PATH.fullmatch(path):
+                picked.append((source, path))
+        return picked[:8]
+
+    def column_problems(self) -> list[str]:
+        bad = [c.strip() for c in self.cols.split(",") if c.strip()]
+        bad = [c for c in bad if (c.partition(".")[0], c.partition(".")[2]) not in self.columns()]
+        return [
+            f"column {c!r} left out: write config.<key> or summary.<key> (letters, digits, _, @, - and .)" for c in bad
+        ]
+
+
+COLUMN_PATH = re.compile(r"[A-Za-z_][\w@-]{0,60}(\.[A-Za-z_][\w@-]{0,60}){0,3}")
+"""A key path: up to 4 keys of letters, digits, `_`, `@` and `-` (pass@1). Keys reach SQL as parameters."""
+RUN_SORTS = {
+    "": ("-created_at", "-id"),
+    "created": ("created_at", "id"),
+    "name": ("name", "id"),
+    "-name": ("-name", "-id"),
+    "status": ("status", "-id"),
+    "kind": ("kind", "-id"),
+    "progress": ("-progress_done", "-id"),
+}
+"""The list's sort keys (`?sort=`), besides `config.<key>` and `summary.<key>` (`-` in front: descending)."""
+
+
+def _column_expr(source: str, path: str, *, text: bool = True) -> Any:
+    """`spec -> 'config' -> ... ->> 'last'` (or `summary -> ... ->> 'last'`): one key's text, NULL where absent;
+    with text=False its jsonb value, which sorts numbers as numbers (1e-05 < 0.001), not as text."""
+    keys = (["config"] if source == "config" else []) + path.split(".")
+    inner: Any = "spec" if source == "config" else "summary"
+    for key in keys[:-1]:
+        inner = KeyTransform(key, inner)
+    return KeyTextTransform(keys[-1], inner) if text else KeyTransform(keys[-1], inner)
 
 
 def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PER_PAGE) -> Page:
-    """One page of the runs list, newest first, with each run's reward sparkline as `run.sparkline`
-    ([(step, value), ...]). Three queries whatever the page size: the count, the page, the sparklines."""
+    """One page of the runs list, newest first (or by `filters.sort`), with each run's reward sparkline as
+    `run.sparkline` ([(step, value), ...]) and the chosen columns as `run.columns` (text, "" where absent). Three
+    queries whatever the page size: the count, the page, the sparklines."""
+    columns = filters.columns()
     runs = (
-        Run.objects.select_related("created_by")
-        # The list never shows these, and on long runs they are the widest columns of the row.
+        Run.objects.select_related("created_by", "dataset_version__dataset", "reward_version__config")
+        # The list never shows these whole, and on long runs they are the widest columns of the row.
         .defer("spec", "log_tail", "summary", "failure_reason")
-        .order_by("-created_at", "-id")
+        .annotate(**{f"col_{i}": _column_expr(source, path) for i, (source, path) in enumerate(columns)})
     )
+    descending = filters.sort.startswith("-")
+    key = filters.sort.lstrip("-")
+    source, _, path = key.partition(".")
+    if source in ("config", "summary") and COLUMN_PATH.fullmatch(path):
+        expr = _column_expr(source, path, text=False)
+        runs = runs.order_by(expr.desc(nulls_last=True) if descending else expr.asc(nulls_last=True), "-id")
+    else:
+        runs = runs.order_by(*RUN_SORTS.get(filters.sort, RUN_SORTS[""]))
     if filters.status:
         runs = runs.filter(status=filters.status)
     if filters.kind:
@@ -129,10 +186,15 @@ def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PE
         runs = runs.filter(created_by__username=filters.owner)
     if filters.q:
         runs = runs.filter(name__icontains=filters.q)  # ILIKE '%q%', served by the trigram index on name
+    if filters.dataset:
+        runs = runs.filter(dataset_version__dataset__name__icontains=filters.dataset)
+    if filters.reward:
+        runs = runs.filter(reward_version__config__name__icontains=filters.reward)
     result = Paginator(runs, per_page).get_page(page)
     sparklines = run_sparklines(run_ids=[r.pk for r in result])
     for run in result:
         run.sparkline = sparklines.get(run.pk, [])  # type: ignore[attr-defined]  # for the page, not a model field
+        run.columns = [getattr(run, f"col_{i}") or "" for i in range(len(columns))]  # type: ignore[attr-defined]
     return result
 
 

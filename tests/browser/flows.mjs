@@ -137,7 +137,15 @@ async function charts(page) {
     folded: !document.querySelector('.chart-group[data-group="env"]').open,
   }));
   check(kept.log === 3 && kept.smoothing === "0.8" && kept.folded, "the layout is remembered across a reload");
-  await page.goto(`${base}/runs/compare/?run=${first}&run=${second}`);
+  // The runs list: a column from the config, tick the two runs, compare them (the ticks survive the 5 s refresh).
+  await page.goto(`${base}/?cols=config.algorithm&q=browser-charts`);
+  check(await page.isVisible('#runs-grid th:has-text("config.algorithm")'), "a config column in the runs table");
+  await page.check(`#runs-grid input[value="${first}"]`);
+  await page.check(`#runs-grid input[value="${second}"]`);
+  await page.waitForTimeout(5600);
+  check(await page.isChecked(`#runs-grid input[value="${first}"]`), "ticks survive the table's refresh");
+  await Promise.all([page.waitForNavigation(), page.click('#runs-compare button[type="submit"]')]);
+  check(page.url().includes(`run=${first}`) && page.url().includes(`run=${second}`), `compare selected: ${page.url()}`);
   await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const labels = await page.$$eval('#compare-charts .small-chart[data-metric="loss"] .u-legend .u-series th', (ts) => ts.map((t) => t.textContent));
   check(labels.filter((t) => t.includes("run ")).length === 2, `two runs overlaid: ${labels.join(" | ")}`);

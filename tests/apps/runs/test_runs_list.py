@@ -139,3 +139,38 @@ def test_a_full_page_stays_within_the_query_budget(client, users, django_assert_
     client.force_login(users["viewer"])
     with django_assert_max_num_queries(5):
         assert client.get("/").status_code == 200
+
+
+def test_columns_from_config_and_summary_sort_numbers_as_numbers_and_filter_by_data(users):  # type: ignore[no-untyped-def]
+    from tests.factories import exact_answer_version, tasks_version
+
+    owner = users["operator"]
+    tasks = tasks_version(owner=owner, rows=[{"id": "a", "prompt": "1+1?", "answer": "2"}], name="arith-data")
+    reward = exact_answer_version(owner=owner, name="exact-r")
+    made = {}
+    for lr, algo in ((0.001, "grpo"), (1e-05, "cispo"), (0.0003, "grpo")):
+        made[lr] = Run.objects.create(
+            kind="train",
+            name=f"lr {lr}",
+            created_by=owner,
+            spec={"config": {"learning_rate": lr, "algorithm": algo, "lora": {"rank": 8}}},
+            summary={"eval": {"pass@1": lr * 100}},
+            dataset_version=tasks if lr != 0.0003 else None,
+            reward_version=reward,
+        )
+    filters = RunListFilters.from_query(
+        {
+            "cols": "config.algorithm, config.lora.rank, summary.eval.pass@1, summary.x;drop",
+            "sort": "config.learning_rate",
+        }
+    )
+    assert filters.columns() == [("config", "algorithm"), ("config", "lora.rank"), ("summary", "eval.pass@1")]
+    assert [p.split("'")[1] for p in filters.column_problems()] == ["summary.x;drop"]
+    page = run_list_page(filters=filters, page=1)
+    assert [r.name for r in page] == ["lr 1e-05", "lr 0.0003", "lr 0.001"]  # numeric order, not text order
+    assert page[0].columns == ["cispo", "8", "0.001"]
+    desc = run_list_page(filters=RunListFilters.from_query({"sort": "-config.learning_rate"}), page=1)
+    assert [r.name for r in desc][:3] == ["lr 0.001", "lr 0.0003", "lr 1e-05"]
+    by_data = run_list_page(filters=RunListFilters.from_query({"dataset": "arith", "reward": "exact"}), page=1)
+    assert {r.name for r in by_data} == {"lr 0.001", "lr 1e-05"}
+    assert run_list_page(filters=RunListFilters.from_query({"sort": "password; drop"}), page=1).object_list
