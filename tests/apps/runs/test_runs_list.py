@@ -174,3 +174,12 @@ def test_columns_from_config_and_summary_sort_numbers_as_numbers_and_filter_by_d
     by_data = run_list_page(filters=RunListFilters.from_query({"dataset": "arith", "reward": "exact"}), page=1)
     assert {r.name for r in by_data} == {"lr 0.001", "lr 1e-05"}
     assert run_list_page(filters=RunListFilters.from_query({"sort": "password; drop"}), page=1).object_list
+
+
+def test_a_new_installation_shows_where_to_start(client, users):  # type: ignore[no-untyped-def]
+    client.force_login(users["operator"])
+    page = client.get("/").content.decode()
+    assert 'id="start-here"' in page and "/runs/new/train/" in page and "/api/v1/docs/" in page
+    viewer = client.__class__()
+    viewer.force_login(users["viewer"])
+    assert "/runs/new/train/" not in viewer.get("/").content.decode().split('id="start-here"')[1].split("</section>")[0]
