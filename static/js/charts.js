@@ -12,8 +12,18 @@
   function distinct(labels) { return new Set(labels).size === labels.length; }
   function trimZeros(text) { return text.includes(".") ? text.replace(/0+$/, "").replace(/\.$/, "") : text; }
 
+  // Decimals that write `x` exactly (to 1e-6 of itself): 0.25 -> 2, 2.5 -> 1, 5 -> 0.
+  function decimalsOf(x) {
+    for (let d = 0; d < 10; d++) {
+      const scaled = x * Math.pow(10, d);
+      if (Math.abs(scaled - Math.round(scaled)) <= 1e-6 * Math.max(1, Math.abs(scaled))) return d;
+    }
+    return 10;
+  }
+
   // Tick labels for one axis: SI prefixes from 10^4 up, scientific notation below 10^-2, fixed decimals between,
-  // with the fewest digits that keep neighbouring ticks apart (so 0.001, 0.002 never both read "0").
+  // with as many digits as the tick spacing needs (ticks 0, 2.5e-4, 5e-4 read so, never "0, 3e-4, 5e-4"), and more
+  // if two labels would still read the same.
   function tickLabels(splits) {
     const finite = splits.filter((v) => v != null && Number.isFinite(v));
     if (!finite.length) return splits.map(() => "");
@@ -27,13 +37,13 @@
     let format;
     if (mag >= 1e4) {
       const [div, sym] = SI.find(([d]) => mag >= d);
-      const start = Math.max(0, Math.ceil(-Math.log10(step / div) - 1e-9));
+      const start = decimalsOf(step / div);
       format = (v, extra) => trimZeros((v / div).toFixed(Math.min(start + extra, 12))) + sym;
     } else if (mag > 0 && mag < 1e-2) {
-      const start = Math.max(1, Math.ceil(Math.log10(mag / step) + 1e-9));
-      format = (v, extra) => (v === 0 ? "0" : v.toExponential(Math.min(start + extra - 1, 12)).replace(/\.?0+e/, "e"));
+      const start = decimalsOf(step / Math.pow(10, Math.floor(Math.log10(mag))));
+      format = (v, extra) => (v === 0 ? "0" : v.toExponential(Math.min(start + extra, 12)).replace(/\.?0+e/, "e"));
     } else {
-      const start = Math.max(0, Math.ceil(-Math.log10(step) - 1e-9));
+      const start = decimalsOf(step);
       format = (v, extra) => v.toFixed(Math.min(start + extra, 12));
     }
     for (let extra = 0; extra < 8; extra++) {

@@ -8,6 +8,13 @@ const flow = process.argv[2] || "launch";
 const problems = [];
 const steps = [];
 
+// With CRUCIBLE_SCREENSHOTS=<folder>, the charts flow saves the README's screenshots there.
+async function shot(page, name) {
+  if (!process.env.CRUCIBLE_SCREENSHOTS) return;
+  await page.screenshot({ path: `${process.env.CRUCIBLE_SCREENSHOTS}/${name}.png`, fullPage: false });
+  steps.push(`screenshot ${name}`);
+}
+
 function check(condition, message) {
   if (!condition) throw new Error(message);
   steps.push(message);
@@ -90,6 +97,8 @@ async function charts(page) {
   check(/steps? 40/.test(said) && /of 4 trajectories/.test(said), `hovering a cell names it: ${said}`);
   await page.waitForSelector('#chart-distributions [data-field="completion_tokens"] canvas', { timeout: 30000 });
   steps.push("sampled tokens over steps drawn");
+  await page.$eval("#chart-metrics", (el) => el.scrollIntoView());
+  await shot(page, "run-charts");
   const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
   check(groups[0] === "key" && groups.includes("env") && groups.includes("reward"), `grouped by prefix: ${groups.join(", ")}`);
   const inKey = await page.$$eval('.chart-group[data-group="key"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
@@ -139,6 +148,7 @@ async function charts(page) {
   check(kept.log === 3 && kept.smoothing === "0.8" && kept.folded, "the layout is remembered across a reload");
   // The runs list: a column from the config, tick the two runs, compare them (the ticks survive the 5 s refresh).
   await page.goto(`${base}/?cols=config.algorithm&q=browser-charts`);
+  await shot(page, "runs-table");
   check(await page.isVisible('#runs-grid th:has-text("config.algorithm")'), "a config column in the runs table");
   await page.check(`#runs-grid input[value="${first}"]`);
   await page.check(`#runs-grid input[value="${second}"]`);
@@ -146,6 +156,9 @@ async function charts(page) {
   check(await page.isChecked(`#runs-grid input[value="${first}"]`), "ticks survive the table's refresh");
   await Promise.all([page.waitForNavigation(), page.click('#runs-compare button[type="submit"]')]);
   check(page.url().includes(`run=${first}`) && page.url().includes(`run=${second}`), `compare selected: ${page.url()}`);
+  await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  await page.$eval("#compare-charts", (el) => el.scrollIntoView());
+  await shot(page, "compare");
   await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const labels = await page.$$eval('#compare-charts .small-chart[data-metric="loss"] .u-legend .u-series th', (ts) => ts.map((t) => t.textContent));
   check(labels.filter((t) => t.includes("run ")).length === 2, `two runs overlaid: ${labels.join(" | ")}`);
@@ -166,7 +179,7 @@ const browser = await chromium.launch({
 });
 let code = 0;
 try {
-  const page = await browser.newPage();
+  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
   await ({ launch, review, charts })[flow](page);
