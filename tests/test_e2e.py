@@ -788,7 +788,12 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     now = timezone.now()
     runs = []
     for offset in (0.0, 0.002):
-        run = Run.objects.create(kind="rescore", name="browser-charts", spec={}, created_by=users["operator"])
+        run = Run.objects.create(
+            kind="rescore",
+            name="browser-charts",
+            spec={"config": {"algorithm": "grpo", "seed": int(offset * 1000)}},
+            created_by=users["operator"],
+        )
         MetricPoint.objects.bulk_create(
             MetricPoint(run=run, step=step, name=name, value=value, time=now + timedelta(seconds=30 * step))
             for step in range(1, 41)

@@ -214,10 +214,24 @@ def run_compare(request: HttpRequest) -> HttpResponse:
         ]
         for name in names[:24]
     }
+    group_by = request.GET.get("group", "").strip()[:120]
+    groups: dict[int, str] = {}
+    if group_by:
+        source, _, path = group_by.partition(".")
+        if source not in ("config", "summary") or not path:
+            errors.append(f"group by {group_by!r}: write config.<key> or summary.<key>")
+            group_by = ""
+        for run in runs:
+            value: Any = _spec_of(run) if source == "config" else (run.summary or {})
+            for key in path.split("."):
+                value = value.get(key) if isinstance(value, dict) else None
+            run.group_value = groups[run.pk] = "(none)" if value is None else str(value)  # type: ignore[attr-defined]
     return render(
         request,
         "runs/compare.html",
         {
+            "group_by": group_by,
+            "groups": groups,
             "runs": runs,
             "base": base,
             "diffs": diffs,

@@ -125,6 +125,7 @@
     for (const line of lines) {
       if (smoothing > 0) data.push(line.ys);
       data.push(smoothing > 0 ? ema(line.ys, smoothing) : line.ys);
+      if (line.band) data.push(line.band[0], line.band[1]);
     }
     return data;
   }
@@ -132,6 +133,7 @@
   function lineChart(el, xs, lines, opts) {
     const smoothing = opts.smoothing || 0;
     const time = opts.xMode === "time";
+    const bands = [];
     const series = [time
       ? { label: "wall time", value: (u, v) => duration(v) }
       : { label: "step", value: (u, v) => (v == null ? "–" : String(v)) }];
@@ -142,6 +144,11 @@
           value: (u, v) => formatValue(v), points: { show: false } });
       }
       series.push({ label: line.label, stroke: color, width: 1.5, spanGaps: true, value: (u, v) => formatValue(v) });
+      if (line.band) {  // a group's min and max around its mean (W&B's grouped runs)
+        const edge = { stroke: color + "00", width: 0, spanGaps: true, points: { show: false }, value: (u, v) => formatValue(v) };
+        series.push({ ...edge, label: `${line.label} min` }, { ...edge, label: `${line.label} max` });
+        bands.push({ series: [series.length - 1, series.length - 2], fill: color + "26" });
+      }
     });
     const data = chartData(xs, lines, smoothing);
     const log = !!opts.log && positive(data);
@@ -157,6 +164,7 @@
         { size: 64, values: (u, splits) => tickLabels(splits) },
       ],
       series: series,
+      bands: bands,
     }, data, el);
     chart._crucible = { xs: xs, lines: lines, log: log };
     return chart;
@@ -245,8 +253,30 @@
     return canvas;
   }
 
+  // Lines aligned on the same xs, grouped by `keyOf(line)`: per group and x the mean over the lines that have a
+  // point there, and the min and max as a band.
+  function groupLines(xs, lines, keyOf) {
+    const groups = new Map();
+    for (const line of lines) {
+      const key = keyOf(line);
+      if (!groups.has(key)) groups.set(key, []);
+      groups.get(key).push(line);
+    }
+    return Array.from(groups, ([key, members], i) => {
+      const mean = [], lo = [], hi = [];
+      xs.forEach((_, j) => {
+        const vals = members.map((m) => m.ys[j]).filter((v) => v != null && Number.isFinite(v));
+        mean.push(vals.length ? vals.reduce((a, v) => a + v, 0) / vals.length : null);
+        lo.push(vals.length ? Math.min(...vals) : null);
+        hi.push(vals.length ? Math.max(...vals) : null);
+      });
+      return { label: `${key} (${members.length} run${members.length === 1 ? "" : "s"})`, ys: mean, band: [lo, hi],
+        color: PALETTE[i % PALETTE.length] };
+    });
+  }
+
   global.CrucibleCharts = {
-    distributionStrip, duration, stepClock,
+    groupLines, distributionStrip, duration, stepClock,
     tickLabels, formatValue, stepLabels, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
   };
 })(window);

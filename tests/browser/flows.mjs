@@ -150,6 +150,7 @@ async function charts(page) {
   await page.goto(`${base}/?cols=config.algorithm&q=browser-charts`);
   await shot(page, "runs-table");
   check(await page.isVisible('#runs-grid th:has-text("config.algorithm")'), "a config column in the runs table");
+  check((await page.$$eval("#runs-grid tbody tr td", (ts) => ts.map((t) => t.textContent.trim()))).includes("grpo"), "with the runs' values");
   await page.check(`#runs-grid input[value="${first}"]`);
   await page.check(`#runs-grid input[value="${second}"]`);
   await page.waitForTimeout(5600);
@@ -162,6 +163,15 @@ async function charts(page) {
   await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const labels = await page.$$eval('#compare-charts .small-chart[data-metric="loss"] .u-legend .u-series th', (ts) => ts.map((t) => t.textContent));
   check(labels.filter((t) => t.includes("run ")).length === 2, `two runs overlaid: ${labels.join(" | ")}`);
+  // Grouped by a config key: one line per value, the group's mean, with its min and max as a band.
+  await page.goto(`${base}/runs/compare/?run=${first}&run=${second}&group=config.algorithm`);
+  await page.waitForSelector('#compare-charts .small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  const grouped = await page.evaluate(() => {
+    const c = window.CrucibleCharts.compared.get("loss");
+    return { labels: c.series.map((s) => s.label), bands: (c.bands || []).length, mean: c.data[1][0], lo: c.data[2][0], hi: c.data[3][0] };
+  });
+  check(grouped.labels[1] === "config.algorithm=grpo (2 runs)" && grouped.bands === 1 && grouped.lo < grouped.mean && grouped.mean < grouped.hi,
+    `grouped by config.algorithm: mean with a min/max band (${grouped.lo.toFixed(4)} < ${grouped.mean.toFixed(4)} < ${grouped.hi.toFixed(4)})`);
   // The launch form offers only the rewards that fit the chosen environment.
   await page.goto(`${base}/runs/new/train/`);
   await page.selectOption('select[name="environment"]', "exact_answer");
