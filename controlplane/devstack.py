@@ -528,7 +528,10 @@ def up() -> int:
             (var_dir / "stack.json").write_text(json.dumps({**stack, "web": "http://127.0.0.1:8000"}))
             manage = [sys.executable, str(ROOT / "manage.py")]
             subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=ROOT)
-            subprocess.run([*manage, "crucible_demo", "--coding"], env=env, check=False, cwd=ROOT)
+            demo = ["crucible_demo", "--coding"]
+            if os.environ.get("CRUCIBLE_EXAMPLE_RUN", "1") != "0":  # the first screen's example run, started once
+                demo.append("--example")
+            subprocess.run([*manage, *demo], env=env, check=False, cwd=ROOT)
             for name, argv in _app_processes(var_dir).items():
                 supervisor.add(name, lambda n=name, a=argv: procs.start(n, a, env=env))
             if head is not None:

@@ -1084,3 +1084,32 @@ def test_a_second_node_takes_the_engines_that_ask_for_its_resource_and_losing_it
     finally:
         if node.poll() is None:
             os.killpg(node.pid, signal.SIGKILL)
+
+
+@pytest.mark.slow  # SmolLM2-135M for 8 GRPO steps and two evals: minutes on 2 cores
+def test_the_example_run_of_a_fresh_installation_trains_and_is_evaluated(stack, users):  # type: ignore[no-untyped-def]
+    """What `make run` starts on a fresh installation (apps.web.example): the real trainer on Ray finishes, its
+    checkpoints are evaluated on the held-out benchmark, and the first screen lists it."""
+    from apps.benchmarks.models import Eval
+    from apps.runs.models import Checkpoint, Run
+    from apps.web.example import start_example_run
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    admin = users["admin"]
+    tasks_version(owner=admin, rows=arithmetic_tasks(256, seed=0, difficulty=1), name="demo-arithmetic")
+    exact_answer_version(owner=admin, name="exact-answer")
+    start_example_run()
+    run = Run.objects.get(tags__contains=["example"])
+    _wait(run.pk, lambda r: r.is_terminal, timeout=900)
+    run.refresh_from_db()
+    assert run.status == "succeeded", (run.failure_reason, run.log_tail[-2000:])
+    assert list(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [4, 8]
+    assert run.trajectories.count() == 8 * 4 * 4
+    deadline = time.time() + 600
+    while time.time() < deadline and Eval.objects.filter(checkpoint__run=run, run__status="succeeded").count() < 2:
+        time.sleep(2)
+    evals = Eval.objects.filter(checkpoint__run=run, run__status="succeeded")
+    assert evals.count() == 2 and all("pass@1" in e.metrics for e in evals), list(
+        evals.values("run__status", "metrics")
+    )

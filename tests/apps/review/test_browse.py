@@ -85,7 +85,9 @@ def test_two_runs_compare_curves_config_and_reward(client, users, run) -> None:
     assert series["reward_mean"][1]["mean"] == [2.0, 4.0, 6.0, 8.0, 10.0]
     one = client.get("/runs/compare/", {"run": [run.pk]}).content.decode()
     assert "pick at least two runs" in one
-    grouped = client.get("/runs/compare/", {"run": [run.pk, other.pk], "group": "config.learning_rate"}).content.decode()
+    grouped = client.get(
+        "/runs/compare/", {"run": [run.pk, other.pk], "group": "config.learning_rate"}
+    ).content.decode()
     groups = json.loads(grouped.split('id="compare-groups" type="application/json">')[1].split("</script>")[0])
     assert len(set(groups.values())) == 2 and "config.learning_rate=" in grouped
     bad = client.get("/runs/compare/", {"run": [run.pk, other.pk], "group": "password"}).content.decode()
