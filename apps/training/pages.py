@@ -19,11 +19,11 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfig, RewardConfigVersion
-from apps.runs.models import Checkpoint, Run, RunKind, TrajectorySummary
+from apps.runs.models import Run, TrajectorySummary
 from apps.training import services
+from apps.training.launch_form import reward_environments, run_time_rates, training_checkpoints, with_fits
 from apps.training.rft import rft_dataset_create
-from workers.envs.base import check_reward_compatible
-from workers.envs.registry import environment_choices, get_environment
+from workers.envs.registry import environment_choices
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
 from workers.rewards.schema import RewardSpecError
@@ -197,7 +197,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
             values["reward_version"] = str(first)
     if request.method == "POST":
         init_id = request.POST.get("init_checkpoint", "")
-        init = _training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
+        init = training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
         try:
             dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
             reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
@@ -229,9 +229,10 @@ def train_new(request: HttpRequest) -> HttpResponse:
         "runs/train_new.html",
         {
             "versions": versions,
-            "rewards": [_with_fits(r, fits) for r in rewards],
+            "rewards": [with_fits(r, fits) for r in rewards],
             "corpora": corpora,
-            "checkpoints": _training_checkpoints()[:50],
+            "checkpoints": training_checkpoints()[:50],
+            "run_time_rates": run_time_rates(),
             "errors": errors,
             "fields": _train_form_fields(values),
             "values": values,
@@ -239,32 +240,6 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "per_engine": values.get("compute.per_engine", ""),
         },
     )
-
-
-def reward_environments(rewards: Any) -> dict[int, list[str]]:
-    """For each reward config version, the environments whose trajectories it can score (their `produces` cover
-    every term's inputs): the launch form offers only the rewards that fit the chosen environment."""
-    fits: dict[int, list[str]] = {}
-    for reward in rewards:
-        try:
-            fits[reward.pk] = [
-                name
-                for name, _ in environment_choices()
-                if not check_reward_compatible(get_environment(name), reward.spec)
-            ]
-        except RewardSpecError:
-            fits[reward.pk] = []
-    return fits
-
-
-def _with_fits(reward: RewardConfigVersion, fits: dict[int, list[str]]) -> RewardConfigVersion:
-    reward.fits = " ".join(fits.get(reward.pk, []))  # type: ignore[attr-defined]  # the option's data-envs
-    return reward
-
-
-def _training_checkpoints() -> Any:
-    """Training runs' checkpoints, newest first: what a new run may start from."""
-    return Checkpoint.objects.filter(run__kind=RunKind.TRAIN).select_related("run").order_by("-pk")
 
 
 def fine_tuned_models(limit: int = 20) -> list[str]:
@@ -408,7 +383,7 @@ def judge_agreement_view(request: HttpRequest, config_id: int) -> HttpResponse:
     the version's other (code-verified) gain terms over the trajectories its runs scored (Kimi K2.5's GRMs sit "on
     top of verified reward signals": this says whether the judge sees what the verified reward sees)."""
     from workers.rewards.judge import agreement
-    from workers.rewards.schema import RewardSpecError, validate_reward_spec
+    from workers.rewards.schema import validate_reward_spec
 
     config = get_object_or_404(RewardConfig, pk=config_id)
     tables = []

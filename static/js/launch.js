@@ -3,6 +3,26 @@
 // produces); a reward that stops fitting is replaced by the first one that does.
 (function () {
   "use strict";
+  // The run time before launching: steps x prompts x group x max_new_tokens sampled-token slots, times the
+  // seconds per slot of this base model (this installation's finished runs, else the trainer benchmark's figure).
+  function estimate() {
+    const out = document.getElementById("run-estimate");
+    const node = document.getElementById("run-time-rates");
+    if (!out || !node) return;
+    const rates = JSON.parse(node.textContent);
+    const value = (name) => Number((document.querySelector(`[name="${name}"]`) || {}).value || NaN);
+    const model = (document.querySelector('[name="base_model"]') || {}).value;
+    const rate = rates[model];
+    const slots = value("steps") * value("prompts_per_step") * value("group_size") * value("sampling.max_new_tokens");
+    if (!rate || !Number.isFinite(slots) || slots <= 0) {
+      out.textContent = rate ? "" : `No run-time estimate for ${model} yet: it appears after its first finished run here.`;
+      return;
+    }
+    const minutes = slots * rate.seconds_per_slot / 60;
+    const text = minutes < 1 ? "under a minute" : minutes < 90 ? `about ${Math.round(minutes)} min` : `about ${(minutes / 60).toFixed(1)} h`;
+    out.textContent = `Estimated run time: ${text} of training (${slots.toLocaleString()} sampled-token slots; rate from ${rate.source}). Queueing, model loading and evals come on top.`;
+  }
+
   document.addEventListener("DOMContentLoaded", () => {
     const env = document.querySelector('select[name="environment"]');
     const reward = document.querySelector('select[name="reward_version"]');
@@ -27,5 +47,8 @@
     }
     env.addEventListener("change", apply);
     apply();
+    estimate();
+    document.querySelector("form").addEventListener("input", estimate);
+    document.querySelector("form").addEventListener("change", estimate);
   });
 })();

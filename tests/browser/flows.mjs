@@ -180,6 +180,10 @@ async function charts(page) {
   await page.selectOption('select[name="environment"]', "search");
   const forSearch = await page.$$eval('select[name="reward_version"] option', (os) => os.filter((o) => !o.disabled).map((o) => o.textContent));
   check(forSearch.some((t) => t.includes("browser-ctx1")), "for search it is");
+  await page.selectOption('select[name="base_model"]', "smollm2-135m-instruct");
+  await page.fill('input[name="steps"]', "40");
+  const estimate = await page.textContent("#run-estimate");
+  check(/^Estimated run time: about \d+ min/.test(estimate), `the run time is estimated before launching: ${estimate}`);
 }
 
 const browser = await chromium.launch({

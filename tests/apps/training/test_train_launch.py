@@ -430,3 +430,23 @@ def test_wide_and_deep_swarm_benchmarks_pin_the_index_and_score_by_the_tasks_own
     made = client.post(url, {"tasks": [wide, deep], "corpus_version": corpus}, format="json")
     assert made.status_code == 201, made.json()
     assert BenchmarkVersion.objects.get(pk=made.json()["id"]).env_params["index_uri"] == search_world["index"].uri
+
+
+def test_the_run_time_estimate_learns_from_finished_runs_of_the_same_model(launch, monkeypatch):  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.training.launch_form import CALIBRATION_SECONDS_PER_SLOT, run_time_rates
+
+    monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
+    assert (
+        run_time_rates()["smollm2-135m-instruct"]["seconds_per_slot"]
+        == CALIBRATION_SECONDS_PER_SLOT["smollm2-135m-instruct"]
+    )
+    run = Run.objects.get(pk=launch().json()["id"])  # tiny model: 2 steps x 2 prompts x 2 samples x 64 tokens
+    slots = 2 * 2 * 2 * run.spec["config"]["sampling"]["max_new_tokens"]
+    now = timezone.now()
+    Run.objects.filter(pk=run.pk).update(status="succeeded", started_at=now - timedelta(seconds=slots), finished_at=now)
+    learned = run_time_rates()["tiny-llama-smollm2-tokenizer"]
+    assert learned["seconds_per_slot"] == pytest.approx(1.0) and "1 finished run" in learned["source"]
