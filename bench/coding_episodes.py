@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 from workers.coding.execute import CommandLimits, run_command  # noqa: E402
 from workers.coding.hidden_tests import run_hidden_tests  # noqa: E402
 from workers.coding.patches import apply_patch, make_patch  # noqa: E402
@@ -295,7 +295,9 @@ def main() -> None:
     parser.add_argument("--hidden-runs", type=int, default=40)
     parser.add_argument("--episodes", type=int, default=16)
     parser.add_argument("--overhead-runs", type=int, default=200)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
 
     load_before = os.getloadavg()
     solved = Workspace(Snapshot.from_files(REPO))

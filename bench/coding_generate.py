@@ -28,7 +28,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, GenerationResult, generate_tasks  # noqa: E402
 from workers.coding.instructions import leaked_lines  # noqa: E402
 from workers.coding.stats import patch_lines_changed  # noqa: E402
@@ -155,7 +155,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write tasks.jsonl and snapshots/ here")
     parser.add_argument("--reverify", action="store_true", help="verify every kept task again from its archive")
     parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     params = CodegenParams(
         sources=args.sources.split(","),
         max_tasks=args.max_tasks,

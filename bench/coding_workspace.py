@@ -38,7 +38,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 from workers.coding.execute import run_command  # noqa: E402
 from workers.coding.hidden_tests import run_hidden_tests  # noqa: E402
 from workers.coding.task import HiddenTests  # noqa: E402
@@ -154,7 +154,9 @@ def main() -> None:
     parser.add_argument("--files", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--calls", type=int, default=10)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
 
     load_start = os.getloadavg()
     repo = synthetic_repository(args.files)

@@ -34,6 +34,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 PG = "postgresql://postgres@127.0.0.1:5432"
 DB = "crucible_bench_scale"
 os.environ["DATABASE_URL"] = f"{PG}/{DB}"
@@ -224,7 +226,9 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of 10k runs / 1M trajectories / 10M points")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--reuse", action="store_true", help="measure the database a previous run seeded")
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     n = sizes(args.scale)
 
     import django

@@ -26,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "bench"))
 
 from retrieval_eval import documents  # noqa: E402
@@ -40,7 +42,9 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=1500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "crucible" / "retrieval-bench"))
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     chunks, _ = build_corpus(documents("rst-celery", Path(args.cache)))
     chunks = chunks[: args.chunks]
     embed.embedder()  # loaded once, outside every timing

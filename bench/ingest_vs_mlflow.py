@@ -32,6 +32,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 PG = "postgresql://postgres@127.0.0.1:5432"
 os.environ["DATABASE_URL"] = f"{PG}/crucible_bench"
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
@@ -188,7 +190,9 @@ def run_mlflow(python: Path, uri: str, mode: str, **kwargs: object) -> dict[str,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     batches = 8 if args.quick else 25
     singles = 50 if args.quick else 200
     read_points = 20_000 if args.quick else 100_000

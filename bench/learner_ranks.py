@@ -36,10 +36,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
 import torch  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rl.config import TrainConfig  # noqa: E402
 from workers.rl.distributed import free_port, init_process_group  # noqa: E402
@@ -239,7 +239,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     model = str(resolve_base_model(TINY_LLAMA if args.quick else SMOLLM2))
     if args.quick:
         args.rounds, args.steps = 1, 1

@@ -29,6 +29,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 PG = os.environ.get("CRUCIBLE_BENCH_PG", "postgresql://postgres@127.0.0.1:5432")
 os.environ["DATABASE_URL"] = f"{PG}/crucible_load"
 os.environ["REDIS_URL"] = os.environ.get("CRUCIBLE_BENCH_REDIS", "redis://127.0.0.1:6379/11")
@@ -218,7 +220,9 @@ def main() -> None:
     parser.add_argument("--viewers", type=int, default=20)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--rate", type=float, default=20.0, help="metric events per second per worker")
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     recreate_database("crucible_load")
     asyncio.run(main_async(args, setup(runs=args.workers)))
 

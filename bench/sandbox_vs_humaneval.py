@@ -55,7 +55,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 from workers.benchmarks.humaneval import humaneval_rows  # noqa: E402
 from workers.envs.coding import CodingEnv  # noqa: E402
 from workers.envs.registry import make_env  # noqa: E402
@@ -406,7 +406,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="timed passes per harness, alternating; median kept")
     parser.add_argument("--peer-timeout", type=float, default=3.0, help="check_correctness timeout (its default 3)")
     parser.add_argument("--child", choices=sorted(HARNESSES), help=argparse.SUPPRESS)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     if args.child:
         child_main(args.child)
         return

@@ -40,6 +40,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 warnings.filterwarnings("ignore")
 
 import numpy as np  # noqa: E402
@@ -265,7 +267,9 @@ def main() -> None:
         help="torch threads (query encoding). On a shared machine 1 can beat 2: two OpenMP threads on two busy "
         "cores wait for each other",
     )
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
 
     if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 2:
         os.sched_setaffinity(0, set(sorted(os.sched_getaffinity(0))[:2]))

@@ -42,6 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 
 FULL = {
     "model": "smollm2-135m-instruct",
@@ -254,7 +255,9 @@ def main() -> None:
     parser.add_argument("--turns", type=int, help="synthetic turns for the recorder capacity")
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--threads", type=int, default=1, help="torch threads of each replica and the direct backend")
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     size = dict(QUICK if args.quick else FULL)
     for key in size:
         value = getattr(args, key.replace("-", "_"), None)

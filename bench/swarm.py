@@ -42,6 +42,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
 
 FULL = {"rounds": 5, "fanout": 4, "tasks": 20, "model": "smollm2-135m-instruct", "steps": 2, "tokens": 48}
 QUICK = {"rounds": 2, "fanout": 3, "tasks": 4, "model": "tiny-llama-smollm2-tokenizer", "steps": 1, "tokens": 8}
@@ -65,7 +66,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     for name in FULL:
         parser.add_argument(f"--{name}", type=type(FULL[name]), default=None)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     size = dict(QUICK if args.quick else FULL)
     size.update({k: v for k, v in vars(args).items() if k in size and v is not None})
 

@@ -51,6 +51,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from bench._noise import add_load_guard, load_guard  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "trainer_latest.txt"
 
 FULL = {"prompts": 8, "group": 4, "new_tokens": 128}
@@ -841,7 +843,9 @@ def main() -> None:
     parser.add_argument("--json-out", help=argparse.SUPPRESS)
     parser.add_argument("--dump-samples", help=argparse.SUPPRESS)
     parser.add_argument("--replay", help=argparse.SUPPRESS)
+    add_load_guard(parser)
     args = parser.parse_args()
+    load_guard(args)
     size = QUICK if args.quick else FULL
 
     if args.render:
