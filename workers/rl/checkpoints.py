@@ -33,16 +33,15 @@ def checkpoint_policy_state(
     path = str(resolve_base_model(base_model))
     if checkpoint_uri.rstrip("/").endswith(SHARDED_SUFFIX):  # written by ddp or fsdp2 ranks: loaded on one process
         written = TrainConfig.model_validate(read_sharded_extra(checkpoint_uri, options)["config"])
-        learner = Learner(
-            path, written.model_copy(update={"learner": LearnerConfig()}), threads=threads, storage_options=options
-        )
+        single = written.model_copy(update={"learner": LearnerConfig()})
+        learner = Learner(path, single, threads=threads, storage_options=options, reader=True)
         learner.load_sharded(checkpoint_uri, options)
     else:
         with fsspec.open(checkpoint_uri, "rb", **options) as handle:
             blob = handle.read()
         payload = torch.load(io.BytesIO(blob), weights_only=False)
-        written = TrainConfig.model_validate(payload["config"])
-        learner = Learner(path, written, threads=threads, storage_options=options)
+        written = TrainConfig.model_validate(payload["config"]).model_copy(update={"learner": LearnerConfig()})
+        learner = Learner(path, written, threads=threads, storage_options=options, reader=True)
         learner.load_checkpoint(blob)
     state, version = learner.policy_state(), learner.version
     del learner

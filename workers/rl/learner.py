@@ -132,7 +132,10 @@ class Learner:
         threads: int | None = None,
         device: str = "cpu",
         storage_options: Mapping[str, Any] | None = None,
+        reader: bool = False,
     ) -> None:
+        """`reader`: a single-process learner that only reads a checkpoint's policy (workers.rl.checkpoints), also
+        inside a rank of a process group (a DDP run that starts from a single learner's checkpoint)."""
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -166,7 +169,7 @@ class Learner:
         if config.gradient_checkpointing:
             model.gradient_checkpointing_enable()
             model.config.use_cache = False
-        self.rank, self.world_size = distributed.rank_and_world()
+        self.rank, self.world_size = (0, 1) if reader else distributed.rank_and_world()
         if config.learner.strategy != "single" and not torch.distributed.is_initialized():
             raise RuntimeError(
                 f"learner.strategy {config.learner.strategy} runs in a process group: start it with "
