@@ -161,6 +161,59 @@ def sft_warm_up(
     return {"filter": report, "loss": losses}
 
 
+def signal_chart(runs: list[dict[str, Any]], path: Path) -> None:
+    """An SVG of what each RL step had to learn from (per seed): groups dropped for equal rewards out of the step's
+    groups, the mean |advantage| of the kept samples, and the training episodes' output recall. No plotting library:
+    bars and polylines written by hand, so the README can show it."""
+    rows = [
+        ("groups dropped (equal rewards)", "dropped_groups"),
+        ("mean |advantage|", "advantage_abs_mean"),
+        ("output recall (training episodes)", "output_recall"),
+    ]
+    width, row_h, left = 640, 90, 200
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{row_h * len(rows) + 30}" '
+        'font-family="sans-serif" font-size="11">'
+    ]
+    colors = ["#2563eb", "#dc2626", "#16a34a"]
+    for r, (label, key) in enumerate(rows):
+        top = 10 + r * row_h
+        top_value = 1.0
+        out.append(f'<text x="4" y="{top + 40}">{label}</text>')
+        out.append(f'<line x1="{left}" y1="{top + 70}" x2="{width - 10}" y2="{top + 70}" stroke="#999"/>')
+        for s_i, run in enumerate(runs):
+            history = run["history"]
+            steps = len(history)
+            span = (width - 10 - left) / max(steps, 1)
+            top_value = max(max(float(h.get("groups", 1)) for h in history), 1.0) if key == "dropped_groups" else 1.0
+            points = []
+            for i, h in enumerate(history):
+                x = left + i * span + span / 2
+                y = top + 70 - 60 * float(h.get(key, 0.0)) / top_value
+                if key == "dropped_groups":
+                    bar = span / (len(runs) + 1)
+                    x0 = left + i * span + s_i * bar + bar / 2
+                    out.append(
+                        f'<rect x="{x0:.1f}" y="{y:.1f}" width="{bar:.1f}" height="{top + 70 - y:.1f}" '
+                        f'fill="{colors[s_i % 3]}" opacity="0.7"><title>step {h["step"]}: '
+                        f"{h.get(key, 0):.0f} of {h.get('groups', 0):.0f}</title></rect>"
+                    )
+                else:
+                    points.append(f"{x:.1f},{y:.1f}")
+            if points:
+                out.append(
+                    f'<polyline fill="none" stroke="{colors[s_i % 3]}" stroke-width="1.5" points="{" ".join(points)}"/>'
+                )
+        scale = top_value if key == "dropped_groups" else 1.0
+        out.append(f'<text x="{left - 4}" y="{top + 14}" text-anchor="end">{scale:g}</text>')
+        out.append(f'<text x="{left - 4}" y="{top + 72}" text-anchor="end">0</text>')
+    steps = len(runs[0]["history"]) if runs else 0
+    out.append(f'<text x="{left}" y="{row_h * len(rows) + 24}">step 1</text>')
+    out.append(f'<text x="{width - 10}" y="{row_h * len(rows) + 24}" text-anchor="end">step {steps}</text>')
+    out.append("</svg>")
+    path.write_text("\n".join(out) + "\n")
+
+
 def summarise(
     figures: dict[str, Any],
     held: list[str],
@@ -221,7 +274,11 @@ def main() -> None:
         "its stored evaluations are reused instead of recomputed (SFT and greedy evaluation are deterministic)",
     )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
+    parser.add_argument("--chart-from", default="", help="only (re)draw the signal chart of a results file, beside it")
     args = parser.parse_args()
+    if args.chart_from:
+        signal_chart(json.loads(Path(args.chart_from).read_text())["rl"], Path(args.chart_from).with_suffix(".svg"))
+        return
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
         args.tasks, args.steps, args.prompts_per_step, args.group_size, args.sft_epochs = 12, 2, 2, 2, 1
@@ -338,6 +395,7 @@ def main() -> None:
         if not args.quick:  # a partial result survives an interrupted run
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**figures, "partial": seed + 1 < args.seeds}, indent=2))
+            signal_chart(figures["rl"], Path(args.out).with_suffix(".svg"))
 
     figures["seconds"] = round(time.perf_counter() - started)
     print()
