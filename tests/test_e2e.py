@@ -1087,6 +1087,7 @@ def test_a_second_node_takes_the_engines_that_ask_for_its_resource_and_losing_it
 
 
 @pytest.mark.slow  # SmolLM2-135M for 8 GRPO steps and two evals: minutes on 2 cores
+@pytest.mark.timeout(1500)
 def test_the_example_run_of_a_fresh_installation_trains_and_is_evaluated(stack, users):  # type: ignore[no-untyped-def]
     """What `make run` starts on a fresh installation (apps.web.example): the real trainer on Ray finishes, its
     checkpoints are evaluated on the held-out benchmark, and the first screen lists it."""
