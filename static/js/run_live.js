@@ -33,8 +33,16 @@
   C.live = charts; // for the browser tests (tests/browser/flows.mjs) and the console
   const storeKey = `crucible.charts.v1.${live.dataset.user || ""}`;
   const layout = (() => {
-    try { return Object.assign({ collapsed: [], smoothing: 0, log: [], x: "step" }, JSON.parse(localStorage.getItem(storeKey) || "{}")); }
-    catch (err) { return { collapsed: [], smoothing: 0, log: [], x: "step" }; }
+    const fresh = { collapsed: [], smoothing: 0, log: [], x: "step" };
+    try {
+      const kept = JSON.parse(localStorage.getItem(storeKey) || "{}") || {};
+      return {
+        collapsed: Array.isArray(kept.collapsed) ? kept.collapsed : [],
+        smoothing: Math.min(0.99, Math.max(0, Number(kept.smoothing) || 0)),
+        log: Array.isArray(kept.log) ? kept.log : [],
+        x: kept.x === "time" ? "time" : "step",
+      };
+    } catch (err) { return fresh; } // unreadable or from another version: start afresh
   })();
   function saveLayout() { try { localStorage.setItem(storeKey, JSON.stringify(layout)); } catch (err) { /* private mode */ } }
   function groupOf(name) {
@@ -112,7 +120,7 @@
   }
 
   function groupBox(el, group) {
-    let box = el.querySelector(`.chart-group[data-group="${group}"]`);
+    let box = el.querySelector(`.chart-group[data-group="${CSS.escape(group)}"]`);
     if (box) return box.querySelector(".chart-grid");
     box = document.createElement("details");
     box.className = "chart-group";
@@ -227,7 +235,7 @@
     if (!box || (!force && Date.now() - distributionsAt < 5000)) return;
     distributionsAt = Date.now();
     for (const [field, label] of DISTRIBUTIONS) {
-      let el = box.querySelector(`[data-field="${field}"]`);
+      let el = box.querySelector(`[data-field="${CSS.escape(field)}"]`);
       if (!el) {
         el = document.createElement("div");
         el.dataset.field = field;

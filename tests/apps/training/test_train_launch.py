@@ -216,6 +216,8 @@ def test_the_launch_form_offers_checkpoints_and_starts_from_the_one_picked(launc
     child = Run.objects.order_by("-pk").first()
     assert child.parent_id == first.pk and child.spec["config"]["checkpoint_uri"] == checkpoint.uri
     assert child.spec["config"]["base_model"] == TINY["base_model"]
+    assert "starts from the step 2 checkpoint of" in web.get(f"/runs/{child.pk}/").content.decode()
+    assert "followed by" in web.get(f"/runs/{first.pk}/").content.decode()
 
 
 def test_the_launch_form_pairs_its_defaults_and_marks_which_environments_each_reward_fits(client, users):  # type: ignore[no-untyped-def]
