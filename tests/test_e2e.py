@@ -817,6 +817,13 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     assert "the layout is remembered across a reload" in report["steps"]
 
 
+def test_in_a_browser_every_page_opens_without_a_console_error(stack, users):
+    """Playwright: every page the header links to, the launch forms, the comparison page and the API docs open
+    with no console error, no page error and no failed request (a missing favicon was one on every page)."""
+    report = _browser_flow(stack, users["operator"], "pages")
+    assert "opened /api/v1/docs/" in report["steps"] and "opened /runs/new/train/" in report["steps"]
+
+
 def test_in_a_browser_a_reviewer_works_a_queue_with_the_keyboard(stack, users):
     """Playwright: a reviewer claims a flagged trajectory, sees the detector's evidence highlighted, labels one a
     false positive with `2` (the next item opens) and the next a confirmed hack with `1`; no console errors."""

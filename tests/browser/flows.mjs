@@ -186,6 +186,24 @@ async function charts(page) {
   check(/^Estimated run time: about \d+ min/.test(estimate), `the run time is estimated before launching: ${estimate}`);
 }
 
+// Every page the header links to, the API docs and the launch forms, open without a console error or a failed
+// request (the favicon included).
+async function pages(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const failed = [];
+  page.on("response", (r) => { if (r.status() >= 400) failed.push(`${r.status()} ${r.url()}`); });
+  page.on("requestfailed", (r) => failed.push(`${r.failure()?.errorText} ${r.url()}`));
+  const links = await page.$$eval("header.top nav a", (as) => as.map((a) => a.getAttribute("href")));
+  const extra = ["/runs/new/train/", "/runs/new/sft/", "/runs/new/rescore/", "/runs/compare/", "/api/v1/docs/"];
+  for (const href of [...new Set([...links, ...extra])]) {
+    await page.goto(`${base}${href}`);
+    await page.waitForLoadState("networkidle");
+    steps.push(`opened ${href}`);
+  }
+  check(links.length >= 8, `the header links ${links.length} pages`);
+  check(failed.length === 0, `no request failed: ${failed.join(", ")}`);
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -196,7 +214,7 @@ try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await ({ launch, review, charts })[flow](page);
+  await ({ launch, review, charts, pages })[flow](page);
   if (problems.length) throw new Error(problems.join("\n"));
 } catch (err) {
   code = 1;
