@@ -27,7 +27,7 @@ from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
-from apps.runs import kinds, selectors, services
+from apps.runs import chart_reads, kinds, selectors, services
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
 from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
@@ -147,7 +147,7 @@ def run_chart(request: HttpRequest, run_id: int) -> JsonResponse:
     series = [selectors.metric_series(run_id=run.pk, name=n, max_points=1000) for n in names]
     # The steps' wall times (from the longest series), for the charts' wall-time x-axis.
     longest = max(series, key=lambda s: s["count"])["name"] if series else None
-    times = selectors.step_times(run_id=run.pk, name=longest) if longest else {"steps": [], "epoch": []}
+    times = chart_reads.step_times(run_id=run.pk, name=longest) if longest else {"steps": [], "epoch": []}
     return JsonResponse({"last_seq": run.last_seq, "series": series, "times": times})
 
 
@@ -156,12 +156,12 @@ def run_distribution(request: HttpRequest, run_id: int) -> JsonResponse:
     """`?field=reward|completion_tokens|num_turns`: that value's distribution over the run's steps."""
     run = get_object_or_404(Run, pk=run_id)
     field = request.GET.get("field", "reward")
-    if field not in selectors.DISTRIBUTION_FIELDS:
-        choices = ", ".join(sorted(selectors.DISTRIBUTION_FIELDS))
+    if field not in chart_reads.DISTRIBUTION_FIELDS:
+        choices = ", ".join(sorted(chart_reads.DISTRIBUTION_FIELDS))
         return JsonResponse(
             {"detail": f"field {field!r} is not one of {choices}", "fields": {"field": [choices]}}, status=400
         )
-    return JsonResponse(selectors.trajectory_distribution(run_id=run.pk, field=field))
+    return JsonResponse(chart_reads.trajectory_distribution(run_id=run.pk, field=field))
 
 
 @needs(Capability.LAUNCH)

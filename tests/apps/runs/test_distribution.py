@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from apps.runs.chart_reads import trajectory_distribution
 from apps.runs.models import Run, TrajectorySummary
-from apps.runs.selectors import trajectory_distribution
 
 pytestmark = pytest.mark.django_db
 
@@ -81,8 +81,8 @@ def test_step_times_sample_a_series_for_the_wall_time_axis(run, users):  # type:
     from django.test import Client
     from django.utils import timezone
 
+    from apps.runs.chart_reads import step_times
     from apps.runs.models import MetricPoint
-    from apps.runs.selectors import step_times
 
     start = timezone.now()
     MetricPoint.objects.bulk_create(
