@@ -1,7 +1,7 @@
 # syntax=docker/dockerfile:1
 # Crucible image. The default target (`runtime`, the last stage) is the CPU image that docker-compose.yml runs as
-# web (daphne), Celery worker and beat, and the Ray head. Target `gpu` is the image for the `ray-gpu-worker`
-# service (compose profile "gpu"): the same code plus the `[gpu]` extra (vLLM, CUDA torch).
+# web (uvicorn, worker processes), Celery worker and beat, and the Ray head. Target `gpu` is the image for the
+# `ray-gpu-worker` service (compose profile "gpu"): the same code plus the `[gpu]` extra (vLLM, CUDA torch).
 #
 #   docker build -t crucible:local .                       # CPU image
 #   docker build --target gpu -t crucible-gpu:local .      # GPU image
@@ -80,4 +80,4 @@ USER crucible
 RUN DJANGO_SECRET_KEY=collectstatic-only DJANGO_DEBUG=0 python manage.py collectstatic --noinput
 
 EXPOSE 8000
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "controlplane.asgi:application"]
+CMD ["sh", "-c", "exec uvicorn controlplane.asgi:application --host 0.0.0.0 --port 8000 --workers ${CRUCIBLE_WEB_WORKERS:-2}"]

@@ -1,11 +1,14 @@
 """Ingest throughput and latency: Crucible beside the MLflow tracking server, in one run, on this machine.
 
-    python bench/ingest_vs_mlflow.py [--quick]
+    python bench/ingest_vs_mlflow.py [--quick] [--rounds N] [--web-workers N]
 
-Both servers run on loopback with PostgreSQL backends (fresh databases `crucible_bench` and `mlflow_bench`).
+Both servers run on loopback with PostgreSQL backends (fresh databases `crucible_bench` and `mlflow_bench`), each
+as its production deployment runs it: Crucible under uvicorn with --web-workers processes (default 2, as
+docker-compose.yml's CRUCIBLE_WEB_WORKERS) and DEBUG off; MLflow's `mlflow server` with its default 4 workers.
 MLflow lives in its own virtualenv (/tmp/mlflow-bench-venv, created on first use) and is driven by
-bench/_mlflow_client.py inside that virtualenv. Figures are printed as a table with the Crucible/MLflow ratio
-and written to bench/results/latest.txt. Nothing here asserts on time.
+bench/_mlflow_client.py inside that virtualenv. The throughput measures run in alternating rounds (Crucible, MLflow,
+MLflow, Crucible, ...); each row is the median of the rounds with the spread (min-max) and the ratio of medians.
+Written to bench/results/latest.txt with the load average. Nothing here asserts on time.
 
 What is measured (points = metric values persisted in PostgreSQL):
   batched x1   one client, batches of 1,000 points (Crucible: 1,000 metric events of one value each, so every
@@ -37,6 +40,9 @@ from bench._noise import add_load_guard, load_guard  # noqa: E402
 PG = "postgresql://postgres@127.0.0.1:5432"
 os.environ["DATABASE_URL"] = f"{PG}/crucible_bench"
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/12"
+# The production settings that matter for speed (DEBUG off: no query log), plain http on loopback. The secret is set
+# here, before Django loads, because run ingest tokens are signed with it on this side and checked by the server.
+os.environ.update(DJANGO_DEBUG="0", DJANGO_HTTPS="0", DJANGO_SECRET_KEY="bench-only-" + "x" * 50)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 MLFLOW_VENV = Path("/tmp/mlflow-bench-venv")
 
@@ -101,13 +107,16 @@ def metric_events(start_seq: int, count: int, step0: int, name: str = "loss") ->
 
 
 def crucible_batched(base: str, runs: list[tuple[int, str]], batches: int, size: int = 1000) -> float:
+    errors: list[str] = []
+
     def client(run_id: int, token: str) -> None:
         with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
-            for b in range(batches):
-                response = http.post(
-                    f"{base}/api/v1/runs/{run_id}/ingest/", json={"events": metric_events(b * size + 1, size, b * size)}
-                )
-                response.raise_for_status()
+            for b in range(batches):  # built and encoded in the timed loop, as MLflow's client does its batches
+                events = {"events": metric_events(b * size + 1, size, b * size)}
+                response = http.post(f"{base}/api/v1/runs/{run_id}/ingest/", json=events)
+                if response.status_code != 200:
+                    errors.append(f"{response.status_code} {response.text[:200]}")
+                    return
 
     threads = [threading.Thread(target=client, args=run) for run in runs]
     started = time.perf_counter()
@@ -115,7 +124,10 @@ def crucible_batched(base: str, runs: list[tuple[int, str]], batches: int, size:
         t.start()
     for t in threads:
         t.join()
-    return len(runs) * batches * size / (time.perf_counter() - started)
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"ingest refused a batch: {errors[0]}")
+    return len(runs) * batches * size / elapsed
 
 
 def crucible_single(base: str, run: tuple[int, str], count: int) -> float:
@@ -187,13 +199,20 @@ def run_mlflow(python: Path, uri: str, mode: str, **kwargs: object) -> dict[str,
     return json.loads(out.strip().splitlines()[-1])
 
 
+def spread(values: list[float]) -> str:
+    return f"{min(values):,.0f}-{max(values):,.0f}" if len(values) > 1 else "one round"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="smaller sizes (about a minute)")
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, one round (about a minute)")
+    parser.add_argument("--rounds", type=int, default=None, help="alternating rounds per measure (default 5; quick 1)")
+    parser.add_argument("--web-workers", type=int, default=2, help="uvicorn worker processes for Crucible (default 2)")
     add_load_guard(parser)
     args = parser.parse_args()
-    load_guard(args)
-    batches = 8 if args.quick else 25
+    load_before = load_guard(args)
+    rounds = args.rounds or (1 if args.quick else 5)
+    batches = 8 if args.quick else 20
     singles = 50 if args.quick else 200
     read_points = 20_000 if args.quick else 100_000
     ws_events = 50 if args.quick else 200
@@ -207,8 +226,8 @@ def main() -> None:
     ).stdout.strip()
     recreate_database("crucible_bench")
     recreate_database("mlflow_bench")
-    setup = setup_crucible(runs=8)
-    runs = setup["runs"]
+    setup = setup_crucible(runs=6 * rounds + 3)  # per round 1 + 4 + 1; warm-up, read, websocket
+    runs = list(setup["runs"])
     var = ROOT / "var" / "bench"
     port, mlflow_port = devstack.free_port(), devstack.free_port()
     base, mlflow_uri = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{mlflow_port}"
@@ -216,8 +235,20 @@ def main() -> None:
     rows: list[tuple[str, str, str, str]] = []
     with devstack.ProcessGroup(var / "log") as procs:
         procs.start(
-            "daphne",
-            [str(ROOT / ".venv/bin/daphne"), "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"],
+            "uvicorn",
+            [
+                str(ROOT / ".venv/bin/uvicorn"),
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(args.web_workers),
+                "--no-access-log",
+                "--log-level",
+                "warning",
+            ],
             env=env,
         )
         procs.start(
@@ -237,32 +268,72 @@ def main() -> None:
         devstack.wait_for_port("127.0.0.1", port, timeout=60)
         devstack.wait_for_port("127.0.0.1", mlflow_port, timeout=120)
         time.sleep(2)
+        # Warm every worker process of both servers (imports, connections) before anything is timed.
+        warm = runs.pop()
+        crucible_batched(base, [warm] * 4, 2)  # four connections reach every worker; repeats are duplicates
+        run_mlflow(mlflow_python, mlflow_uri, "batched", clients=4, batches=2)
 
-        def row(name: str, ours: float, theirs: float | None, unit: str, higher_is_better: bool = True) -> None:
-            ratio = "" if not theirs else f"{(ours / theirs if higher_is_better else theirs / ours):.1f}x"
-            rows.append((name, f"{ours:,.0f} {unit}", f"{theirs:,.0f} {unit}" if theirs else "n/a", ratio))
-            print(f"  {name:<34} crucible {ours:>12,.1f}  mlflow {theirs or 0:>12,.1f} {unit}  {ratio}", flush=True)
+        def row(name: str, ours: list[float], theirs: list[float] | None, unit: str) -> None:
+            a = statistics.median(ours)
+            b = statistics.median(theirs) if theirs else None
+            ratio = f"{a / b:.1f}x" if b else ""
+            rows.append(
+                (
+                    name,
+                    f"{a:,.0f} {unit} ({spread(ours)})",
+                    f"{b:,.0f} {unit} ({spread(theirs)})" if theirs and b else "n/a",
+                    ratio,
+                )
+            )
+            print(f"  {name:<34} crucible {a:>10,.0f}  mlflow {b or 0:>10,.0f} {unit}  {ratio}", flush=True)
 
-        print("measuring...", flush=True)
-        ours = crucible_batched(base, runs[:1], batches)
-        theirs = run_mlflow(mlflow_python, mlflow_uri, "batched", clients=1, batches=batches)["points_per_s"]
-        row("batched 1,000/request, 1 client", ours, theirs, "points/s")
-        ours = crucible_batched(base, runs[1:5], batches)
-        theirs = run_mlflow(mlflow_python, mlflow_uri, "batched", clients=4, batches=batches)["points_per_s"]
-        row("batched 1,000/request, 4 clients", ours, theirs, "points/s")
-        ours = crucible_single(base, runs[5], singles)
-        theirs = run_mlflow(mlflow_python, mlflow_uri, "single", count=singles)["points_per_s"]
-        row("single point per request", ours, theirs, "points/s")
+        print(f"measuring, {rounds} alternating rounds...", flush=True)
+        measures = {
+            "batched 1,000/request, 1 client": (
+                lambda: crucible_batched(base, [runs.pop()], batches),
+                lambda: run_mlflow(mlflow_python, mlflow_uri, "batched", clients=1, batches=batches)["points_per_s"],
+            ),
+            "batched 1,000/request, 4 clients": (
+                lambda: crucible_batched(base, [runs.pop() for _ in range(4)], batches),
+                lambda: run_mlflow(mlflow_python, mlflow_uri, "batched", clients=4, batches=batches)["points_per_s"],
+            ),
+            "single point per request": (
+                lambda: crucible_single(base, runs.pop(), singles),
+                lambda: run_mlflow(mlflow_python, mlflow_uri, "single", count=singles)["points_per_s"],
+            ),
+        }
+        figures: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in measures}
+        for r in range(rounds):
+            for name, (ours, theirs) in measures.items():
+                # ABBA: Crucible first in even rounds, MLflow first in odd ones.
+                if r % 2 == 0:
+                    figures[name][0].append(ours())
+                    figures[name][1].append(theirs())
+                else:
+                    figures[name][1].append(theirs())
+                    figures[name][0].append(ours())
+            latest = ", ".join(f"{a[-1]:,.0f}/{b[-1]:,.0f}" for a, b in figures.values())
+            print(f"  round {r + 1} (crucible/mlflow points/s): {latest}", flush=True)
+        for name, (ours_list, theirs_list) in figures.items():
+            row(name, ours_list, theirs_list, "points/s")
 
-        crucible_batched(base, runs[6:7], read_points // 1000)
-        ours_ms, buckets = crucible_read(base, runs[6][0], str(setup["api_token"]))
+        read_run = runs.pop()
+        crucible_batched(base, [read_run], read_points // 1000)
+        ours_ms, buckets = crucible_read(base, read_run[0], str(setup["api_token"]))
         theirs_ms = run_mlflow(mlflow_python, mlflow_uri, "read", points=read_points)["ms"]
-        row(f"read {read_points // 1000}k-point series (ms)", ours_ms, theirs_ms, "ms", higher_is_better=False)
-        rows[-1] = (rows[-1][0], f"{ours_ms:,.1f} ms ({buckets} buckets)", f"{theirs_ms:,.0f} ms (full)", rows[-1][3])
+        rows.append(
+            (
+                f"read {read_points // 1000}k-point series (ms)",
+                f"{ours_ms:,.1f} ms ({buckets} buckets)",
+                f"{theirs_ms:,.0f} ms (full)",
+                f"{theirs_ms / ours_ms:.0f}x",
+            )
+        )
+        print(f"  read: crucible {ours_ms:.1f} ms, mlflow {theirs_ms:.0f} ms", flush=True)
 
         p50, p99, n = asyncio.run(
             websocket_latency(
-                base.replace("http", "ws"), base, runs[7], str(setup["session"]), viewers=20, events=ws_events
+                base.replace("http", "ws"), base, runs.pop(), str(setup["session"]), viewers=20, events=ws_events
             )
         )
         rows.append(
@@ -275,11 +346,14 @@ def main() -> None:
         )
         print(f"  websocket latency p50 {p50:.1f} ms p99 {p99:.1f} ms over {n} deliveries", flush=True)
 
-    table = ["| measure | Crucible | MLflow | Crucible vs MLflow |", "| --- | --- | --- | --- |"]
+    load_after = os.getloadavg()
+    table = ["| measure | Crucible (spread) | MLflow (spread) | Crucible vs MLflow |", "| --- | --- | --- | --- |"]
     table += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
     header = (
         f"bench/ingest_vs_mlflow.py{' --quick' if args.quick else ''}, {time.strftime('%Y-%m-%d %H:%M')}, "
-        f"{os.cpu_count()} cores, MLflow {mlflow_version}"
+        f"{os.cpu_count()} cores, {rounds} alternating rounds, Crucible on uvicorn x{args.web_workers} (DEBUG off), "
+        f"MLflow {mlflow_version} (mlflow server, 4 workers), load average {load_before[0]:.2f} before, "
+        f"{load_after[0]:.2f} after"
     )
     text = header + "\n\n" + "\n".join(table) + "\n"
     out = ROOT / "bench" / "results" / ("latest-quick.txt" if args.quick else "latest.txt")

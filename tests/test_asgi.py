@@ -1,5 +1,5 @@
-"""The ASGI app as daphne serves it: a request Django cannot decode, or a form body Twisted cannot parse, gets the API's
-JSON error, not a bare 400."""
+"""The ASGI app as its servers serve it (daphne for `make run`, uvicorn with worker processes in docker-compose): a
+request Django cannot decode, or a form body Twisted cannot parse, gets the API's JSON error, not a bare 400."""
 
 from __future__ import annotations
 
@@ -61,11 +61,28 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def daphne_url() -> Iterator[str]:
-    """daphne serving controlplane.asgi:application on a free loopback port, as `make run` starts it."""
+SERVERS = {
+    "daphne": ["-m", "daphne", "-b", "127.0.0.1", "-p", "{port}"],
+    # docker-compose's web command: several worker processes behind one socket.
+    "uvicorn-workers": [
+        "-m",
+        "uvicorn",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "{port}",
+        "--workers",
+        "2",
+        "--no-access-log",
+    ],
+}
+
+
+@pytest.fixture(scope="module", params=sorted(SERVERS))
+def server_url(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A server running controlplane.asgi:application on a free loopback port, as `make run` or compose starts it."""
     port = _free_port()
-    command = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
+    command = [sys.executable, *(a.format(port=port) for a in SERVERS[request.param]), "controlplane.asgi:application"]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 60
@@ -74,7 +91,7 @@ def daphne_url() -> Iterator[str]:
                 with socket.create_connection(("127.0.0.1", port), timeout=1):
                     break
             except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "daphne did not start"
+                assert proc.poll() is None and time.monotonic() < deadline, f"{request.param} did not start"
                 time.sleep(0.2)
         yield f"127.0.0.1:{port}"
     finally:
@@ -96,10 +113,10 @@ def _raw_post(address: str, path: str, content_type: bytes, body: bytes) -> byte
     return received
 
 
-def test_a_multipart_body_twisted_cannot_parse_reaches_the_api_and_gets_its_json_answer(daphne_url):
+def test_a_multipart_body_twisted_cannot_parse_reaches_the_api_and_gets_its_json_answer(server_url):
     """An empty multipart body (only the closing boundary) was answered by Twisted with a bare, header-less 400
     before Django saw it; now the API answers (here: 401, no credentials) with JSON."""
-    raw = _raw_post(daphne_url, "/api/v1/gates/0/evaluate/", b"multipart/form-data; boundary=abc", b"--abc--\r\n")
+    raw = _raw_post(server_url, "/api/v1/gates/0/evaluate/", b"multipart/form-data; boundary=abc", b"--abc--\r\n")
     head, _, body = raw.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 401"), head
     assert b"content-type: application/json" in head.lower()

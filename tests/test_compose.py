@@ -135,9 +135,10 @@ def test_the_images_are_built_from_stages_the_dockerfile_has(services):
 # --- ports and host names ------------------------------------------------------------------------------------------
 def test_the_web_port_is_the_same_in_the_command_the_mapping_the_health_check_and_the_public_url(services):
     web = services["web"]
-    port = int(flag(command_of(web)[-1].split(), "-p"))  # sh -c "... && exec daphne -b 0.0.0.0 -p 8000 ..."
-    assert "migrate --noinput && exec daphne" in command_of(web)[-1]
-    assert flag(command_of(web)[-1].split(), "-b") == "0.0.0.0"
+    line = command_of(web)[-1].split()  # sh -c "... && exec uvicorn ... --port 8000 ..."
+    port = int(flag(line, "--port"))
+    assert "migrate --noinput && exec uvicorn controlplane.asgi:application" in command_of(web)[-1]
+    assert flag(line, "--host") == "0.0.0.0" and int(flag(line, "--workers")) >= 1  # CRUCIBLE_WEB_WORKERS, default 2
     assert port in published(web)
     assert f"http://localhost:{port}/healthz" in healthcheck_text(web)
     public = urlsplit(web["environment"]["CRUCIBLE_PUBLIC_URL"])

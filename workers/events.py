@@ -7,10 +7,9 @@ batch neither duplicates nor loses anything.
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, field_validator
 
 from workers.detectors.base import Severity
 from workers.realtime.records import SESSION_ID_MAX, TurnRecord
@@ -22,20 +21,15 @@ class _Event(BaseModel):
     time: float | None = Field(default=None, description="Unix seconds when the worker produced it")
 
 
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+
+
 class MetricEvent(_Event):
     kind: Literal["metric"]
     step: int = Field(ge=0)
-    values: dict[str, float] = Field(min_length=1)
-
-    @field_validator("values")
-    @classmethod
-    def _finite(cls, values: dict[str, float]) -> dict[str, float]:
-        for name, value in values.items():
-            if not math.isfinite(value):
-                raise ValueError(f"metric {name!r} is {value}; send only finite numbers")
-            if not name or len(name) > 100:
-                raise ValueError("metric names must be 1-100 characters")
-        return values
+    # Checked inside pydantic-core (no Python call per event): names of 1-100 characters, finite values only
+    # (the model's allow_inf_nan=False covers the dict's values: NaN, Infinity and 1e999 are refused).
+    values: dict[MetricName, float] = Field(min_length=1)
 
 
 class LogEvent(_Event):

@@ -142,7 +142,8 @@ def _ledger_json(payload: dict[str, Any]) -> str:
 
 def _store_rows(run: Run, by_kind: dict[str, list[Any]], now: datetime) -> list[str]:
     """The rows of the core event kinds; returns the ids of the trajectory summaries in the batch."""
-    metrics = [(run.pk, e.step, k, v, _ts(e, now)) for e in by_kind.get("metric", []) for k, v in e.values.items()]
+    run_id = run.pk
+    metrics = [(run_id, e.step, k, v, _ts(e, now)) for e in by_kind.get("metric", []) for k, v in e.values.items()]
     copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], metrics)
     rollup_metrics(run.pk, metrics)
     trajectories = [

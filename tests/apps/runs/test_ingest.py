@@ -59,6 +59,21 @@ def test_an_unknown_run_is_404(run):
     assert response.status_code == 404
 
 
+def test_the_token_check_after_a_runs_first_batch_needs_no_database_and_still_refuses_and_finds_a_deleted_run(run):
+    """Later batches are authorized from the cached nonce: a wrong token is still a 403, and a run deleted since its
+    first batch is a 404 with nothing stored (not a 500)."""
+    from apps.runs import ingest
+
+    assert _post(run, BATCH[:2]).status_code == 200
+    assert ingest._NONCES[run.pk] == run.ingest_nonce
+    assert _post(run, BATCH[:2], token=services.ingest_token_for(run) + "x").status_code == 403
+    token = services.ingest_token_for(run)
+    Run.objects.filter(pk=run.pk).delete()
+    gone = _post(run, BATCH[2:], token=token)
+    assert gone.status_code == 404 and "does not exist" in gone.json()["detail"]
+    assert not RunEvent.objects.exists() and not MetricPoint.objects.exists()
+
+
 def test_a_missing_token_is_401_and_a_foreign_token_is_403(run, users, trajectories_jsonl):
     assert APIClient().post(f"/api/v1/runs/{run.pk}/ingest/", {"events": BATCH}, format="json").status_code == 401
     other = training_services.run_launch_rescore(
@@ -90,12 +105,18 @@ def test_a_malformed_event_is_400_naming_the_field_and_nothing_is_written(run):
     assert response.status_code == 400
     assert "step" in response.json()["detail"]
     assert _post(run, [{"seq": 1, "kind": "nope"}]).status_code == 400
-    nan_body = '{"events": [{"seq": 1, "kind": "metric", "step": 1, "values": {"x": NaN}}]}'
-    nan = _client(services.ingest_token_for(run)).post(
-        f"/api/v1/runs/{run.pk}/ingest/", nan_body, content_type="application/json"
-    )
-    assert nan.status_code == 400
-    assert RunEvent.objects.count() == 0
+    for number in ["NaN", "Infinity", "1e999"]:
+        nan_body = '{"events": [{"seq": 1, "kind": "metric", "step": 1, "values": {"x": NUMBER}}]}'.replace(
+            "NUMBER", number
+        )
+        nan = _client(services.ingest_token_for(run)).post(
+            f"/api/v1/runs/{run.pk}/ingest/", nan_body, content_type="application/json"
+        )
+        assert nan.status_code == 400 and "values.x" in nan.json()["detail"], (number, nan.json())
+    for values, named in [({"": 1.0}, "[key]"), ({"n" * 101: 1.0}, "[key]"), ({}, "values")]:
+        refused = _post(run, [*BATCH, {"seq": 9, "kind": "metric", "step": 1, "values": values}])
+        assert refused.status_code == 400 and named in refused.json()["detail"], (values, refused.json())
+    assert RunEvent.objects.count() == 0 and MetricPoint.objects.count() == 0
 
 
 def test_a_long_series_reads_back_downsampled_with_its_spikes(run):
