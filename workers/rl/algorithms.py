@@ -488,6 +488,22 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
                 "(max_new_tokens × the environment's max_turns)",
             )
         )
+    mismatch = config.mismatch
+    rows.append(
+        SettingRow(
+            "mismatch.correction",
+            mismatch.correction,
+            mismatch.correction != "none",
+            "Train-inference mismatch (methods.md P7), measured every step under mismatch/: none, or an importance "
+            "weight on each token's policy-gradient term (tis min(r, C), mis r or 0 above C; seq_* on the "
+            "sequence's geometric mean), π_old then recomputed by the learner. Off by default: on CPU the engine "
+            "and the learner both compute in fp32",
+        )
+    )
+    if mismatch.correction != "none" or mismatch.cap != 2.0:
+        rows.append(
+            SettingRow("mismatch.cap", _show(mismatch.cap), mismatch.cap != 2.0, "C; 2 is the common choice (P7)")
+        )
     if loss.kl_coef > 0 and loss.kl_placement == "reward" and loss.kl_estimator != "k1":
         notes.append(
             f"kl_estimator={loss.kl_estimator!r} as a reward penalty is biased: its policy gradient misses the "

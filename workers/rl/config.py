@@ -7,6 +7,7 @@ Every default names its source in `Field(description=...)`: the UI shows it as h
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -293,6 +294,35 @@ def environment_default_algorithm(environment: str) -> Algorithm | None:
     )
 
 
+Correction = Literal["none", "tis", "mis", "seq_tis", "seq_mis"]
+CORRECTIONS: tuple[Correction, ...] = ("none", "tis", "mis", "seq_tis", "seq_mis")
+DEFAULT_MISMATCH_CAP = 2.0
+
+
+class MismatchConfig(_Strict):
+    """A run's train-inference mismatch correction (part of its spec). Measuring is always on."""
+
+    correction: Correction = Field(
+        default="none",
+        description="Importance-sampling correction of the engine/learner gap (methods.md P7): none; tis "
+        "(token-level truncated IS, min(r, C)); mis (token-level masked IS, r or 0 above C); seq_tis or seq_mis "
+        "(on the sequence's geometric-mean ratio). Off by default: on CPU both sides compute in fp32. Any other "
+        "than none recomputes π_old with the learner before each step (one more forward pass)",
+    )
+    cap: float = Field(
+        default=DEFAULT_MISMATCH_CAP,
+        description="C: the truncation cap of tis/seq_tis, the mask threshold of mis/seq_mis, and the band "
+        "[1/C, C] outside which a token counts as mismatched; > 1",
+    )
+
+    @field_validator("cap")
+    @classmethod
+    def _cap_above_one(cls, value: float) -> float:
+        if not math.isfinite(value) or value <= 1.0 or value > 1e6:
+            raise ValueError(f"cap must be a finite number > 1 and <= 1e6 (the common choice is 2); got {value!r}")
+        return value
+
+
 class TrainConfig(_Strict):
     base_model: str = Field(
         default="smollm2-135m-instruct",
@@ -411,6 +441,11 @@ class TrainConfig(_Strict):
         "longer than their task's budget (a percentile of correct lengths fixed at the start) unless the group is "
         "still mostly failing; None: off",
     )
+    mismatch: MismatchConfig = Field(
+        default_factory=MismatchConfig,
+        description="Train-inference mismatch (methods.md P7): the engine's and the learner's log-probs are compared "
+        "every step (charted under mismatch/); an optional importance-sampling correction with its cap",
+    )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     learner: LearnerConfig = Field(
         default_factory=LearnerConfig,
@@ -502,6 +537,11 @@ class TrainConfig(_Strict):
             raise ValueError(
                 "curriculum and upsample_hard both choose each step's prompts: turn one of them off "
                 "(curriculum.by 'off' or upsample_hard.by 'off')"
+            )
+        if self.algorithm == "gspo" and self.mismatch.correction in ("tis", "mis"):
+            raise ValueError(
+                f"mismatch.correction {self.mismatch.correction!r} weights tokens, and gspo's ratio and clip are per "
+                "sequence: use seq_tis or seq_mis with gspo"
             )
         if self.algorithm_default_of is not None and self.algorithm_default_of != self.environment:
             raise ValueError(

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from workers.rl import distributed
+from workers.rl import distributed, mismatch
 from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_advantages
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
@@ -241,7 +241,12 @@ class Learner:
             )
         else:
             adv, metrics = _given_advantages(advantages, len(samples)), {}
-        kept = [i for i in range(len(samples)) if bool(adv.keep[i]) and samples[i].sampled_tokens > 0]
+        # Token provenance: a sample whose trained ids are not the engine's (re-encoded text) is counted, not trained.
+        kept = [
+            i
+            for i in range(len(samples))
+            if bool(adv.keep[i]) and samples[i].sampled_tokens > 0 and not samples[i].provenance_mismatch
+        ]
         metrics.update(
             {
                 "reward_mean": float(rewards.mean()) if len(samples) else 0.0,
@@ -251,6 +256,7 @@ class Learner:
                 "dropped_groups": float(adv.dropped_groups),
                 "groups": float(adv.num_groups),
                 "empty_completions": float(sum(1 for s in samples if s.sampled_tokens == 0)),
+                "mismatch/provenance_mismatched_samples": float(sum(1 for s in samples if s.provenance_mismatch)),
                 "response_length": float(np.mean([s.sampled_tokens for s in samples])) if len(samples) else 0.0,
             }
         )
@@ -264,12 +270,27 @@ class Learner:
         weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         counts = {"ratio": 0.0, "kl": 0.0, "steps": 0.0}
         ratio_max = 0.0
+        # Train-inference mismatch (methods.md P7): with a correction, π_old is the learner's recomputation of every
+        # trained token before any update, and the loss's ratio is against it; without one, the first minibatch's
+        # forward (before this step's first update) is compared with the engine's log-probs, at no extra cost.
+        recomputed = self._recompute_old(samples, kept) if cfg.mismatch.correction != "none" and kept else None
+        gap: dict[str, float] = dict(recomputed[1]) if recomputed is not None else {}
+        corrected = 0.0
         self.model.train()
-        for part in parts:
+        for at, part in enumerate(parts):
             part_kept = [i for i in kept if part.start <= i < part.stop]
-            out = self._substep(samples, adv.advantages, part_kept, sequences=len(part))
+            out = self._substep(
+                samples,
+                adv.advantages,
+                part_kept,
+                sequences=len(part),
+                learner_old=recomputed[0] if recomputed is not None else None,
+                measure=recomputed is None and at == 0,
+            )
             if out is None:
                 continue
+            gap = mismatch.add_sums(gap, out.pop("mismatch", {}))
+            corrected += out.pop("corrected_tokens", 0.0)
             for name in totals:
                 totals[name] += out[name]
             # Clip fraction and ratio are means over ratio units (tokens; sequences for GSPO), KL over KL tokens.
@@ -291,6 +312,10 @@ class Learner:
             metrics["kl"] = weighted["kl"] / max(counts["kl"], 1.0)
         metrics.setdefault("kl", 0.0)
         metrics["substeps"] = counts["steps"]
+        metrics.update(mismatch.mismatch_metrics(gap))
+        if cfg.mismatch.correction != "none":
+            # Share of the trained tokens whose weight the correction truncated (at C) or masked (to 0).
+            metrics["mismatch/corrected_share"] = corrected / max(gap.get("tokens", 0.0), 1.0)
         self.step += 1
         seconds = time.perf_counter() - started
         metrics.update(
@@ -305,10 +330,24 @@ class Learner:
         return metrics
 
     def _substep(
-        self, samples: Sequence[Sample], all_advantages: Tensor, kept: list[int], *, sequences: int
-    ) -> dict[str, float] | None:
+        self,
+        samples: Sequence[Sample],
+        all_advantages: Tensor,
+        kept: list[int],
+        *,
+        sequences: int,
+        learner_old: dict[int, list[float]] | None = None,
+        measure: bool = False,
+    ) -> dict[str, Any] | None:
         """Forward, backward and one optimizer step over the trained samples `kept` of one minibatch of
-        `sequences` samples; None when no rank had anything to train (no step taken)."""
+        `sequences` samples; None when no rank had anything to train (no step taken).
+
+        `learner_old`: the learner's recomputed log-probs per sample (a mismatch correction is on): the loss's π_old,
+        and with the engine's the correction's weights. `measure`: compare this forward with the engine's
+        log-probs (the step's first minibatch, before any update)."""
+        mm = self.config.mismatch
+        gap: dict[str, float] = {}
+        corrected = 0.0
         cfg = self.config
         # The minibatch's normalisers (methods.md P1-P5): every sampled sequence for the per-sequence and
         # constant normalisers, the tokens of the trained groups for the token-level ones.
@@ -348,6 +387,16 @@ class Learner:
                 logp = _per_sample(list(logps), owners, len(batch))
                 old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
                 mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+                weights = None
+                if learner_old is not None:  # π_old is the learner's; the engine's log-probs set the correction
+                    engine, old = old, _padded([learner_old[i] for i in indices], torch.float32).to(self.device)
+                    weights = mismatch.correction_weights(old, engine, mask, mm.correction, mm.cap)
+                    if real:
+                        corrected += mismatch.correction_share(weights, mask, mm.correction, mm.cap) * float(
+                            (mask > 0).sum()
+                        )
+                elif measure and real:
+                    gap = mismatch.add_sums(gap, mismatch.mismatch_sums(logp.detach(), old, mask, mm.cap))
                 ref = (
                     self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
                 )
@@ -360,6 +409,7 @@ class Learner:
                     ref,
                     batch_sequences=sequences,
                     batch_tokens=batch_tokens,
+                    correction=weights,
                 )
                 # DDP and FSDP2 average gradients over ranks; the batch's gradient is their sum (each rank's loss
                 # is already normalised by the whole batch), hence the world size. A stand-in counts zero.
@@ -385,6 +435,12 @@ class Learner:
             weighted = dict(zip(weighted, totals[len(sums) : len(sums) + len(weighted)], strict=True))
             ratio_count, kl_tokens = totals[-2], totals[-1]
             ratio_max = distributed.all_reduce_max(ratio_max)
+            corrected = distributed.all_reduce_sum([corrected])[0]
+            if measure:  # every rank measured its share: add them up (the largest gap is the max)
+                keys = ("tokens", "abs_delta_sum", "k3_sum", "outside")
+                summed = distributed.all_reduce_sum([gap.get(k, 0.0) for k in keys])
+                biggest = distributed.all_reduce_max(gap.get("abs_delta_max", 0.0))
+                gap = {**dict(zip(keys, summed, strict=True)), "abs_delta_max": biggest}
         grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -397,7 +453,36 @@ class Learner:
             "ratio_units": ratio_count,
             "kl_units": kl_tokens,
             "ratio_max": ratio_max,
+            "mismatch": gap,
+            "corrected_tokens": corrected,
         }
+
+    @torch.no_grad()
+    def _recompute_old(
+        self, samples: Sequence[Sample], kept: list[int]
+    ) -> tuple[dict[int, list[float]], dict[str, float]]:
+        """π_old for a mismatch correction: the learner's log-probs of every trained sample's completion tokens
+        with the weights that sampled them (before this step's update), and their gap to the engine's (sums).
+        Every rank computes all of them, so the forwards line up across ranks and nothing needs reducing."""
+        mm = self.config.mismatch
+        out: dict[int, list[float]] = {}
+        gap: dict[str, float] = {}
+        self.model.eval()
+        for group in _micro_batches([samples[i] for i in kept], self.config.max_tokens_per_pack):
+            indices = [kept[j] for j in group]
+            batch = [samples[i] for i in indices]
+            seqs, starts, owners = _flatten_segments(batch)
+            logps = self.engine(
+                seqs, starts, max_tokens_per_pack=max(len(q) for q in seqs), temperature=self.temperature
+            )
+            logp = _per_sample(list(logps), owners, len(batch)).float()
+            engine = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+            gap = mismatch.add_sums(gap, mismatch.mismatch_sums(logp, engine, mask, mm.cap))
+            for row, i in enumerate(indices):
+                out[i] = logp[row, : len(samples[i].old_logprobs)].cpu().tolist()
+        self.model.train()
+        return out, gap
 
     def _shaped_rewards(self, samples: Sequence[Sample], rewards: Tensor) -> tuple[Tensor, dict[str, float]]:
         """The rewards the advantages are computed from: the task reward, plus DAPO's overlong penalty (P3 eq. 13)

@@ -163,6 +163,7 @@ def policy_loss(
     *,
     batch_sequences: int | None = None,
     batch_tokens: float | None = None,
+    correction: Tensor | None = None,
 ) -> LossOutput:
     """The loss −J of ``config.algorithm`` for one batch of completions (methods.md P1-P5).
 
@@ -176,6 +177,10 @@ def policy_loss(
         batch_sequences, batch_tokens: when these B rows are one micro-batch of a larger optimizer batch, that
             batch's sequence count and valid-token count (N). The normalisers below then use them, so the micro-batch
             losses (and their gradients) add up to the whole batch's loss. Default: this micro-batch's own.
+        correction: ``[B, T]`` stop-gradient importance weights of a train-inference mismatch correction
+            (`workers.rl.mismatch.correction_weights`, methods.md P7) multiplying each token's policy-gradient term
+            (the sequence's term for GSPO, whose weights must then be per sequence: ``seq_tis`` or ``seq_mis``).
+            The KL term is not weighted. Default: none.
 
     Normalisation (|o_i| = valid tokens of sequence i, N = Σ_i |o_i|):
         grpo, gspo: mean over sequences of the per-sequence token mean (P1, P5); empty sequences count as 0.
@@ -195,6 +200,9 @@ def policy_loss(
     valid = weights > 0
     adv = advantages.detach().to(dtype)
     log_ratio = logp_f - old_logp.detach().to(dtype)
+    if correction is not None and tuple(correction.shape) != tuple(logp.shape):
+        raise ValueError(f"correction must have the shape of logp {tuple(logp.shape)}; got {tuple(correction.shape)}.")
+    w = correction.detach().to(dtype) if correction is not None else None
 
     if config.algorithm == "gspo":
         # methods.md P5: s_i = exp(mean_t log ρ_it). Gradient flows through every token's log-ratio, as in TRL's
@@ -203,6 +211,8 @@ def policy_loss(
         ratio = torch.exp((log_ratio * weights).sum(dim=1) / tokens_per_seq.clamp(min=1.0))  # [B]
         nonempty = tokens_per_seq > 0
         per_seq = _clipped_surrogate_loss(ratio, adv, config) * nonempty.to(dtype)
+        if w is not None:  # a sequence-level correction: one weight per row (its tokens' largest; all equal)
+            per_seq = per_seq * (w * weights).amax(dim=1)
         surrogate_loss = per_seq.sum() / (batch_sequences or per_seq.shape[0])
         ratio_valid = nonempty
         clipped = _clip_region(ratio.detach(), adv, config)
@@ -223,12 +233,14 @@ def policy_loss(
             ratio = torch.exp(log_ratio)
             clipped = (log_ratio.detach() < -config.epsilon_low) | (log_ratio.detach() > config.epsilon_high)
             policy_term = torch.where(clipped, ratio.detach(), ratio) * adv_tok
-            per_token = -policy_term + config.tau * log_ratio.square()
+            per_token = -policy_term * (w if w is not None else 1.0) + config.tau * log_ratio.square()
         else:
             # methods.md P1/P2/P3: min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) per token.
             ratio = torch.exp(log_ratio)
             per_token = _clipped_surrogate_loss(ratio, adv_tok, config)
             clipped = _clip_region(ratio.detach(), adv_tok, config)
+        if w is not None and config.algorithm != "kimi":  # kimi weighted its policy term above, not τ(log ρ)²
+            per_token = per_token * w
         surrogate_loss = _normalise(per_token, weights, config, batch_sequences, batch_tokens)
         ratio_valid = valid
 

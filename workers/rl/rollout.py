@@ -51,6 +51,9 @@ class Sample:
     prior_segments: list[tuple[list[int], int]] = field(default_factory=list, repr=False)
     episode_metrics: dict[str, float] = field(default_factory=dict)
     findings: list[Finding] = field(default_factory=list)
+    # Token provenance: True when the ids the learner would train on (the loss-masked ones) are not exactly the
+    # ids the engine returned, turn after turn (text re-encoded somewhere). The learner counts and skips these.
+    provenance_mismatch: bool = False
 
     @property
     def sampled_tokens(self) -> int:
@@ -84,6 +87,16 @@ class _Episode:
     old_logprobs: list[float] = field(default_factory=list)
     finish_reason: str = "stop"
     prior_segments: list[tuple[list[int], int]] = field(default_factory=list)
+    sampled_ids: list[int] = field(default_factory=list)  # what the engine returned, every turn, in order
+
+
+def trained_ids(
+    prior_segments: Sequence[tuple[list[int], int]], token_ids: list[int], completion_start: int, loss_mask: list[int]
+) -> list[int]:
+    """The token ids a sample's loss covers, in order: each segment's completion region (`ids[start:]`), those
+    whose loss mask is 1. Token provenance compares them with the ids the engine returned."""
+    region = [t for ids, start in [*prior_segments, (token_ids, completion_start)] for t in ids[start:]]
+    return [t for t, m in zip(region, loss_mask, strict=False) if m]
 
 
 def chatml_continuation(tokenizer: Any, messages: Sequence[Message], *, closed: bool) -> list[int]:
@@ -166,6 +179,7 @@ class RolloutWorker:
             still: list[_Episode] = []
             for episode, generation in zip(live, generations, strict=True):
                 episode.token_ids += generation.token_ids
+                episode.sampled_ids += generation.token_ids
                 episode.loss_mask += [1] * len(generation.token_ids)
                 episode.old_logprobs += generation.logprobs
                 episode.finish_reason = generation.finish_reason
@@ -238,6 +252,10 @@ class RolloutWorker:
             finish_reason=episode.finish_reason,
             error=record.get("error"),
             trajectory=record,
+            provenance_mismatch=trained_ids(
+                episode.prior_segments, episode.token_ids, episode.completion_start, episode.loss_mask
+            )
+            != episode.sampled_ids,
             prior_segments=episode.prior_segments,
             episode_metrics=episode.env.episode_metrics(record),
             findings=run_detectors(record, self.detectors),

@@ -71,6 +71,9 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
         ({**TINY, "learner": {"strategy": "ddp", "cpu_offload": True}}, "config.learner", "FSDP2 options"),
         ({**TINY, "learner": {"strategy": "fsdp2", "ranks": 2}, "lora": {}}, "config.learner", "with lora"),
         ({**TINY, "learner": {"strategy": "zero3"}}, "config.learner.strategy", "fsdp2"),
+        ({**TINY, "mismatch": {"correction": "tis", "cap": 0.5}}, "config.mismatch.cap", "finite number > 1"),
+        ({**TINY, "mismatch": {"correction": "is"}}, "config.mismatch.correction", "'tis'"),
+        ({**TINY, "algorithm": "gspo", "mismatch": {"correction": "mis"}}, "config", "seq_tis or seq_mis"),
     ],
 )
 def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):
