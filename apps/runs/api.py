@@ -16,6 +16,7 @@ from apps.accounts.permissions import request_user
 from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
+from apps.runs.health import run_health
 from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 
@@ -101,6 +102,27 @@ class MetricsQuery(serializers.Serializer):
     max_points = serializers.IntegerField(
         min_value=10, max_value=5000, default=1000, help_text="At most this many buckets in the series"
     )
+
+
+class HealthSignalSerializer(serializers.Serializer):
+    key = serializers.CharField()
+    title = serializers.CharField()
+    status = serializers.ChoiceField(choices=["ok", "warn", "bad", "unknown"])
+    value = serializers.FloatField(allow_null=True)
+    shown = serializers.CharField()
+    threshold = serializers.CharField()
+    meaning = serializers.CharField()
+
+
+class HealthSerializer(serializers.Serializer):
+    """Is the run healthy (each signal against its threshold, over the last `window` steps) and is it learning
+    (the reward's slope per step with its 95% confidence interval; held-out evals first to last)?"""
+
+    status = serializers.ChoiceField(choices=["ok", "warn", "bad", "unknown"], help_text="The worst known signal")
+    signals = HealthSignalSerializer(many=True)
+    problems = serializers.ListField(child=serializers.CharField())
+    trend = serializers.DictField()
+    window = serializers.IntegerField()
 
 
 class MetricsSerializer(serializers.Serializer):
@@ -216,6 +238,12 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(
             {**selectors.metric_series(run_id=run.pk, name=name, max_points=max_points), "last_seq": run.last_seq}
         )
+
+    @extend_schema(responses=HealthSerializer)
+    @action(detail=True, methods=["get"])
+    def health(self, request: Request, pk: str | None = None) -> Response:
+        """The run's health panel: README, "Is my run healthy?"."""
+        return Response(run_health(self.get_object()))
 
     @extend_schema(parameters=[EventsQuery], responses=EventsSerializer)
     @action(detail=True, methods=["get"])

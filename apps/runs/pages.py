@@ -28,6 +28,7 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
+from apps.runs.health import run_health
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
 from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
@@ -106,6 +107,7 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "parent_diff": _parent_diff(run),
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
+            "health": run_health(run),
         },
     )
 
