@@ -778,8 +778,9 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     """Playwright: on a run whose loss and KL are all below 0.01 the tick labels are distinct and non-zero and the
     step axis shows integers; hovering shows values on every chart; charts are grouped by prefix with the key ones
     first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
-    page overlays two runs; reward and token distributions over steps are drawn; the launch form offers only the
-    rewards that fit the environment; no console errors (favicon included)."""
+    page overlays two runs; reward and token distributions over steps are drawn; the health panel flags the
+    train-inference mismatch and shows the reward improving; the launch form offers only the rewards that fit the
+    environment; no console errors (favicon included)."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -807,6 +808,8 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
                 ("reward_mean", step / 40),
                 ("env/turns", 1 + step % 3),
                 ("reward/f_beta", 0.5),
+                ("mismatch/kl_k3", 0.02),  # over the health panel's 1e-2: the panel says bad
+                ("mismatch/abs_logprob_diff_mean", 0.15),
             )
         )
         TrajectorySummary.objects.bulk_create(

@@ -101,6 +101,12 @@ async function charts(page) {
   await shot(page, "run-charts");
   const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
   check(groups[0] === "key" && groups.includes("env") && groups.includes("reward"), `grouped by prefix: ${groups.join(", ")}`);
+  check(groups.includes("mismatch"), `the train-inference mismatch figures have their group: ${groups.join(", ")}`);
+  const health = (await page.textContent("#health-status")).trim();
+  const gap = await page.textContent('#run-health tr[data-signal="mismatch"]');
+  const trend = (await page.textContent("#health-trend")).trim();
+  check(health === "bad" && /bad/.test(gap) && trend === "reward improving",
+    `the health panel names the mismatch and the learning trend: ${health}; ${gap.replace(/\s+/g, " ")}; ${trend}`);
   const inKey = await page.$$eval('.chart-group[data-group="key"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
   check(inKey[0] === "reward_mean" && inKey.includes("loss"), `key charts pinned first: ${inKey.join(", ")}`);
   const over = await page.$('.small-chart[data-metric="loss"] .u-over');
