@@ -39,20 +39,22 @@ _NONCES_MAX = 10_000
 
 
 def _run_if_token_matches(run_id: int, token: str) -> tuple[bool, bool]:
-    nonce = _NONCES.get(run_id)
-    if nonce is None:
-        run = Run.objects.filter(pk=run_id).only("pk", "ingest_nonce").first()
-        if run is None:
-            return False, False
-        if len(_NONCES) >= _NONCES_MAX:
-            _NONCES.clear()
-        nonce = _NONCES[run_id] = run.ingest_nonce
-    return True, services.ingest_token_valid(Run(pk=run_id, ingest_nonce=nonce), token)
+    run = Run.objects.filter(pk=run_id).only("pk", "ingest_nonce").first()
+    if run is None:
+        _NONCES.pop(run_id, None)
+        return False, False
+    if len(_NONCES) >= _NONCES_MAX:
+        _NONCES.clear()
+    _NONCES[run_id] = run.ingest_nonce
+    return True, services.ingest_token_valid(run, token)
 
 
 async def _authorize(run_id: int, token: str) -> tuple[bool, bool]:
-    if run_id in _NONCES:
-        return _run_if_token_matches(run_id, token)
+    nonce = _NONCES.get(run_id)
+    if nonce is not None and services.ingest_token_valid(Run(pk=run_id, ingest_nonce=nonce), token):
+        return True, True
+    # Not cached, or the token does not match the cached nonce: the database decides (a database restored from an
+    # older dump can reuse a run id with a new nonce), and refreshes the cache.
     found: tuple[bool, bool] = await database_sync_to_async(_run_if_token_matches, thread_sensitive=False)(
         run_id, token
     )
