@@ -303,6 +303,8 @@ def start_ray_head(
         **(env or {}),
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # The dashboard's /worker/traceback (py-spy on each node): the stall watchdog's stack dumps.
+        "RAY_DASHBOARD_ENABLE_PROFILING": "1",
     }
     log_dir = var_dir / "log"
     log_dir.mkdir(parents=True, exist_ok=True)

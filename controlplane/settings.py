@@ -118,10 +118,14 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_REDIRECT_STDOUTS = False
 CELERY_TASK_ALWAYS_EAGER = env_bool("CELERY_TASK_ALWAYS_EAGER", False)
+RECONCILE_SECONDS = env_int("CRUCIBLE_RECONCILE_SECONDS", 5)
+# The stall watchdog (apps/runs/stall.py): a running job silent this long is marked stalled, with stack dumps, unless
+# its spec sets its own limit (config.stall_after_seconds).
+STALL_SECONDS = env_int("CRUCIBLE_STALL_SECONDS", 1800)
 CELERY_BEAT_SCHEDULE = {
     "reconcile-runs": {
         "task": "apps.runs.tasks.reconcile_runs",
-        "schedule": float(env_int("CRUCIBLE_RECONCILE_SECONDS", 5)),
+        "schedule": float(RECONCILE_SECONDS),
     },
     # Re-queues webhook deliveries whose retry the broker lost (apps/webhooks/tasks.py).
     "webhook-retry-due": {"task": "apps.webhooks.tasks.webhook_retry_due", "schedule": 60.0},
@@ -223,6 +227,7 @@ SPECTACULAR_SETTINGS = {
     # One name per choice set: several models have a `status`, and a queue's min_severity is a flag's severity.
     "ENUM_NAME_OVERRIDES": {
         "RunStatusEnum": "apps.runs.models.RunStatus",
+        "HealthStatusEnum": "apps.runs.health.HEALTH_STATUSES",
         "CheckStatusEnum": "apps.gates.models.CheckStatus",
         "ItemStatusEnum": "apps.review.models.ItemStatus",
         "DraftStatusEnum": "apps.review.models.DraftStatus",

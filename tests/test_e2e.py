@@ -19,6 +19,7 @@ import httpx
 import pytest
 import websockets
 from django.conf import settings as django_settings
+from django.utils import timezone as django_timezone
 
 from controlplane import devstack
 
@@ -376,6 +377,84 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     placement = run.summary["placement"]
     assert run.summary["resources"]["placement"] == "colocated" and len({p["node_id"] for p in placement}) == 1
     assert MetricPoint.objects.filter(run=run, name="placement/engine_sleep_seconds").count() == 1
+
+
+HANGING_JOB = """
+import time
+
+import ray
+
+ray.init()
+
+
+@ray.remote
+class Sleeper:
+    def hang_in_an_actor(self):
+        while True:
+            time.sleep(0.5)
+
+
+sleeper = Sleeper.remote()
+pending = sleeper.hang_in_an_actor.remote()
+
+
+def hang_in_the_environment():
+    while True:
+        time.sleep(0.5)
+
+
+hang_in_the_environment()
+"""
+
+
+def test_a_job_that_hangs_is_marked_stalled_by_beat_with_stack_dumps_that_name_where_it_hangs(stack, users):
+    """The stall watchdog through Celery beat and the real Ray head: a job whose driver and actor hang and send
+    nothing is marked stalled within its limit (3 s here, reconcile every 1 s), and the report holds a dump of
+    each process naming the function it hangs in (Ray's dashboard runs py-spy on the node)."""
+    from apps.runs.models import Run, RunStatus
+
+    script = Path(stack["var"]) / "hanging_job.py"
+    script.write_text(HANGING_JOB)
+    submission = f"e2e-hang-{time.time_ns()}"
+
+    def jobs(call: str) -> str:  # the Jobs API from a process with the stack's Ray token in its environment
+        code = f"from ray.job_submission import JobSubmissionClient as C; c = C({stack['ray']!r}); print({call})"
+        return subprocess.run(
+            [sys.executable, "-c", code], env=stack["env"], capture_output=True, text=True, check=True, timeout=120
+        ).stdout.strip()
+
+    jobs(f"c.submit_job(entrypoint='python {script}', submission_id={submission!r})")
+    try:
+        deadline = time.monotonic() + 120
+        while jobs(f"c.get_job_status({submission!r}).value") != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(5)  # the driver reaches its loop and the actor its method
+        started = django_timezone.now()
+        run = Run.objects.create(
+            kind="rescore",
+            name="e2e-hang",
+            spec={"config": {"stall_after_seconds": 3}},
+            created_by=users["operator"],
+            status=RunStatus.RUNNING,
+            ray_job_id=submission,
+            ray_address=stack["ray"],
+            ingest_nonce="e2ehang",
+            started_at=started,
+            last_event_at=started,
+        )
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            run.refresh_from_db()
+            if run.stalled_at and "Taking stack dumps" not in run.stall_report:
+                break
+            time.sleep(1)
+        assert run.stalled_at is not None and run.status == RunStatus.RUNNING, (run.status, run.failure_reason)
+        assert (run.stalled_at - started).total_seconds() < 60
+        report = run.stall_report
+        assert "== driver (pid" in report and "hang_in_the_environment" in report, report
+        assert "== Sleeper (pid" in report and "hang_in_an_actor" in report, report
+    finally:
+        jobs(f"c.stop_job({submission!r})")
 
 
 def _wait(run_id: int, done, timeout: float = 240):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from apps.accounts.permissions import request_user
 from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
-from apps.runs.health import run_health
+from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 
@@ -58,6 +58,9 @@ class RunSerializer(serializers.ModelSerializer):
             "submitted_at",
             "started_at",
             "finished_at",
+            "last_event_at",
+            "stalled_at",
+            "stall_report",
         ]
 
 
@@ -90,6 +93,10 @@ class RunFilters(serializers.Serializer):
         required=False, max_length=16, help_text="Only runs of this kind (any registered kind: train, serve, ...)"
     )
 
+    stalled = serializers.BooleanField(
+        required=False, allow_null=True, default=None, help_text="true: only runs the stall watchdog marked stalled"
+    )
+
     def validate_kind(self, value: str) -> str:
         known = [handler.kind for handler in kinds.handlers()]
         if value not in known:
@@ -107,7 +114,7 @@ class MetricsQuery(serializers.Serializer):
 class HealthSignalSerializer(serializers.Serializer):
     key = serializers.CharField()
     title = serializers.CharField()
-    status = serializers.ChoiceField(choices=["ok", "warn", "bad", "unknown"])
+    status = serializers.ChoiceField(choices=HEALTH_STATUSES)
     value = serializers.FloatField(allow_null=True)
     shown = serializers.CharField()
     threshold = serializers.CharField()
@@ -118,7 +125,7 @@ class HealthSerializer(serializers.Serializer):
     """Is the run healthy (each signal against its threshold, over the last `window` steps) and is it learning
     (the reward's slope per step with its 95% confidence interval; held-out evals first to last)?"""
 
-    status = serializers.ChoiceField(choices=["ok", "warn", "bad", "unknown"], help_text="The worst known signal")
+    status = serializers.ChoiceField(choices=HEALTH_STATUSES, help_text="The worst known signal")
     signals = HealthSignalSerializer(many=True)
     problems = serializers.ListField(child=serializers.CharField())
     trend = serializers.DictField()
@@ -180,7 +187,11 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
     def get_queryset(self) -> QuerySet[Run]:
         qs = selectors.run_list()
         if self.action == "list":
-            qs = qs.filter(**query_params(self.request, RunFilters))
+            filters = query_params(self.request, RunFilters)
+            stalled = filters.pop("stalled", None)
+            qs = qs.filter(**filters)
+            if stalled is not None:
+                qs = qs.filter(stalled_at__isnull=not stalled)
         return qs
 
     @extend_schema(parameters=[RunFilters])

@@ -25,6 +25,7 @@ QUIET_MINUTES = 15
 """A running run that has reported no step for this long is flagged as quiet."""
 
 ORDER = {"unknown": 0, "ok": 1, "warn": 2, "bad": 3}
+HEALTH_STATUSES = ("ok", "warn", "bad", "unknown")
 
 
 @dataclass(frozen=True)

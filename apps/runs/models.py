@@ -82,6 +82,13 @@ class Run(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    last_event_at = models.DateTimeField(null=True, blank=True, help_text="When the job's latest batch arrived")
+    stalled_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Set by the stall watchdog when a running job stayed silent past its limit; cleared when it talks",
+    )
+    stall_report = models.TextField(blank=True, help_text="Why the run was marked stalled, and its stack dumps")
 
     class Meta:
         ordering = ["-created_at"]

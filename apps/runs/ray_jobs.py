@@ -231,3 +231,62 @@ def job_submissions(address: str | None = None) -> dict[str, str]:
     client = _client(address)
     found = _query(lambda: client.list_jobs(), address=address, what="a jobs query")
     return {str(job.job_id): str(job.submission_id) for job in found if job.job_id and job.submission_id}
+
+
+@dataclass(frozen=True)
+class JobProcess:
+    label: str
+    """"driver" or the actor's class name."""
+    pid: int
+    node_id: str
+    ip: str
+
+
+def job_processes(submission_id: str, address: str | None = None) -> list[JobProcess]:
+    """The live processes of one submitted job: its driver (while the job runs) and its alive actors."""
+    from ray.util.state import list_actors
+
+    address = _address(address)
+    client = _client(address)
+    info = _query(lambda: client.get_job_info(submission_id), address=address, what="a job query")
+    found: list[JobProcess] = []
+    driver = getattr(info, "driver_info", None)
+    if driver is not None and str(getattr(info, "status", "")) in ("RUNNING", "JobStatus.RUNNING") and driver.pid:
+        found.append(
+            JobProcess(
+                "driver", int(driver.pid), str(getattr(info, "driver_node_id", "") or ""), driver.node_ip_address
+            )
+        )
+    if info.job_id:
+        actors = _query(
+            lambda: list_actors(
+                address=address,
+                filters=[("job_id", "=", info.job_id), ("state", "=", "ALIVE")],
+                limit=1000,
+                detail=True,
+                timeout=10,
+            ),
+            address=address,
+            what="an actors query",
+        )
+        for actor in actors:
+            if actor.pid:
+                found.append(JobProcess(actor.class_name, int(actor.pid), actor.node_id or "", ""))
+    return found
+
+
+def traceback(process: JobProcess, *, address: str | None = None, timeout: float = 30.0) -> str:
+    """The process's Python stacks from Ray's dashboard (py-spy on its node). `RayUnavailable` with the reason when
+    the dashboard cannot give them (profiling off on the head, the process gone, the node unreachable)."""
+    address = _address(address)
+    client = _client(address)
+    where = f"node_id={process.node_id}" if process.node_id else f"ip={process.ip}"
+    response = _query(
+        lambda: client._do_request("GET", f"/worker/traceback?pid={process.pid}&{where}&native=0"),
+        address=address,
+        what="a stack dump",
+        timeout=timeout,
+    )
+    if response.status_code != 200:
+        raise RayUnavailable(f"the dashboard answered {response.status_code}: {response.text.strip()[:300]}")
+    return str(response.text)

@@ -10,7 +10,7 @@ from datetime import timedelta
 from celery import Task, shared_task
 from django.utils import timezone
 
-from apps.runs import ray_jobs, services
+from apps.runs import ray_jobs, services, stall
 from apps.runs.kinds import LifecyclePoint
 from apps.runs.models import Run, RunStatus
 
@@ -80,4 +80,12 @@ def reconcile_runs() -> int:
         elif created_at < stale:
             dispatch_run.delay(run_id)
     services.run_admit_queued()
+    for run_id in stall.silent_runs():  # the stall watchdog: dumps are taken in their own task
+        mark_stalled.delay(run_id)
     return len(live)
+
+
+@shared_task(acks_late=True, soft_time_limit=300)
+def mark_stalled(run_id: int) -> bool:
+    """Mark a silent run stalled with the stack dumps of its processes (apps/runs/stall.py)."""
+    return stall.run_mark_stalled(run_id=run_id).stalled_at is not None

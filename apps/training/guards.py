@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
 from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
@@ -97,6 +98,12 @@ def train_config_check(
     except PydanticError as exc:
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
+    shortest = 2 * settings.RECONCILE_SECONDS  # the watchdog looks once per reconcile: a shorter limit cannot hold
+    if parsed.stall_after_seconds < shortest:
+        problems["config.stall_after_seconds"] = [
+            f"{parsed.stall_after_seconds} s is shorter than the watchdog can tell (it checks every "
+            f"{settings.RECONCILE_SECONDS} s, CRUCIBLE_RECONCILE_SECONDS): use at least {shortest}"
+        ]
     settings_ok = True
     try:
         settings_for(parsed)  # the algorithm's defaults merged with the overrides: a combination that cannot work

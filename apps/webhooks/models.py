@@ -22,6 +22,7 @@ class WebhookEvent(models.TextChoices):
     GATE_DECISION_REJECTED = "gate.decision.rejected", "A gate decision was rejected"
     DEPLOYMENT_CREATED = "deployment.created", "A checkpoint was deployed"
     DEPLOYMENT_ROLLED_BACK = "deployment.rolled_back", "A deployment was rolled back"
+    RUN_STALLED = "run.stalled", "A running job stayed silent past its stall limit (stack dumps in the payload)"
     PING = "ping", "A test delivery to one endpoint"
 
 

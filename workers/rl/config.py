@@ -446,6 +446,13 @@ class TrainConfig(_Strict):
         description="Train-inference mismatch (methods.md P7): the engine's and the learner's log-probs are compared "
         "every step (charted under mismatch/); an optional importance-sampling correction with its cap",
     )
+    stall_after_seconds: int = Field(
+        default=1800,
+        ge=1,
+        le=7 * 24 * 3600,
+        description="The stall watchdog marks the run stalled (with stack dumps of its processes) when its job sends "
+        "no event for this long: longer than the slowest step, checkpoint or eval it can take",
+    )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     learner: LearnerConfig = Field(
         default_factory=LearnerConfig,

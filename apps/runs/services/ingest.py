@@ -179,8 +179,13 @@ def _store_rows(run: Run, by_kind: dict[str, list[Any]], now: datetime) -> list[
 
 
 def _update_run_row(run: Run, fresh: list[Any], by_kind: dict[str, list[Any]], now: datetime) -> None:
-    fields = ["last_seq", "ingest_batches"]
+    fields = ["last_seq", "ingest_batches", "last_event_at"]
     run.last_seq = max(run.last_seq, fresh[-1].seq)
+    run.last_event_at = now  # what the stall watchdog measures silence from
+    if run.stalled_at is not None:  # it talks again: no longer stalled (the report stays, saying so)
+        run.stall_report = f"Recovered at {now:%Y-%m-%d %H:%M:%S} UTC: events arrived again.\n\n{run.stall_report}"
+        run.stalled_at = None
+        fields += ["stalled_at", "stall_report"]
     # Batches can commit out of seq order (a retry, two flushes racing): progress and the log tail follow
     # seq order, never commit order, so neither goes backwards.
     progress = max(by_kind["progress"], key=lambda e: e.seq, default=None)

@@ -74,6 +74,8 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
         ({**TINY, "mismatch": {"correction": "tis", "cap": 0.5}}, "config.mismatch.cap", "finite number > 1"),
         ({**TINY, "mismatch": {"correction": "is"}}, "config.mismatch.correction", "'tis'"),
         ({**TINY, "algorithm": "gspo", "mismatch": {"correction": "mis"}}, "config", "seq_tis or seq_mis"),
+        ({**TINY, "stall_after_seconds": 5}, "config.stall_after_seconds", "use at least 10"),
+        ({**TINY, "stall_after_seconds": 0}, "config.stall_after_seconds", "greater than or equal to 1"),
     ],
 )
 def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):

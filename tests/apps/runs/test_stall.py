@@ -1,0 +1,90 @@
+"""The stall watchdog (apps/runs/stall.py): silent runs are marked stalled with their processes' stack dumps, live
+ones never are, a run that talks again recovers; the API, the list filter, the webhook and the launch check."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.runs import ray_jobs, services, stall
+from apps.runs.models import Run, RunStatus
+from apps.webhooks.models import WebhookDelivery, WebhookEndpoint
+
+pytestmark = pytest.mark.django_db
+
+
+def _running(run: Run, *, silent_for: float, limit: int | None = 60) -> Run:
+    config = {"stall_after_seconds": limit} if limit is not None else {}
+    Run.objects.filter(pk=run.pk).update(
+        status=RunStatus.RUNNING,
+        spec={**run.spec, "config": config},
+        started_at=timezone.now() - timedelta(hours=1),
+        last_event_at=timezone.now() - timedelta(seconds=silent_for),
+    )
+    run.refresh_from_db()
+    return run
+
+
+def test_only_runs_silent_past_their_own_limit_are_picked(run, settings):
+    _running(run, silent_for=30, limit=60)
+    assert stall.silent_runs() == []  # slow but live: 30 s of silence under a 60 s limit
+    _running(run, silent_for=90, limit=60)
+    assert stall.silent_runs() == [run.pk]
+    settings.STALL_SECONDS = 120
+    _running(run, silent_for=90, limit=None)  # no limit in its spec: the setting's
+    assert stall.silent_runs() == []
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    assert stall.silent_runs() == []
+
+
+def test_a_silent_run_is_marked_with_the_reason_and_a_webhook_and_recovers_when_it_talks(run, users, client_for):
+    endpoint = WebhookEndpoint.objects.create(
+        url="https://hooks.example.com/crucible", events=["run.stalled"], created_by=users["admin"]
+    )
+    _running(run, silent_for=600, limit=60)
+    marked = stall.run_mark_stalled(run_id=run.pk)
+    assert marked.stalled_at is not None
+    assert marked.stall_report.startswith("No event for 600 s (limit 60 s)")
+    assert "no Ray job was submitted" in marked.stall_report  # a dump that cannot be taken: the state stands
+    [delivery] = WebhookDelivery.objects.filter(endpoint=endpoint)
+    assert delivery.event == "run.stalled" and delivery.payload["run"]["id"] == run.pk
+    assert stall.run_mark_stalled(run_id=run.pk).stalled_at == marked.stalled_at  # a duplicate task: no change
+    assert WebhookDelivery.objects.count() == 1
+
+    api = client_for("viewer")
+    assert api.get(f"/api/v1/runs/{run.pk}/").json()["stalled_at"] is not None
+    assert [r["id"] for r in api.get("/api/v1/runs/?stalled=true").json()["results"]] == [run.pk]
+    assert api.get("/api/v1/runs/?stalled=false").json()["results"] == []
+    assert api.get("/api/v1/runs/?stalled=perhaps").status_code == 400
+
+    from workers.events import EventBatch
+
+    batch = EventBatch.model_validate({"events": [{"seq": 1, "kind": "progress", "done": 1, "total": 2}]}).events
+    services.ingest_batch(run_id=run.pk, events=batch, publish=False)
+    run.refresh_from_db()
+    assert run.stalled_at is None and run.stall_report.startswith("Recovered at")
+    assert stall.silent_runs() == []
+
+
+def test_the_dump_of_a_hanging_local_process_names_the_function_it_hangs_in():
+    program = (
+        "import time\ndef hang_in_the_environment():\n    while True:\n        time.sleep(0.5)\n"
+        "hang_in_the_environment()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        time.sleep(1.0)
+        process = ray_jobs.JobProcess("driver", proc.pid, "", "127.0.0.1")
+        # No Ray cluster answers at this address: the dump falls back to py-spy on this machine.
+        dump = stall.stack_dump(process, address="http://127.0.0.1:1")
+        assert "hang_in_the_environment" in dump, dump
+    finally:
+        proc.kill()
+        proc.wait()
+    gone = stall.stack_dump(ray_jobs.JobProcess("driver", proc.pid, "", "127.0.0.1"), address="http://127.0.0.1:1")
+    assert gone.startswith("no dump:") and f"no process {proc.pid}" in gone
