@@ -17,7 +17,7 @@ from django.utils import timezone
 from scipy import stats
 
 from apps.runs.models import MetricPoint, Run, RunStatus
-from apps.runs.selectors import metric_series
+from apps.runs.selectors import metric_names, metric_series
 
 WINDOW = 10
 """Steps each signal reads back from the latest."""
@@ -156,7 +156,7 @@ def learning_trend(run: Run) -> dict[str, Any]:
             end=float(fit.intercept + slope * steps[-1]),
         )
     evals = {}
-    for name in MetricPoint.objects.filter(run=run, name__startswith="eval/").values_list("name", flat=True).distinct():
+    for name in [n for n in metric_names(run_id=run.pk) if n.startswith("eval/")]:  # one index probe per name
         points = list(MetricPoint.objects.filter(run=run, name=name).order_by("step").values_list("step", "value"))
         if points:
             evals[name] = {"first": points[0], "last": points[-1], "change": points[-1][1] - points[0][1]}
