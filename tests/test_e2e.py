@@ -971,7 +971,7 @@ def test_one_real_time_cycle_serves_records_trains_gates_and_hot_swaps(stack, us
     from apps.gates.models import Deployment
     from apps.gates.services import gate_create
     from apps.realtime.models import Cycle, CycleStatus, Session
-    from apps.realtime.services.loops import loop_create
+    from apps.realtime.services.loops import loop_create, loop_set_paused
     from apps.realtime.services.serving import serve_endpoint_url, serve_launch, simulate_launch
     from apps.rewards.services import reward_config_create
     from apps.runs.models import MetricPoint
@@ -1074,7 +1074,8 @@ def test_one_real_time_cycle_serves_records_trains_gates_and_hot_swaps(stack, us
         assert serve.status == "running" and serve.ray_job_id == job_before  # the same job: no restart
         deltas = MetricPoint.objects.filter(run=serve, name="serve/swap_delta").order_by("-step")
         assert deltas.first() is not None and deltas.first().value == 1.0  # the new weights went as a delta
-    finally:  # a serving run never ends by itself
+    finally:  # a serving run never ends by itself; the loop would go on collecting for its next cycle
+        loop_set_paused(loop=loop, user=admin, paused=True)
         run_cancel(run=serve, user=admin)
         _wait(serve.pk, lambda r: r.is_terminal, timeout=60)
 
