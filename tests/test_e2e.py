@@ -269,6 +269,7 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
         "learning_rate": 1e-3,
         "mode": "async",  # step t+1's rollouts are generated while step t trains
         "max_staleness": 1,
+        "partial_rollout": True,  # the engine is a threaded actor that queues weights sent mid-rollout
         "sampling": {"max_new_tokens": 6},
         "compute": {"cpus": 1, "memory_gb": 2},
     }
@@ -289,6 +290,13 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     assert MetricPoint.objects.filter(run=run, name="loss").count() == 3
     staleness = dict(MetricPoint.objects.filter(run=run, name="staleness").values_list("step", "value"))
     assert staleness[1] == 0 and max(staleness.values()) <= 1
+    # every step's token-version histogram and weight-sync time (issue 23 part 2)
+    shares = MetricPoint.objects.filter(run=run, name__in=["versions/lag_0_share", "versions/lag_1_share"])
+    by_step: dict[int, float] = {}
+    for step, value in shares.values_list("step", "value"):
+        by_step[step] = by_step.get(step, 0.0) + value
+    assert sorted(by_step) == [1, 2, 3] and all(v == pytest.approx(1.0) for v in by_step.values()), by_step
+    assert MetricPoint.objects.filter(run=run, name="weight_sync_seconds", value__gt=0).count() == 3
     assert list(Checkpoint.objects.filter(run=run).values_list("step", flat=True)) == [2, 3]
     checkpoint = Checkpoint.objects.get(run=run, step=3)
     assert Path(checkpoint.uri.removeprefix("file://")).stat().st_size > 0

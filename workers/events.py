@@ -37,10 +37,16 @@ class LogEvent(_Event):
     lines: list[str] = Field(min_length=1)
 
 
+PHASES = ("generation", "training", "weight_sync", "evaluation")
+"""The phases a job may say it is in (`ProgressEvent.phase`); each has its own stall limit (TrainConfig
+`stall_limits`)."""
+
+
 class ProgressEvent(_Event):
     kind: Literal["progress"]
     done: int = Field(ge=0)
     total: int = Field(ge=0)
+    phase: Literal["", "generation", "training", "weight_sync", "evaluation"] = ""
 
 
 class TrajectoryEvent(_Event):

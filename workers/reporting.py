@@ -320,7 +320,10 @@ class Reporter:
     def log(self, *lines: str) -> int:
         return self._add("log", lines=list(lines))
 
-    def progress(self, done: int, total: int) -> int:
+    def progress(self, done: int, total: int, phase: str = "") -> int:
+        """`phase` (workers.events.PHASES), when given, tells the stall watchdog which limit applies from now."""
+        if phase:
+            return self._add("progress", done=done, total=total, phase=phase)
         return self._add("progress", done=done, total=total)
 
     def trajectory(self, **fields: Any) -> int:

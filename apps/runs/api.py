@@ -60,6 +60,8 @@ class RunSerializer(serializers.ModelSerializer):
             "finished_at",
             "last_event_at",
             "stalled_at",
+            "health",
+            "health_problems",
             "stall_report",
         ]
 
@@ -95,6 +97,9 @@ class RunFilters(serializers.Serializer):
 
     stalled = serializers.BooleanField(
         required=False, allow_null=True, default=None, help_text="true: only runs the stall watchdog marked stalled"
+    )
+    health = serializers.ChoiceField(
+        choices=HEALTH_STATUSES, required=False, help_text="Only runs whose health panel is at this status"
     )
 
     def validate_kind(self, value: str) -> str:

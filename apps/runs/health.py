@@ -13,6 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import F, Q
 from django.utils import timezone
 from scipy import stats
 
@@ -78,6 +79,10 @@ MEANINGS = {
     "entropy": "latest mean token entropy over the first steps': a collapse below 0.1 leaves nothing to explore",
     "flags": "share of trajectories a reward-hacking detector flagged",
     "quiet": f"a running run that reported no step for {QUIET_MINUTES} minutes may be hung",
+    "weight_sync": "seconds from the learner's update to every engine holding the new weights, per step: over the "
+    "run's weight_sync_budget_seconds (default 30) is a finding",
+    "stall": "the stall watchdog marks a running job silent past its phase's limit (config.stall_limits, else "
+    "stall_after_seconds) with stack dumps of its processes",
 }
 NAMES = [
     "staleness",
@@ -89,6 +94,7 @@ NAMES = [
     "clip_fraction",
     "entropy",
     "flags/rate",
+    "weight_sync_seconds",
 ]
 
 
@@ -129,6 +135,42 @@ def _signal(key: str, title: str, value: float | None, shown: str = "") -> Signa
     return Signal(
         key, title, status, value, shown or f"{value:.3g}", threshold.text() if threshold else "", MEANINGS[key]
     )
+
+
+HEALTH_REFRESH_SECONDS = 30
+"""A running run's stored health (the list's column) is recomputed at most this often, and only after new events."""
+
+
+def claim_runs_needing_health(now: Any = None, limit: int = 50) -> list[int]:
+    """Runs whose stored health is out of date: never computed, a running run with events (or a stall mark) since
+    the last computation and that at least `HEALTH_REFRESH_SECONDS` ago, or a run that ended since. At most
+    `limit` per call, the most recently active first (beat calls this every reconcile). Their `health_at` is set
+    now, so the next reconcile does not queue them again before the refresh has run."""
+    now = now or timezone.now()
+    due = now - timedelta(seconds=HEALTH_REFRESH_SECONDS)
+    running = Q(status=RunStatus.RUNNING) & (
+        Q(health_at__isnull=True)
+        | (Q(health_at__lt=due) & (Q(last_event_at__gt=F("health_at")) | Q(stalled_at__gt=F("health_at"))))
+    )
+    ended = Q(finished_at__isnull=False) & (Q(health_at__isnull=True) | Q(health_at__lt=F("finished_at")))
+    rows = (
+        Run.objects.filter(running | ended)
+        .order_by(F("last_event_at").desc(nulls_last=True))
+        .values_list("pk", flat=True)
+    )
+    ids = list(rows[:limit])
+    Run.objects.filter(pk__in=ids).update(health_at=now)
+    return ids
+
+
+def health_refresh(*, run_id: int) -> str:
+    """Compute a run's health panel and store its overall status and problems on the run (the list's column)."""
+    run = Run.objects.get(pk=run_id)
+    health = run_health(run)
+    Run.objects.filter(pk=run_id).update(
+        health=health["status"], health_problems=health["problems"], health_at=timezone.now()
+    )
+    return str(health["status"])
 
 
 def learning_trend(run: Run) -> dict[str, Any]:
@@ -241,7 +283,9 @@ def run_health(run: Run) -> dict[str, Any]:
     )
     flags = _mean(recent.get("flags/rate", []))
     signals.append(_signal("flags", "Detector flag rate", flags, f"{flags:.0%}" if flags is not None else ""))
+    signals.append(_weight_sync(recent.get("weight_sync_seconds", []), config))
     signals.append(_quiet(run))
+    signals.append(_stall(run))
 
     known = [s for s in signals if s.status != "unknown"]
     overall = max((s.status for s in known), key=ORDER.__getitem__, default="unknown")
@@ -252,6 +296,36 @@ def run_health(run: Run) -> dict[str, Any]:
         "trend": learning_trend(run),
         "window": WINDOW,
     }
+
+
+def _weight_sync(points: list[tuple[int, float]], config: dict[str, Any]) -> Signal:
+    budget = config.get("weight_sync_budget_seconds")
+    budget = float(budget) if isinstance(budget, int | float) and budget > 0 else 30.0
+    if not points:
+        return Signal(
+            "weight_sync", "Weight sync", "unknown", None, "no data", f"bad > {budget:g} s", MEANINGS["weight_sync"]
+        )
+    worst_step, worst = max(points, key=lambda p: p[1])
+    over = sum(1 for _, v in points if v > budget)
+    return Signal(
+        "weight_sync",
+        "Weight sync",
+        "bad" if over else "ok",
+        worst,
+        f"max {worst:.3g} s (step {worst_step})" + (f", {over} steps over budget" if over else ""),
+        f"bad > {budget:g} s",
+        MEANINGS["weight_sync"],
+    )
+
+
+def _stall(run: Run) -> Signal:
+    if run.stalled_at is not None:
+        shown = f"stalled since {run.stalled_at:%H:%M:%S} UTC" + (f" in {run.phase}" if run.phase else "")
+        return Signal("stall", "Stall watchdog", "bad", 1.0, shown, "bad: stalled", MEANINGS["stall"])
+    if run.status != RunStatus.RUNNING:
+        return Signal("stall", "Stall watchdog", "unknown", None, run.status, "bad: stalled", MEANINGS["stall"])
+    shown = f"live, {run.phase}" if run.phase else "live"
+    return Signal("stall", "Stall watchdog", "ok", 0.0, shown, "bad: stalled", MEANINGS["stall"])
 
 
 def _quiet(run: Run) -> Signal:

@@ -89,6 +89,21 @@ class Run(models.Model):
         help_text="Set by the stall watchdog when a running job stayed silent past its limit; cleared when it talks",
     )
     stall_report = models.TextField(blank=True, help_text="Why the run was marked stalled, and its stack dumps")
+    health = models.CharField(
+        max_length=8,
+        default="unknown",
+        db_index=True,
+        help_text="The health panel's overall status (ok, warn, bad, unknown), refreshed by beat (apps/runs/health.py)",
+    )
+    health_problems = models.JSONField(default=list, blank=True, help_text="Titles of the signals at warn or bad")
+    health_at = models.DateTimeField(null=True, blank=True, help_text="When `health` was last computed")
+    phase = models.CharField(
+        max_length=40,
+        blank=True,
+        default="",
+        help_text="What the job said it is doing (generation, training, weight_sync, evaluation): the stall "
+        "watchdog applies that phase's limit",
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -28,7 +28,7 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
-from apps.runs.health import run_health
+from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
 from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
@@ -81,9 +81,16 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         "unsorted": unsorted,
         "columns": columns,
         "column_problems": filters.column_problems(),
-        "sortable": [("name", "Name"), ("kind", "Kind"), ("status", "Status"), ("progress", "Progress")],
+        "sortable": [
+            ("name", "Name"),
+            ("kind", "Kind"),
+            ("status", "Status"),
+            ("health", "Health"),
+            ("progress", "Progress"),
+        ],
         "column_suggestions": COLUMN_SUGGESTIONS,
         "statuses": RunStatus.values,
+        "health_statuses": HEALTH_STATUSES,
         "kinds": [handler.kind for handler in kinds.handlers()],
         "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
     }

@@ -8,7 +8,7 @@ from typing import Any
 from django.conf import settings
 from django.core.paginator import Page, Paginator
 from django.db import connection
-from django.db.models import Q, QuerySet
+from django.db.models import Case, Q, QuerySet, Value, When
 from django.db.models.fields.json import KeyTextTransform, KeyTransform
 
 from apps.accounts.models import Capability, User
@@ -103,6 +103,7 @@ class RunListFilters:
 
     status: str = ""
     kind: str = ""
+    health: str = ""
     tag: str = ""
     owner: str = ""
     q: str = ""
@@ -135,13 +136,21 @@ class RunListFilters:
 
 COLUMN_PATH = re.compile(r"[A-Za-z_][\w@-]{0,60}(\.[A-Za-z_][\w@-]{0,60}){0,3}")
 """A key path: up to 4 keys of letters, digits, `_`, `@` and `-` (pass@1). Keys reach SQL as parameters."""
-RUN_SORTS = {
+HEALTH_RANK = Case(
+    When(health="bad", then=Value(0)),
+    When(health="warn", then=Value(1)),
+    When(health="ok", then=Value(2)),
+    default=Value(3),
+)
+"""The list's health sort: worst first, unknown last."""
+RUN_SORTS: dict[str, tuple[Any, ...]] = {
     "": ("-created_at", "-id"),
     "created": ("created_at", "id"),
     "name": ("name", "id"),
     "-name": ("-name", "-id"),
     "status": ("status", "-id"),
     "kind": ("kind", "-id"),
+    "health": (HEALTH_RANK.asc(), "-id"),
     "progress": ("-progress_done", "-id"),
 }
 """The list's sort keys (`?sort=`), besides `config.<key>` and `summary.<key>` (`-` in front: descending)."""
@@ -180,6 +189,8 @@ def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PE
         runs = runs.filter(status=filters.status)
     if filters.kind:
         runs = runs.filter(kind=filters.kind)
+    if filters.health:
+        runs = runs.filter(health=filters.health)
     if filters.tag:
         runs = runs.filter(tags__contains=[filters.tag])  # jsonb @> ['tag'], served by the GIN index on tags
     if filters.owner:

@@ -37,9 +37,17 @@ REPORT_MAX_CHARS = 200_000
 
 
 def stall_limit(run: Run) -> float:
-    """Seconds of silence this run may have (its spec's `config.stall_after_seconds`, else the setting)."""
+    """Seconds of silence this run may have: its spec's `config.stall_limits.<phase>` for the phase its job said it
+    is in, else `config.stall_after_seconds`, else the setting."""
     config = (run.spec or {}).get("config") or {}
-    value = config.get("stall_after_seconds") if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return float(settings.STALL_SECONDS)
+    limits = config.get("stall_limits")
+    if run.phase and isinstance(limits, dict):
+        by_phase = limits.get(run.phase)
+        if isinstance(by_phase, int | float) and by_phase > 0:
+            return float(by_phase)
+    value = config.get("stall_after_seconds")
     return float(value) if isinstance(value, int | float) and value > 0 else float(settings.STALL_SECONDS)
 
 
@@ -48,7 +56,7 @@ def silent_runs(now: datetime | None = None) -> list[int]:
     now = now or timezone.now()
     found = []
     candidates = Run.objects.filter(status=RunStatus.RUNNING, stalled_at__isnull=True).only(
-        "pk", "spec", "last_event_at", "started_at", "created_at"
+        "pk", "spec", "phase", "last_event_at", "started_at", "created_at"
     )
     for run in candidates:
         since = run.last_event_at or run.started_at or run.created_at

@@ -10,7 +10,7 @@ from datetime import timedelta
 from celery import Task, shared_task
 from django.utils import timezone
 
-from apps.runs import ray_jobs, services, stall
+from apps.runs import health, ray_jobs, services, stall
 from apps.runs.kinds import LifecyclePoint
 from apps.runs.models import Run, RunStatus
 
@@ -82,7 +82,15 @@ def reconcile_runs() -> int:
     services.run_admit_queued()
     for run_id in stall.silent_runs():  # the stall watchdog: dumps are taken in their own task
         mark_stalled.delay(run_id)
+    for run_id in health.claim_runs_needing_health():  # the list's health column
+        refresh_health.delay(run_id)
     return len(live)
+
+
+@shared_task(acks_late=True, soft_time_limit=120)
+def refresh_health(run_id: int) -> str:
+    """Recompute a run's health panel and store its summary on the run (apps/runs/health.py)."""
+    return health.health_refresh(run_id=run_id)
 
 
 @shared_task(acks_late=True, soft_time_limit=300)

@@ -99,11 +99,15 @@ def train_config_check(
         raise ValidationError(pydantic_problems(exc, "config"))
     problems: dict[str, list[str]] = {}
     shortest = 2 * settings.RECONCILE_SECONDS  # the watchdog looks once per reconcile: a shorter limit cannot hold
-    if parsed.stall_after_seconds < shortest:
-        problems["config.stall_after_seconds"] = [
-            f"{parsed.stall_after_seconds} s is shorter than the watchdog can tell (it checks every "
-            f"{settings.RECONCILE_SECONDS} s, CRUCIBLE_RECONCILE_SECONDS): use at least {shortest}"
-        ]
+    limits = {"stall_after_seconds": parsed.stall_after_seconds} | {
+        f"stall_limits.{phase}": value for phase, value in parsed.stall_limits.model_dump().items() if value
+    }
+    for field, value in limits.items():
+        if value < shortest:
+            problems[f"config.{field}"] = [
+                f"{value} s is shorter than the watchdog can tell (it checks every "
+                f"{settings.RECONCILE_SECONDS} s, CRUCIBLE_RECONCILE_SECONDS): use at least {shortest}"
+            ]
     settings_ok = True
     try:
         settings_for(parsed)  # the algorithm's defaults merged with the overrides: a combination that cannot work

@@ -109,7 +109,7 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             env_cls.validate_task_row(row, index=index)
         what = config.checkpoint_uri or config.base_model
         reporter.log(f"evaluating {what} on {len(rows)} tasks x {config.k} attempts ({config.environment})")
-        reporter.progress(0, len(rows))
+        reporter.progress(0, len(rows), phase="evaluation")
         worker = RolloutWorker(
             load_policy(config, opts),
             environment=config.environment,
@@ -149,7 +149,7 @@ def run(spec: EvalSpec) -> dict[str, Any]:
                 scores.append(fields["score"])
                 outcomes.update(fields["outcomes"])
             done = min(at + config.tasks_per_batch, len(rows))
-            reporter.progress(done, len(rows))
+            reporter.progress(done, len(rows), phase="evaluation")
             running = pass_at_ks(counts, 1)
             values = {"eval/pass@1": running["pass@1"], "eval/mean_score": sum(scores) / len(scores)}
             values.update(flag_metrics(findings_per_attempt, spec.detectors))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import threading
 import time
 from typing import Any
 
@@ -48,6 +49,7 @@ from workers.rl.config import TrainConfig, settings_for
 from workers.rl.placement import ResourcePlan, describe, plan_resources, ray_options
 from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import Curriculum, FilledBatch, HardUpsampler, dynamic_sampling_batch
+from workers.rl.staleness import bound_staleness
 from workers.search.metrics import mean_metrics
 
 log = logging.getLogger("crucible.train")
@@ -129,6 +131,11 @@ class _RolloutActor:
             detectors=config.detectors,
         )
         self.receiver = WeightSyncReceiver()
+        # Partial rollouts: a threaded actor (max_concurrency 2) whose `apply` may run beside `rollout`.
+        self.partial = config.partial_rollout
+        self._lock = threading.Lock()
+        self._rolling = False
+        self._pending: list[tuple[bytes, int]] = []
 
     def ready(self) -> bool:
         return True
@@ -153,14 +160,44 @@ class _RolloutActor:
         f_beta: float | None = None,
         step: int | None = None,
     ) -> RolloutResult:
-        return self.worker.rollout(
-            rows, group_size=group_size, seed=seed, id_prefix=id_prefix, f_beta=f_beta, step=step
-        )
+        with self._lock:
+            self._rolling = True
+        try:
+            return self.worker.rollout(
+                rows,
+                group_size=group_size,
+                seed=seed,
+                id_prefix=id_prefix,
+                f_beta=f_beta,
+                step=step,
+                between_turns=self._take_pending if self.partial else None,
+            )
+        finally:
+            with self._lock:
+                self._rolling = False
+            self._take_pending()  # weights that came during the last turn
 
     def apply(self, blob: bytes, version: int) -> int:
+        """Load new weights. With partial rollouts (a threaded actor) weights that arrive while a rollout runs are
+        queued, in order (a delta is decoded against the previous version), and the rollout takes them before its
+        next turn; this call then returns at once. Otherwise Ray runs it after the running rollout."""
+        with self._lock:
+            if self._rolling:
+                self._pending.append((blob, version))
+                return version
+            self._load(blob, version)
+        return version
+
+    def _take_pending(self) -> float:
+        started = time.perf_counter()
+        with self._lock:
+            while self._pending:
+                self._load(*self._pending.pop(0))
+        return time.perf_counter() - started
+
+    def _load(self, blob: bytes, version: int) -> None:
         state = self.receiver.receive(blob)
         self.worker.backend.load_state_dict(state, version)
-        return version
 
 
 class _LearnerActor:
@@ -353,6 +390,8 @@ def _engines(model_path: str, spec: TrainSpec, plan: ResourcePlan, group: Placem
     engines = []
     for index in range(plan.engines):
         options = ray_options(plan.engine_claim(index))
+        if spec.config.partial_rollout:
+            options["max_concurrency"] = 2  # `apply` queues weights while `rollout` runs (_RolloutActor.apply)
         if plan.placement == "colocated":
             options["scheduling_strategy"] = _in_bundle(group, plan.bundle_of_engine(index))
         engines.append(
@@ -522,19 +561,22 @@ def run(spec: TrainSpec) -> dict[str, Any]:
         last_metrics: dict[str, float] = {}
         flag_counts: dict[str, int] = {}
         step = start_step
+        step_started = time.perf_counter()
         for step in range(start_step, config.steps):
+            # Each phase is reported as it starts: the stall watchdog applies its limit (config.stall_limits).
+            reporter.progress(step, config.steps, phase="generation")
             wait_started = time.perf_counter()
             results: list[RolloutResult] = ray.get(pending)
             wait_seconds = time.perf_counter() - wait_started
             samples = [s for r in results for s in r.samples]
-            staleness = max(version - r.policy_version for r in results)
-            if staleness > config.max_staleness:
-                # Too old to train on (can only happen if an update overtook a queued rollout): regenerate.
-                reporter.log(f"step {step}: samples {staleness} versions old > max_staleness; regenerating")
+            newest_lag = max(version - r.newest_version for r in results)
+            if newest_lag > config.max_staleness:
+                # Even the newest tokens are too old to train on (only if an update overtook a queued rollout):
+                # regenerate. Older tokens of partial rollouts leave the loss one by one (bound_staleness below).
+                reporter.log(f"step {step}: samples {newest_lag} versions old > max_staleness; regenerating")
                 pending = launch(step)
                 results = ray.get(pending)
                 samples = [s for r in results for s in r.samples]
-                staleness = max(version - r.policy_version for r in results)
             batch, filled = samples, None
             generation_seconds = max(r.generation_seconds for r in results)
             if settings.dynamic_sampling:
@@ -552,6 +594,9 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             toggle_metrics: dict[str, float] = {}
             if config.toggle is not None:
                 batch, toggle_metrics = _toggled(batch, config, step, budgets)
+            version_metrics = bound_staleness(batch, version, config.max_staleness)
+            staleness = version_metrics["versions/max_lag"]
+            reporter.progress(step, config.steps, phase="training")
             slept = time.perf_counter()
             released = sum(ray.get([r.sleep.remote() for r in rollouts])) if sleeps else 0
             metrics = learner.train_step(batch)
@@ -566,20 +611,28 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 metrics["trained_reward_mean"] = metrics["reward_mean"]
                 metrics["reward_mean"] = sum(s.reward for s in samples) / max(len(samples), 1)
                 metrics.update(filled.metrics())
+            reporter.progress(step, config.steps, phase="weight_sync")
+            sync_started = time.perf_counter()
             new_blob, sync, new_version = learner.weight_update()
+            sync_seconds = time.perf_counter() - sync_started
             if sleeps:  # the engines take the device back, then the new weights
                 ray.get([r.wake.remote() for r in rollouts])
                 metrics["placement/engine_sleep_seconds"] = time.perf_counter() - slept
                 metrics["placement/released_gb"] = released / 1024**3
             if new_blob is not None:
                 # One object in the store for every engine (Ray fetches it to a node once for all its workers).
+                # Without partial rollouts an engine busy generating takes the weights after its rollout, and this
+                # waits for it; with them the weights are queued and taken between turns.
+                pushed = time.perf_counter()
                 ref = ray.put(new_blob)
                 ray.get([r.apply.remote(ref, new_version) for r in rollouts])
+                sync_seconds += time.perf_counter() - pushed
                 version = new_version
             if config.mode == "sync" and step + 1 < config.steps:
                 pending = launch(step + 1)
             sampled = sum(r.sampled_tokens for r in results)
             metrics.update(sync)
+            metrics.update(version_metrics)
             metrics.update(sampling_metrics)
             metrics.update({f"env/{k}": v for k, v in mean_metrics(s.episode_metrics for s in samples).items()})
             metrics.update(flag_metrics([s.findings for s in samples], config.detectors))
@@ -592,11 +645,17 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                     "staleness": float(staleness),
                     "generation_seconds": generation_seconds,
                     "rollout_wait_seconds": wait_seconds,
+                    # Learner to engines: the update's encode, the object store and every engine's load (or its
+                    # queueing, with partial rollouts, whose loads count in engine_weight_apply_seconds).
+                    "weight_sync_seconds": sync_seconds,
+                    "engine_weight_apply_seconds": max(r.weight_apply_seconds for r in results),
+                    "step_seconds": time.perf_counter() - step_started,  # wall time since the last step's end
                     "tokens_per_second": sampled / max(generation_seconds + metrics["train_seconds"], 1e-9),
                     "policy_version": float(version),
                 }
             )
             reporter.metric(step + 1, metrics)
+            step_started = time.perf_counter()
             hist = histogram([s.reward for s in samples])  # the run page's reward distribution, latest step
             reporter.histogram("reward", hist["edges"], hist["counts"])
             keep = samples[: config.trajectory_samples_per_step]

@@ -323,6 +323,18 @@ class MismatchConfig(_Strict):
         return value
 
 
+class StallLimits(_Strict):
+    """Per-phase limits of the stall watchdog (seconds without an event while the job says it is in that phase);
+    an empty one is `stall_after_seconds`. The trainer reports each phase as it enters it."""
+
+    generation: int | None = Field(default=None, ge=1, le=7 * 24 * 3600, description="Waiting for rollouts")
+    training: int | None = Field(default=None, ge=1, le=7 * 24 * 3600, description="The learner's update")
+    weight_sync: int | None = Field(
+        default=600, ge=1, le=7 * 24 * 3600, description="Learner to engines: encode, transfer, load"
+    )
+    evaluation: int | None = Field(default=None, ge=1, le=7 * 24 * 3600, description="An eval job's episodes")
+
+
 class TrainConfig(_Strict):
     base_model: str = Field(
         default="smollm2-135m-instruct",
@@ -384,6 +396,12 @@ class TrainConfig(_Strict):
     )
     max_staleness: int = Field(
         default=1, ge=0, le=64, description="Async: oldest policy version a sample may come from"
+    )
+    partial_rollout: bool = Field(
+        default=False,
+        description="Async: engines take new weights between the turns of running episodes (AReaL's interruptible "
+        "generation, verl's partial rollout); each token keeps the version that sampled it, the loss its recorded "
+        "log-probs, and tokens over max_staleness leave the loss. Off: new weights wait for the running rollout",
     )
     weight_sync: Literal["full", "delta"] = Field(
         "delta", description="Delta: XOR of bit patterns + zstd, rebuilt bit-for-bit (Composer 2 C5)"
@@ -452,6 +470,17 @@ class TrainConfig(_Strict):
         le=7 * 24 * 3600,
         description="The stall watchdog marks the run stalled (with stack dumps of its processes) when its job sends "
         "no event for this long: longer than the slowest step, checkpoint or eval it can take",
+    )
+    stall_limits: StallLimits = Field(
+        default_factory=StallLimits,
+        description="Per-phase stall limits (generation, training, weight_sync, evaluation); empty: "
+        "stall_after_seconds. A weight sync rarely takes minutes: its limit is 600 s",
+    )
+    weight_sync_budget_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A step whose weight sync (learner to every engine) takes longer is a finding on the health panel",
     )
     compute: ComputeRequest = Field(default_factory=ComputeRequest)
     learner: LearnerConfig = Field(
@@ -539,6 +568,11 @@ class TrainConfig(_Strict):
         if self.mode == "async" and self.max_staleness < 1:
             raise ValueError(
                 "mode 'async' trains on samples one policy version old: set max_staleness >= 1, or use 'sync'"
+            )
+        if self.partial_rollout and self.mode != "async":
+            raise ValueError(
+                "partial_rollout lets weights change between the turns of a rollout that runs while the learner "
+                "trains: it needs mode 'async' (or set partial_rollout false)"
             )
         if self.curriculum.by != "off" and self.upsample_hard.enabled:
             raise ValueError(

@@ -13,7 +13,7 @@ trains on their completion tokens as one sequence, so the loss is the same as fo
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +54,10 @@ class Sample:
     # Token provenance: True when the ids the learner would train on (the loss-masked ones) are not exactly the
     # ids the engine returned, turn after turn (text re-encoded somewhere). The learner counts and skips these.
     provenance_mismatch: bool = False
+    # The policy version that produced each token, aligned with `loss_mask` (only the sampled ones mean anything):
+    # with partial rollouts an engine takes new weights between turns, so one episode's tokens can come from
+    # several versions. Empty: every token is `policy_version`'s. `policy_version` is the oldest sampled token's.
+    token_versions: list[int] = field(default_factory=list, repr=False)
 
     @property
     def sampled_tokens(self) -> int:
@@ -71,10 +75,20 @@ class Sample:
 
 @dataclass
 class RolloutResult:
+    """`policy_version` is the version the rollout started with (its oldest tokens'), `newest_version` the one its
+    last turn sampled with (the same unless weights arrived between turns); `weight_apply_seconds` the time spent
+    loading such weights inside the rollout (included in `generation_seconds`)."""
+
     samples: list[Sample]
     generation_seconds: float
     sampled_tokens: int
     policy_version: int
+    newest_version: int = -1
+    weight_apply_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.newest_version < 0:
+            self.newest_version = self.policy_version
 
 
 @dataclass
@@ -88,6 +102,7 @@ class _Episode:
     finish_reason: str = "stop"
     prior_segments: list[tuple[list[int], int]] = field(default_factory=list)
     sampled_ids: list[int] = field(default_factory=list)  # what the engine returned, every turn, in order
+    token_versions: list[int] = field(default_factory=list)  # aligned with loss_mask
 
 
 def trained_ids(
@@ -147,13 +162,17 @@ class RolloutWorker:
         id_prefix: str = "",
         f_beta: float | None = None,
         step: int | None = None,
+        between_turns: Callable[[], float] | None = None,
     ) -> RolloutResult:
         """`group_size` episodes per task row, all turns batched across every live episode. Trajectory ids are
         `<id_prefix><task id>-<index>`: give each call a distinct prefix (the trainer uses step and worker).
         `f_beta`, when given, replaces the beta of the reward's f_beta terms (the X3 schedule); `step`, the training
-        step (0-based), scales the weights of annealed terms (PARL's λ1, λ2)."""
+        step (0-based), scales the weights of annealed terms (PARL's λ1, λ2). `between_turns`, when given, is
+        called before every turn's generation and may load new weights into the backend (partial rollouts); it
+        returns the seconds it spent. Each sampled token records the backend's `policy_version` at its turn."""
         reward = self.reward if f_beta is None else with_f_beta(self.reward, f_beta)
         started = time.perf_counter()
+        applied = 0.0
         version = self.backend.policy_version
         tokenizer = self.backend.tokenizer
         episodes: list[_Episode] = []
@@ -169,6 +188,9 @@ class RolloutWorker:
         live = list(episodes)
         turn = 0
         while live:
+            if between_turns is not None:
+                applied += between_turns()
+            now = self.backend.policy_version
             params = SamplingParams(
                 temperature=self.temperature,
                 top_p=self.top_p,
@@ -182,6 +204,7 @@ class RolloutWorker:
                 episode.sampled_ids += generation.token_ids
                 episode.loss_mask += [1] * len(generation.token_ids)
                 episode.old_logprobs += generation.logprobs
+                episode.token_versions += [now] * len(generation.token_ids)
                 episode.finish_reason = generation.finish_reason
                 result = episode.env.step(generation.text)
                 if result.done:
@@ -206,6 +229,7 @@ class RolloutWorker:
                 episode.token_ids += more
                 episode.loss_mask += [0] * len(more)
                 episode.old_logprobs += [0.0] * len(more)
+                episode.token_versions += [now] * len(more)
                 still.append(episode)
             live = still
             turn += 1
@@ -217,6 +241,8 @@ class RolloutWorker:
             generation_seconds=time.perf_counter() - started,
             sampled_tokens=sum(s.sampled_tokens for s in samples),
             policy_version=version,
+            newest_version=self.backend.policy_version,
+            weight_apply_seconds=applied,
         )
 
     def _count_tokens(self, text: str) -> int:
@@ -237,6 +263,7 @@ class RolloutWorker:
         if judged:
             record["judgements"] = judged  # the evidence, and what the trajectory page re-scores with
         counts = record.get("counts", {})
+        sampled_versions = [v for v, m in zip(episode.token_versions, episode.loss_mask, strict=True) if m]
         return Sample(
             task_id=str(episode.env.task.id),
             group=episode.group,
@@ -246,7 +273,8 @@ class RolloutWorker:
             old_logprobs=episode.old_logprobs,
             reward=float(result.reward),
             terms={k: float(v) for k, v in result.terms.items()},
-            policy_version=version,
+            policy_version=min(sampled_versions, default=version),
+            token_versions=episode.token_versions,
             num_turns=int(counts.get("turns", 0)),
             malformed_tool_calls=int(counts.get("malformed_tool_calls", 0)),
             finish_reason=episode.finish_reason,

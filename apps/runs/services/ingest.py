@@ -192,6 +192,9 @@ def _update_run_row(run: Run, fresh: list[Any], by_kind: dict[str, list[Any]], n
     if progress is not None and progress.seq > run.progress_seq:
         run.progress_done, run.progress_total, run.progress_seq = progress.done, progress.total, progress.seq
         fields += ["progress_done", "progress_total", "progress_seq"]
+        if progress.phase and progress.phase != run.phase:
+            run.phase = progress.phase
+            fields.append("phase")
     log_events = by_kind["log"]
     if log_events:
         if log_events[0].seq > run.log_seq:

@@ -96,6 +96,8 @@ def test_each_broken_signal_is_named_with_its_status(run):
         "entropy": "bad",
         "flags": "bad",
         "quiet": "ok",  # running (its first batch started it) and reporting
+        "stall": "ok",
+        "weight_sync": "unknown",  # not reported
     }, statuses
     assert "Train-inference mismatch" in health["problems"] and "Empty completions" in health["problems"]
     assert health["trend"]["verdict"] == "flat"
@@ -135,3 +137,52 @@ def test_the_api_and_the_run_page_show_the_panel_to_those_who_may_read_the_run(r
     browser.force_login(users["viewer"])
     page = browser.get(f"/runs/{run.pk}/").content.decode()
     assert 'id="run-health"' in page and "Train-inference mismatch" in page and "reward improving" in page
+
+
+def test_a_weight_sync_over_its_budget_and_a_stall_are_findings(run):
+    from django.utils import timezone
+
+    _train_run(run, {"reward_mean": [0.1, 0.2, 0.3], "weight_sync_seconds": [0.4, 12.0, 0.5]})
+    signals = _signals(run_health(run))
+    assert signals["weight_sync"]["status"] == "ok" and "max 12 s (step 2)" in signals["weight_sync"]["shown"]
+    run.spec["config"]["weight_sync_budget_seconds"] = 5
+    Run.objects.filter(pk=run.pk).update(
+        spec=run.spec, status=RunStatus.RUNNING, stalled_at=timezone.now(), phase="weight_sync"
+    )
+    run.refresh_from_db()
+    health = run_health(run)
+    signals = _signals(health)
+    assert signals["weight_sync"]["status"] == "bad" and "1 steps over budget" in signals["weight_sync"]["shown"]
+    assert signals["weight_sync"]["threshold"] == "bad > 5 s"
+    assert signals["stall"]["status"] == "bad" and "in weight_sync" in signals["stall"]["shown"]
+    assert "Weight sync" in health["problems"] and "Stall watchdog" in health["problems"]
+
+
+def test_the_run_list_shows_each_runs_health_refreshed_by_beat_and_filters_on_it(run, users, client_for):
+    from apps.runs.health import claim_runs_needing_health, health_refresh
+    from apps.runs.tasks import reconcile_runs
+
+    assert run.health == "unknown"
+    _train_run(run, {"reward_mean": [0.1, 0.2, 0.3], "mismatch/kl_k3": [0.05] * 3})
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, finished_at=run.last_event_at)
+    ids = claim_runs_needing_health()
+    assert ids == [run.pk] and claim_runs_needing_health() == []  # claimed: not queued twice
+    assert health_refresh(run_id=run.pk) == "bad"
+    run.refresh_from_db()
+    assert run.health == "bad" and run.health_problems == ["Train-inference mismatch"]
+    assert claim_runs_needing_health() == []  # up to date until it changes
+    reconcile_runs()  # beat's path (the refresh task runs eagerly in tests): nothing due, nothing changes
+
+    api = client_for("viewer")
+    assert [r["id"] for r in api.get("/api/v1/runs/?health=bad").json()["results"]] == [run.pk]
+    assert api.get("/api/v1/runs/?health=ok").json()["results"] == []
+    refused = api.get("/api/v1/runs/?health=great")
+    assert refused.status_code == 400 and "health" in refused.json()["fields"], refused.content
+    assert api.get(f"/api/v1/runs/{run.pk}/").json()["health_problems"] == ["Train-inference mismatch"]
+    browser = Client()
+    browser.force_login(users["viewer"])
+    page = browser.get("/?health=bad").content.decode()
+    assert "badge health-bad" in page and 'title="Train-inference mismatch"' in page
+    assert f'href="/runs/{run.pk}/"' in page
+    assert f'href="/runs/{run.pk}/"' not in browser.get("/?health=ok").content.decode()
+    assert browser.get("/?sort=health").status_code == 200

@@ -88,3 +88,23 @@ def test_the_dump_of_a_hanging_local_process_names_the_function_it_hangs_in():
         proc.wait()
     gone = stall.stack_dump(ray_jobs.JobProcess("driver", proc.pid, "", "127.0.0.1"), address="http://127.0.0.1:1")
     assert gone.startswith("no dump:") and f"no process {proc.pid}" in gone
+
+
+def test_the_limit_is_the_phase_the_job_said_it_is_in(run, settings):
+    from apps.runs import services
+    from workers.events import EventBatch
+
+    _running(run, silent_for=90, limit=600)
+    spec = {**run.spec, "config": {"stall_after_seconds": 600, "stall_limits": {"weight_sync": 60}}}
+    Run.objects.filter(pk=run.pk).update(spec=spec)
+    assert stall.silent_runs() == []  # no phase yet: 600 s
+    events = EventBatch.model_validate(
+        {"events": [{"seq": 1, "kind": "progress", "done": 1, "total": 4, "phase": "weight_sync"}]}
+    ).events
+    services.ingest_batch(run_id=run.pk, events=events, publish=False)
+    run.refresh_from_db()
+    assert run.phase == "weight_sync" and stall.stall_limit(run) == 60
+    Run.objects.filter(pk=run.pk).update(last_event_at=timezone.now() - timedelta(seconds=90))
+    assert stall.silent_runs() == [run.pk]  # 90 s into a weight sync allowed 60
+    with pytest.raises(Exception, match="phase"):
+        EventBatch.model_validate({"events": [{"seq": 2, "kind": "progress", "done": 1, "total": 4, "phase": "nap"}]})

@@ -76,6 +76,10 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
         ({**TINY, "algorithm": "gspo", "mismatch": {"correction": "mis"}}, "config", "seq_tis or seq_mis"),
         ({**TINY, "stall_after_seconds": 5}, "config.stall_after_seconds", "use at least 10"),
         ({**TINY, "stall_after_seconds": 0}, "config.stall_after_seconds", "greater than or equal to 1"),
+        ({**TINY, "stall_limits": {"training": 3}}, "config.stall_limits.training", "use at least 10"),
+        ({**TINY, "stall_limits": {"sleep": 60}}, "config.stall_limits.sleep", "Extra inputs"),
+        ({**TINY, "weight_sync_budget_seconds": 0}, "config.weight_sync_budget_seconds", "greater than 0"),
+        ({**TINY, "partial_rollout": True}, "config", "needs mode 'async'"),
     ],
 )
 def test_a_bad_config_is_a_400_naming_the_field(launch, config, field, words):
