@@ -177,16 +177,18 @@ class _RolloutActor:
                 self._rolling = False
             self._take_pending()  # weights that came during the last turn
 
-    def apply(self, blob: bytes, version: int) -> int:
-        """Load new weights. With partial rollouts (a threaded actor) weights that arrive while a rollout runs are
-        queued, in order (a delta is decoded against the previous version), and the rollout takes them before its
-        next turn; this call then returns at once. Otherwise Ray runs it after the running rollout."""
+    def apply(self, blob: bytes, version: int) -> float:
+        """Load new weights; returns the seconds the load took. With partial rollouts (a threaded actor) weights
+        that arrive while a rollout runs are queued, in order (a delta is decoded against the previous version),
+        and the rollout takes them before its next turn; this call then returns 0 at once. Otherwise Ray runs it
+        after the running rollout."""
+        started = time.perf_counter()
         with self._lock:
             if self._rolling:
                 self._pending.append((blob, version))
-                return version
+                return 0.0
             self._load(blob, version)
-        return version
+        return time.perf_counter() - started
 
     def _take_pending(self) -> float:
         started = time.perf_counter()
@@ -625,8 +627,9 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                 # waits for it; with them the weights are queued and taken between turns.
                 pushed = time.perf_counter()
                 ref = ray.put(new_blob)
-                ray.get([r.apply.remote(ref, new_version) for r in rollouts])
                 sync_seconds += time.perf_counter() - pushed
+                # The engines' own load time, not the wait for a rollout still running ahead of it.
+                sync_seconds += max(ray.get([r.apply.remote(ref, new_version) for r in rollouts]))
                 version = new_version
             if config.mode == "sync" and step + 1 < config.steps:
                 pending = launch(step + 1)
@@ -645,12 +648,13 @@ def run(spec: TrainSpec) -> dict[str, Any]:
                     "staleness": float(staleness),
                     "generation_seconds": generation_seconds,
                     "rollout_wait_seconds": wait_seconds,
-                    # Learner to engines: the update's encode, the object store and every engine's load (or its
-                    # queueing, with partial rollouts, whose loads count in engine_weight_apply_seconds).
+                    # Learner to engines: the update's encode, the object store and the slowest engine's load
+                    # (with partial rollouts the loads happen between turns: engine_weight_apply_seconds).
                     "weight_sync_seconds": sync_seconds,
                     "engine_weight_apply_seconds": max(r.weight_apply_seconds for r in results),
                     "step_seconds": time.perf_counter() - step_started,  # wall time since the last step's end
                     "tokens_per_second": sampled / max(generation_seconds + metrics["train_seconds"], 1e-9),
+                    "sampled_tokens": float(sampled),
                     "policy_version": float(version),
                 }
             )

@@ -129,7 +129,7 @@ def test_an_engine_with_partial_rollouts_queues_weights_sent_mid_rollout_and_tak
     actor._lock, actor._rolling, actor._pending = threading.Lock(), False, []
     sender = WeightSyncSender(threads=0)
     weights = {"w": torch.zeros(4, 4)}
-    actor.apply(sender.push(weights, version=1).blob, 1)  # idle: loaded at once
+    assert actor.apply(sender.push(weights, version=1).blob, 1) > 0.0  # idle: loaded at once, the load timed
     assert backend.version == 1 and len(backend.loaded) == 1
 
     backend.hold = threading.Event()
@@ -140,7 +140,7 @@ def test_an_engine_with_partial_rollouts_queues_weights_sent_mid_rollout_and_tak
     rolling.start()
     assert backend.generating.wait(30)
     weights["w"] += 1.0
-    assert actor.apply(sender.push(weights, version=2).blob, 2) == 2  # returns while the first turn still runs
+    assert actor.apply(sender.push(weights, version=2).blob, 2) == 0.0  # returns while the first turn still runs
     assert backend.version == 1 and len(actor._pending) == 1
     backend.hold.set()
     rolling.join(30)
