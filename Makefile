@@ -41,7 +41,7 @@ browser-deps: $(BROWSER_STAMP)
 ## against the PostgreSQL and Redis at DATABASE_URL/REDIS_URL when they answer, throwaway embedded ones otherwise.
 WITH_SERVICES := $(PY) -m controlplane.devstack with-services --
 test: $(STAMP) lint browser-deps
-	$(WITH_SERVICES) $(PY) -m pytest -m "not slow and not gpu"
+	$(WITH_SERVICES) $(PY) -m pytest -m "not slow and not gpu" --durations=30
 
 test-slow: $(STAMP)
 	$(WITH_SERVICES) $(PY) -m pytest -m "slow" || [ $$? -eq 5 ]  # exit 5: no slow tests yet

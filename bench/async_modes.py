@@ -1,7 +1,7 @@
 """Sync vs async vs async with weights updated mid-rollout (partial rollouts): the real trainer (workers.jobs.train)
 on a local Ray, the same tasks, model, seed and steps, the modes in alternating rounds (issue 23 part 2).
 
-    .venv/bin/python bench/async_modes.py               # SmolLM2-135M, 3 rounds of each mode (~15 minutes)
+    .venv/bin/python bench/async_modes.py               # SmolLM2-135M, 2 rounds of each mode (~25 minutes)
     .venv/bin/python bench/async_modes.py --quick       # the tiny test model, 1 round: checks the script runs
 
 Each run is a fresh subprocess calling `workers.jobs.train.run` with its real reporter, which posts its events to a
@@ -94,8 +94,8 @@ def main() -> None:
     from workers.envs.registry import arithmetic_tasks
 
     model = "tiny-llama-smollm2-tokenizer" if args.quick else "smollm2-135m-instruct"
-    rounds = args.rounds or (1 if args.quick else 3)
-    steps = args.steps or (3 if args.quick else 6)
+    rounds = args.rounds or (1 if args.quick else 2)
+    steps = args.steps or (3 if args.quick else 4)
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     work = Path(tempfile.mkdtemp(prefix="crucible-async-bench-"))
@@ -114,12 +114,12 @@ def main() -> None:
                 "environment": "calculator",
                 "env_params": {"max_turns": 2},
                 "steps": steps,
-                "prompts_per_step": 4,
+                "prompts_per_step": 2,
                 "group_size": 4,
                 "learning_rate": 1e-5,
                 "checkpoint_every": 1000,
                 "trajectory_samples_per_step": 0,
-                "sampling": {"max_new_tokens": 48},
+                "sampling": {"max_new_tokens": 32},
                 "compute": {"cpus": 2, "memory_gb": 4},
                 **MODES[name],
             }
@@ -138,19 +138,19 @@ def main() -> None:
                 [sys.executable, __file__, "--child", str(spec_path)],
                 env=env,
                 cwd=ROOT,
-                capture_output=True,
-                text=True,
+                stdout=subprocess.DEVNULL,
+                stderr=open(work / f"run-{run_id}.log", "w"),  # noqa: SIM115 (closed when the child exits)
                 timeout=1800,
             )
             if done.returncode != 0:
-                raise SystemExit(f"{name} run failed:\n{done.stderr[-4000:]}")
+                raise SystemExit(f"{name} run failed: {work / f'run-{run_id}.log'}")
             figures = _figures(_Sink.store[f"/ingest/{run_id}"])
             results[name].append(figures)
             print(f"round {round_ + 1} {name}: {json.dumps({k: round(v, 3) for k, v in figures.items()})}", flush=True)
     server.shutdown()
     after = os.getloadavg()
     lines = [
-        f"async_modes: {model}, calculator (2 turns), 4 prompts x 4, 48 new tokens, {steps} steps (first left out), "
+        f"async_modes: {model}, calculator (2 turns), 2 prompts x 4, 32 new tokens, {steps} steps (first left out), "
         f"{rounds} alternating rounds; load {load[0]:.2f} -> {after[0]:.2f}",
         f"{'mode':<26} {'tokens/s':>16} {'gen idle':>14} {'learner idle':>14} {'lag-1 share':>12} {'mixed ep.':>10}",
     ]

@@ -327,6 +327,16 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     # The step counter continues: only step 3, once.
     assert list(MetricPoint.objects.filter(run=child, name="loss").values_list("step", flat=True)) == [3]
     assert list(Checkpoint.objects.filter(run=child).values_list("step", flat=True)) == [3]
+    # Beat stores the run's health for the list once it has ended; the browser reads the real run's panel, charts
+    # and list badge (issue 23's done-when). Last: the flow
+    # sets the operator's password, which ends the session the websockets above used.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and run.health == "unknown":
+        time.sleep(1)
+        run.refresh_from_db()
+    assert run.health in ("ok", "warn", "bad"), (run.health, run.health_at, run.finished_at)
+    report = _browser_flow(stack, operator, "realrun", CRUCIBLE_RUN=str(run.pk), CRUCIBLE_HEALTH=run.health)
+    assert any(s.startswith("the token-version histogram") for s in report["steps"]), report
 
 
 def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_queued_then_runs(stack, users):

@@ -2,7 +2,8 @@
 stack dump of each of its processes (the Ray job's driver and its actors), so the page says where it hangs.
 
 Silence is measured from the run's latest ingested batch (`Run.last_event_at`), else from its start. The limit is
-the run's `config.stall_after_seconds` when it has one (training runs do), else `CRUCIBLE_STALL_SECONDS`. A run
+the run's `config.stall_limits.<phase>` for the phase its job last reported (`Run.phase`), else its
+`config.stall_after_seconds` when it has one (training runs do), else `CRUCIBLE_STALL_SECONDS`. A run
 that talks again is no longer stalled (ingest clears it). Beat checks every reconcile (`tasks.reconcile_runs`);
 the dumps are taken in their own task (`tasks.mark_stalled`).
 
@@ -75,7 +76,8 @@ def run_mark_stalled(*, run_id: int, now: datetime | None = None) -> Run:
     limit = stall_limit(run)
     if run.status != RunStatus.RUNNING or run.stalled_at is not None or silent <= limit:
         return run
-    header = f"No event for {silent:.0f} s (limit {limit:.0f} s) since {since:%Y-%m-%d %H:%M:%S} UTC."
+    during = f" in phase {run.phase}" if run.phase else ""
+    header = f"No event for {silent:.0f} s{during} (limit {limit:.0f} s) since {since:%Y-%m-%d %H:%M:%S} UTC."
     claimed = Run.objects.filter(
         pk=run_id, status=RunStatus.RUNNING, stalled_at__isnull=True, last_event_at=run.last_event_at
     ).update(stalled_at=now, stall_report=f"{header}\n\nTaking stack dumps...")

@@ -210,6 +210,34 @@ async function pages(page) {
   check(failed.length === 0, `no request failed: ${failed.join(", ")}`);
 }
 
+// A real training run (the end-to-end test's async run with partial rollouts on Ray): its page shows the health
+// panel with the weight-sync and stall rows, the train-inference mismatch charts and the token-version histogram
+// (versions/lag_<k>_share per step); the run list shows its health badge.
+async function realrun(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const run = process.env.CRUCIBLE_RUN;
+  await page.goto(`${base}/runs/${run}/`);
+  await page.waitForSelector('.small-chart[data-metric="versions/lag_1_share"] canvas', { timeout: 30000 });
+  const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
+  check(groups.includes("mismatch") && groups.includes("versions"), `mismatch and token-version groups: ${groups.join(", ")}`);
+  const lags = await page.$$eval('.chart-group[data-group="versions"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
+  check(lags.includes("versions/lag_0_share") && lags.includes("versions/lag_1_share"), `the token-version histogram: ${lags.join(", ")}`);
+  const kl = await page.evaluate(() => window.CrucibleCharts.live.get("mismatch/kl_k3").data[1].length);
+  check(kl === 3, `the mismatch KL has a point per step: ${kl}`);
+  await page.$eval("#chart-metrics", (el) => el.scrollIntoView());
+  await shot(page, "real-run-charts");
+  const rows = await page.$$eval("#run-health tr[data-signal]", (rs) => rs.map((r) => r.dataset.signal));
+  check(["mismatch", "staleness", "weight_sync", "stall", "trend"].every((k) => rows.includes(k)), `health rows: ${rows.join(", ")}`);
+  const sync = await page.textContent('#run-health tr[data-signal="weight_sync"]');
+  check(/max [\d.e-]+ s \(step \d\)/.test(sync) && /ok/.test(sync), `the weight sync is timed and under budget: ${sync.replace(/\s+/g, " ")}`);
+  await page.$eval("#run-health", (el) => el.scrollIntoView());
+  await shot(page, "real-run-health");
+  await page.goto(`${base}/?health=${process.env.CRUCIBLE_HEALTH}`);
+  await page.waitForSelector(`#runs-grid a[href="/runs/${run}/"]`, { timeout: 30000 });
+  const badge = await page.$eval(`#runs-grid tr:has(a[href="/runs/${run}/"]) .badge[class*="health-"]`, (b) => b.textContent.trim());
+  check(badge === process.env.CRUCIBLE_HEALTH, `the run list shows its health and filters on it: ${badge}`);
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -220,7 +248,7 @@ try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await ({ launch, review, charts, pages })[flow](page);
+  await ({ launch, review, charts, pages, realrun })[flow](page);
   if (problems.length) throw new Error(problems.join("\n"));
 } catch (err) {
   code = 1;
