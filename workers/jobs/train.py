@@ -163,7 +163,7 @@ class _RolloutActor:
         with self._lock:
             self._rolling = True
         try:
-            return self.worker.rollout(
+            result = self.worker.rollout(
                 rows,
                 group_size=group_size,
                 seed=seed,
@@ -172,6 +172,9 @@ class _RolloutActor:
                 step=step,
                 between_turns=self._take_pending if self.partial else None,
             )
+            for sample in result.samples:
+                sample.engine = self.index
+            return result
         finally:
             with self._lock:
                 self._rolling = False

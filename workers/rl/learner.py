@@ -26,6 +26,7 @@ from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
 from workers.rl.packing import completion_logprobs
+from workers.rl.placement import plan_resources
 from workers.rl.rollout import Sample
 from workers.rl.weightsync import WeightSyncSender
 
@@ -142,6 +143,7 @@ class Learner:
             torch.set_num_threads(threads)
         torch.manual_seed(config.seed)
         self.config = config
+        self.num_engines = plan_resources(config).engines  # the mismatch is also measured per engine
         self.settings = settings_for(config)  # the algorithm's defaults merged with the run's overrides
         self.loss_config = self.settings.loss
         model: Any = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=torch.float32, local_files_only=True)
@@ -396,7 +398,10 @@ class Learner:
                             (mask > 0).sum()
                         )
                 elif measure and real:
-                    gap = mismatch.add_sums(gap, mismatch.mismatch_sums(logp.detach(), old, mask, mm.cap))
+                    engines = [s.engine for s in batch]
+                    gap = mismatch.add_sums(
+                        gap, mismatch.sums_by_engine(logp.detach(), old, mask, engines, self.num_engines, mm.cap)
+                    )
                 ref = (
                     self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
                 )
@@ -437,10 +442,10 @@ class Learner:
             ratio_max = distributed.all_reduce_max(ratio_max)
             corrected = distributed.all_reduce_sum([corrected])[0]
             if measure:  # every rank measured its share: add them up (the largest gap is the max)
-                keys = ("tokens", "abs_delta_sum", "k3_sum", "outside")
+                keys, maxima = mismatch.sum_keys(self.num_engines)
                 summed = distributed.all_reduce_sum([gap.get(k, 0.0) for k in keys])
-                biggest = distributed.all_reduce_max(gap.get("abs_delta_max", 0.0))
-                gap = {**dict(zip(keys, summed, strict=True)), "abs_delta_max": biggest}
+                biggest = {k: distributed.all_reduce_max(gap.get(k, 0.0)) for k in maxima}
+                gap = {**dict(zip(keys, summed, strict=True)), **biggest}
         grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -478,7 +483,10 @@ class Learner:
             logp = _per_sample(list(logps), owners, len(batch)).float()
             engine = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
             mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
-            gap = mismatch.add_sums(gap, mismatch.mismatch_sums(logp, engine, mask, mm.cap))
+            owners_engine = [s.engine for s in batch]
+            gap = mismatch.add_sums(
+                gap, mismatch.sums_by_engine(logp, engine, mask, owners_engine, self.num_engines, mm.cap)
+            )
             for row, i in enumerate(indices):
                 out[i] = logp[row, : len(samples[i].old_logprobs)].cpu().tolist()
         self.model.train()

@@ -64,26 +64,67 @@ def mismatch_sums(
     }
 
 
+def sums_by_engine(
+    learner_logp: Tensor, engine_logp: Tensor, mask: Tensor, engines: list[int], num_engines: int, cap: float
+) -> dict[str, float]:
+    """`mismatch_sums` of the whole micro-batch, and with more than one engine the same sums of each engine's rows
+    under `engine<e>/<key>` (row i was sampled by engine `engines[i]`), every engine's keys present (zeros when it
+    has no row here) so ranks can reduce them in one order."""
+    sums = mismatch_sums(learner_logp, engine_logp, mask, cap)
+    if num_engines <= 1:
+        return sums
+    for e in range(num_engines):
+        rows = [i for i, owner in enumerate(engines) if owner == e]
+        part = (
+            mismatch_sums(learner_logp[rows], engine_logp[rows], mask[rows], cap)
+            if rows
+            else dict.fromkeys(("tokens", "abs_delta_sum", "abs_delta_max", "k3_sum", "outside"), 0.0)
+        )
+        sums.update({f"engine{e}/{key}": value for key, value in part.items()})
+    return sums
+
+
+def sum_keys(num_engines: int) -> tuple[list[str], list[str]]:
+    """The keys of `sums_by_engine` for `num_engines` engines, in one order on every rank: (summed, maxima)."""
+    prefixes = [""] + ([f"engine{e}/" for e in range(num_engines)] if num_engines > 1 else [])
+    summed = [f"{p}{k}" for p in prefixes for k in ("tokens", "abs_delta_sum", "k3_sum", "outside")]
+    return summed, [f"{p}abs_delta_max" for p in prefixes]
+
+
 def add_sums(total: dict[str, float], more: dict[str, float]) -> dict[str, float]:
-    """Combine two `mismatch_sums` (max for the max, sums for the rest)."""
+    """Combine two `mismatch_sums` (max for the maxima, sums for the rest; per-engine keys alike)."""
     if not total or not more:
         return dict(total or more)
-    return {key: max(total[key], more[key]) if key == "abs_delta_max" else total[key] + more[key] for key in total}
+    keys = list(total) + [k for k in more if k not in total]
+    return {
+        key: max(total.get(key, 0.0), more.get(key, 0.0))
+        if key.endswith("abs_delta_max")
+        else total.get(key, 0.0) + more.get(key, 0.0)
+        for key in keys
+    }
 
 
 def mismatch_metrics(sums: dict[str, float]) -> dict[str, float]:
     """The step's metrics (charted under ``mismatch/``): mean and max |δ| (nats), KL(π_eng ‖ π_old) by k3 per token,
-    the share of tokens whose ratio leaves [1/C, C], and how many tokens were compared."""
+    the share of tokens whose ratio leaves [1/C, C], and how many tokens were compared; with several engines also
+    each engine's mean |δ| and KL (``mismatch/engine<e>/...``), so one engine that drifts shows."""
     tokens = sums.get("tokens", 0.0)
     if tokens <= 0:
         return {}
-    return {
+    metrics = {
         "mismatch/abs_logprob_diff_mean": sums["abs_delta_sum"] / tokens,
         "mismatch/abs_logprob_diff_max": sums["abs_delta_max"],
         "mismatch/kl_k3": sums["k3_sum"] / tokens,
         "mismatch/ratio_outside_share": sums["outside"] / tokens,
         "mismatch/tokens": tokens,
     }
+    engines = sorted({key.split("/")[0] for key in sums if key.startswith("engine")})
+    for engine in engines:
+        count = sums.get(f"{engine}/tokens", 0.0)
+        if count > 0:
+            metrics[f"mismatch/{engine}/abs_logprob_diff_mean"] = sums[f"{engine}/abs_delta_sum"] / count
+            metrics[f"mismatch/{engine}/kl_k3"] = sums[f"{engine}/k3_sum"] / count
+    return metrics
 
 
 def correction_weights(

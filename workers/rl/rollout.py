@@ -58,6 +58,7 @@ class Sample:
     # with partial rollouts an engine takes new weights between turns, so one episode's tokens can come from
     # several versions. Empty: every token is `policy_version`'s. `policy_version` is the oldest sampled token's.
     token_versions: list[int] = field(default_factory=list, repr=False)
+    engine: int = 0  # the rollout engine (actor index) that sampled it: the mismatch is also measured per engine
 
     @property
     def sampled_tokens(self) -> int:

@@ -199,3 +199,23 @@ def test_the_learner_trains_on_the_engines_token_ids_not_on_re_encoded_text(mode
     samples[1] = dataclasses.replace(samples[1], provenance_mismatch=True)
     metrics = learner.train_step(samples)
     assert metrics["mismatch/provenance_mismatched_samples"] == 1 and metrics["trained_samples"] == 3
+
+
+def test_with_several_engines_the_gap_is_also_measured_per_engine(model_path):
+    """Two engines; the second reports log-probs 0.5 nats off: the step's gap is the mix, each engine's its own. The
+    same with a correction on (the gap then comes from the learner's recomputation of π_old)."""
+    for extra in ({}, {"mismatch": {"correction": "tis"}}):
+        learner = Learner(model_path, _config(compute={"cpus": 2, "rollout_workers": 2}, **extra))
+        samples = _samples(learner, seed=4)
+        mixed = [
+            dataclasses.replace(s, engine=1, old_logprobs=[v + 0.5 for v in s.old_logprobs]) if i % 2 else s
+            for i, s in enumerate(samples)
+        ]
+        out = learner.train_step(mixed)
+        assert out["mismatch/engine0/abs_logprob_diff_mean"] < 1e-4, (extra, out)
+        assert out["mismatch/engine1/abs_logprob_diff_mean"] == pytest.approx(0.5, abs=1e-4)
+        assert out["mismatch/engine1/kl_k3"] == pytest.approx(math.exp(-0.5) - 1 + 0.5, rel=1e-3)
+        share = (5 + 7) / (4 + 5 + 6 + 7)  # engine 1 sampled episodes 1 and 3 (5 and 7 tokens)
+        assert out["mismatch/abs_logprob_diff_mean"] == pytest.approx(0.5 * share, abs=1e-4)
+    single = Learner(model_path, _config())
+    assert not any(k.startswith("mismatch/engine") for k in single.train_step(_samples(single, seed=4)))

@@ -126,7 +126,7 @@ def test_an_engine_with_partial_rollouts_queues_weights_sent_mid_rollout_and_tak
     backend = VersionedBackend(version=1)
     actor = _RolloutActor.__new__(_RolloutActor)
     actor.worker, actor.receiver, actor.partial = _worker(backend), WeightSyncReceiver(), True
-    actor._lock, actor._rolling, actor._pending = threading.Lock(), False, []
+    actor._lock, actor._rolling, actor._pending, actor.index = threading.Lock(), False, [], 0
     sender = WeightSyncSender(threads=0)
     weights = {"w": torch.zeros(4, 4)}
     assert actor.apply(sender.push(weights, version=1).blob, 1) > 0.0  # idle: loaded at once, the load timed
