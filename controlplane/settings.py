@@ -122,6 +122,8 @@ RECONCILE_SECONDS = env_int("CRUCIBLE_RECONCILE_SECONDS", 5)
 # The stall watchdog (apps/runs/stall.py): a running job silent this long is marked stalled, with stack dumps, unless
 # its spec sets its own limit (config.stall_after_seconds).
 STALL_SECONDS = env_int("CRUCIBLE_STALL_SECONDS", 1800)
+EXTRA_ENVIRONMENTS = env_str("CRUCIBLE_ENVIRONMENTS", "")
+"""module:Class,... environments from your own code (workers/envs/registry.py); handed to every job."""
 CELERY_BEAT_SCHEDULE = {
     "reconcile-runs": {
         "task": "apps.runs.tasks.reconcile_runs",

@@ -48,6 +48,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         "CRUCIBLE_PUBLIC_URL": f"http://127.0.0.1:{web_port}",
         "CRUCIBLE_MEDIA_ROOT": str(django_settings.MEDIA_ROOT),
         "CRUCIBLE_RECONCILE_SECONDS": "1",
+        # A user's own environment, as CRUCIBLE_ENVIRONMENTS loads one: the stall test trains with it.
+        "CRUCIBLE_ENVIRONMENTS": "tests.workers.envs.hanging:HangingEnv",
         "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
     }
     procs = devstack.ProcessGroup(var / "log")
@@ -473,6 +475,52 @@ def test_a_job_that_hangs_is_marked_stalled_by_beat_with_stack_dumps_that_name_w
         assert "== Sleeper (pid" in report and "hang_in_an_actor" in report, report
     finally:
         jobs(f"c.stop_job({submission!r})")
+
+
+def test_a_training_run_whose_environment_hangs_is_marked_stalled_within_its_phase_limit(stack, users):
+    """Issue 23 part 3 on a real training run: an environment (loaded from the user's code by
+    CRUCIBLE_ENVIRONMENTS) never returns from its step; the trainer reported the generation phase, whose limit is
+    3 s, so beat marks the run stalled well before stall_after_seconds (1800 s), with a dump that names the hanging
+    function; the health panel says so; stopping it from there works."""
+    from apps.accounts.services import api_token_create
+    from apps.runs.health import run_health
+    from apps.runs.models import Run
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    operator = users["operator"]
+    tasks = tasks_version(owner=operator, rows=arithmetic_tasks(4, seed=5), name="e2e-hang-tasks")
+    reward = exact_answer_version(owner=operator, name="e2e-hang-exact")
+    _, token = api_token_create(user=operator, name="e2e-hang", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+    config = {
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "environment": "hanging",
+        "steps": 2,
+        "prompts_per_step": 2,
+        "group_size": 2,
+        "sampling": {"max_new_tokens": 4},
+        "stall_limits": {"generation": 3},
+        "compute": {"cpus": 1, "memory_gb": 2},
+    }
+    launched = api.post(
+        "/runs/", json={"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+    )
+    assert launched.status_code == 201, launched.text
+    run_id = launched.json()["id"]
+    try:
+        run = _wait(run_id, lambda r: r.stalled_at is not None and "Taking stack dumps" not in r.stall_report, 300)
+        assert run.stalled_at is not None and run.status == "running", (run.status, run.failure_reason, run.log_tail)
+        assert run.phase == "generation" and "in phase generation (limit 3 s)" in run.stall_report, run.stall_report
+        assert "wait_for_a_tool_that_never_answers" in run.stall_report, run.stall_report
+        stall = {s["key"]: s for s in run_health(run)["signals"]}["stall"]
+        assert stall["status"] == "bad" and "in generation" in stall["shown"]
+        assert [r["id"] for r in api.get("/runs/?stalled=true").json()["results"]] == [run_id]
+    finally:
+        api.post(f"/runs/{run_id}/cancel/")
+    run = _wait(run_id, lambda r: r.is_terminal, 120)
+    assert run.status == "stopped", (run.status, run.failure_reason)
+    assert Run.objects.get(pk=run_id).stall_report  # the report stays with the stopped run
 
 
 def _wait(run_id: int, done, timeout: float = 240):  # type: ignore[no-untyped-def]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import os
 import random
 from collections.abc import Mapping
 from typing import Any
@@ -19,7 +21,31 @@ from workers.envs.swarm import SwarmEnv
 ENVIRONMENTS: dict[str, type[Environment]] = {
     cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, SwarmEnv, CodingEnv, CodingAgentEnv)
 }
-"""Every environment a run may name."""
+"""Every environment a run may name: the built-in ones and those `CRUCIBLE_ENVIRONMENTS` adds."""
+
+EXTRA_ENVIRONMENTS_VAR = "CRUCIBLE_ENVIRONMENTS"
+
+
+def load_extra_environments(spec: str) -> dict[str, type[Environment]]:
+    """Environments from your own code, without editing Crucible: `spec` is comma-separated `module:Class`
+    (importable where the control plane and the Ray jobs run; the control plane hands the variable to its jobs).
+    Each class must subclass `Environment` and have a `name` no built-in one has."""
+    found: dict[str, type[Environment]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        module_name, _, class_name = item.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module_name), class_name)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: cannot load {item!r} (write module:Class): {exc}") from exc
+        if not (isinstance(cls, type) and issubclass(cls, Environment)):
+            raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: {item!r} is not a workers.envs.base.Environment subclass")
+        if cls.name in ENVIRONMENTS or cls.name in found:
+            raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: {item!r} is named {cls.name!r}, a name already taken")
+        found[cls.name] = cls
+    return found
+
+
+ENVIRONMENTS.update(load_extra_environments(os.environ.get(EXTRA_ENVIRONMENTS_VAR, "")))
 
 
 def configure_storage(options: Mapping[str, Any]) -> None:

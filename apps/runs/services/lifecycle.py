@@ -146,6 +146,8 @@ def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
         run.submitted_at = now
         run.save(update_fields=["submitted_at"])
         env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
+        if settings.EXTRA_ENVIRONMENTS:  # environments from the user's own code load in the job too
+            env["CRUCIBLE_ENVIRONMENTS"] = settings.EXTRA_ENVIRONMENTS
         submission_id, module = run.submission_id, kinds.handler_for(run.kind).job_spec.entrypoint
     try:
         job_id = ray_jobs.submit(submission_id=submission_id, module=module, env_vars=env)
