@@ -1,6 +1,6 @@
 """The MLflow side of bench/ingest_vs_mlflow.py; runs inside MLflow's own virtualenv.
 
-    python _mlflow_client.py <tracking uri> <batched|single|read> '<json kwargs>'
+    python _mlflow_client.py <tracking uri> <batched|batched_raw|single|read> '<json kwargs>'
 
 Prints one JSON line with the figure.
 """
@@ -37,6 +37,45 @@ def batched(client, clients, batches, size=1000):
     return {"points_per_s": clients * batches * size / (time.perf_counter() - started)}
 
 
+def batched_raw(client, clients, batches, size=1000):
+    """The same batches as `batched`, each request body encoded before the clock starts and POSTed to the REST
+    API's log-batch as it is: what the server does, without the client's work per batch."""
+    import requests
+
+    run_ids = [new_run(client) for _ in range(clients)]
+    url = client._tracking_client.tracking_uri.rstrip("/") + "/api/2.0/mlflow/runs/log-batch"
+    now = int(time.time() * 1000)
+    bodies = {
+        run_id: [
+            json.dumps(
+                {
+                    "run_id": run_id,
+                    "metrics": [
+                        {"key": "loss", "value": 0.5 + (i % 97) / 1000, "timestamp": now, "step": b * size + i}
+                        for i in range(size)
+                    ],
+                }
+            ).encode()
+            for b in range(batches)
+        ]
+        for run_id in run_ids
+    }
+
+    def work(run_id):
+        with requests.Session() as http:
+            for body in bodies[run_id]:
+                response = http.post(url, data=body, headers={"Content-Type": "application/json"})
+                response.raise_for_status()
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in run_ids]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {"points_per_s": clients * batches * size / (time.perf_counter() - started)}
+
+
 def single(client, count):
     run_id = new_run(client)
     started = time.perf_counter()
@@ -60,4 +99,5 @@ def read(client, points):
 if __name__ == "__main__":
     uri, mode, kwargs = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
     tracking = MlflowClient(tracking_uri=uri)
-    print(json.dumps({"batched": batched, "single": single, "read": read}[mode](tracking, **kwargs)))
+    modes = {"batched": batched, "batched_raw": batched_raw, "single": single, "read": read}
+    print(json.dumps(modes[mode](tracking, **kwargs)))

@@ -14,6 +14,10 @@ What is measured (points = metric values persisted in PostgreSQL):
   batched x1   one client, batches of 1,000 points (Crucible: 1,000 metric events of one value each, so every
                point is also an event in the ingest ledger and is published to the run's websocket group)
   batched x4   four clients in parallel, each to its own run
+  x4 encoded   the same, every request body encoded before the clock starts, on both sides (MLflow: the REST
+               API's runs/log-batch with the body as its client would send it): the servers' throughput, without
+               the load generator (four threads of one Python process, building 1,000-point batches) taking the
+               cores and the GIL
   single       one point per HTTP request, one client
   read 100k    one metric's 100k-point series: Crucible's downsampled read (<= 1,000 buckets, min/mean/max)
                vs MLflow's get_metric_history (the full series)
@@ -130,6 +134,36 @@ def crucible_batched(base: str, runs: list[tuple[int, str]], batches: int, size:
     return len(runs) * batches * size / elapsed
 
 
+def crucible_batched_raw(base: str, runs: list[tuple[int, str]], batches: int, size: int = 1000) -> float:
+    """`crucible_batched` with every request body encoded before the clock starts (as `_mlflow_client.batched_raw`
+    does MLflow's): the servers' throughput, without the load generator's JSON work competing for the cores."""
+    errors: list[str] = []
+    bodies = {
+        run_id: [json.dumps({"events": metric_events(b * size + 1, size, b * size)}).encode() for b in range(batches)]
+        for run_id, _ in runs
+    }
+
+    def client(run_id: int, token: str) -> None:
+        headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        with httpx.Client(headers=headers, timeout=120) as http:
+            for body in bodies[run_id]:
+                response = http.post(f"{base}/api/v1/runs/{run_id}/ingest/", content=body)
+                if response.status_code != 200:
+                    errors.append(f"{response.status_code} {response.text[:200]}")
+                    return
+
+    threads = [threading.Thread(target=client, args=run) for run in runs]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    if errors:
+        raise SystemExit(f"ingest refused a batch: {errors[0]}")
+    return len(runs) * batches * size / elapsed
+
+
 def crucible_single(base: str, run: tuple[int, str], count: int) -> float:
     run_id, token = run
     with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=60) as http:
@@ -226,7 +260,7 @@ def main() -> None:
     ).stdout.strip()
     recreate_database("crucible_bench")
     recreate_database("mlflow_bench")
-    setup = setup_crucible(runs=6 * rounds + 3)  # per round 1 + 4 + 1; warm-up, read, websocket
+    setup = setup_crucible(runs=10 * rounds + 3)  # per round 1 + 4 + 4 + 1; warm-up, read, websocket
     runs = list(setup["runs"])
     var = ROOT / "var" / "bench"
     port, mlflow_port = devstack.free_port(), devstack.free_port()
@@ -296,6 +330,12 @@ def main() -> None:
             "batched 1,000/request, 4 clients": (
                 lambda: crucible_batched(base, [runs.pop() for _ in range(4)], batches),
                 lambda: run_mlflow(mlflow_python, mlflow_uri, "batched", clients=4, batches=batches)["points_per_s"],
+            ),
+            "batched 1,000/request, 4 clients, bodies pre-encoded": (
+                lambda: crucible_batched_raw(base, [runs.pop() for _ in range(4)], batches),
+                lambda: run_mlflow(mlflow_python, mlflow_uri, "batched_raw", clients=4, batches=batches)[
+                    "points_per_s"
+                ],
             ),
             "single point per request": (
                 lambda: crucible_single(base, runs.pop(), singles),
