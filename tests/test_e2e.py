@@ -372,9 +372,15 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     assert Run.objects.count() == before
 
     whole_node = {**body, "config": {**config, "compute": {"cpus": 2, "memory_gb": 2}}}
-    first = api.post("/runs/", json=whole_node).json()["id"]
-    second = api.post("/runs/", json=whole_node).json()["id"]
-    run = _wait(second, lambda r: r.status == "queued", timeout=120)
+    launched_ids = [api.post("/runs/", json=whole_node).json()["id"] for _ in range(2)]
+    # Two Celery workers dispatch the two launches at once: either may reach the cluster first; the other queues.
+    deadline, queued = time.monotonic() + 120, []
+    while time.monotonic() < deadline and not queued:
+        queued = list(Run.objects.filter(pk__in=launched_ids, status="queued").values_list("pk", flat=True))
+        time.sleep(0.5)
+    assert queued, list(Run.objects.filter(pk__in=launched_ids).values_list("pk", "status"))
+    second = queued[0]
+    first = next(pk for pk in launched_ids if pk != second)
     shown = api.get(f"/runs/{second}/").json()
     assert shown["status"] == "queued" and shown["queue_position"] == 1, shown
     assert "waiting for 2 CPU more" in shown["queued_reason"] and not shown["ray_job_id"]

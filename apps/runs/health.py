@@ -137,6 +137,8 @@ def _signal(key: str, title: str, value: float | None, shown: str = "") -> Signa
     )
 
 
+REFRESH_PER_TICK = 5
+"""Runs whose stored health beat recomputes per reconcile (inline: a few index probes each)."""
 HEALTH_REFRESH_SECONDS = 30
 """A running run's stored health (the list's column) is recomputed at most this often, and only after new events."""
 
@@ -165,7 +167,9 @@ def claim_runs_needing_health(now: Any = None, limit: int = 50) -> list[int]:
 
 def health_refresh(*, run_id: int) -> str:
     """Compute a run's health panel and store its overall status and problems on the run (the list's column)."""
-    run = Run.objects.get(pk=run_id)
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:  # deleted since it was claimed
+        return "unknown"
     health = run_health(run)
     Run.objects.filter(pk=run_id).update(
         health=health["status"], health_problems=health["problems"], health_at=timezone.now()

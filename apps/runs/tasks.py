@@ -5,6 +5,7 @@ reads its names at call time, so either can be imported first."""
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 from celery import Task, shared_task
@@ -13,6 +14,8 @@ from django.utils import timezone
 from apps.runs import health, ray_jobs, services, stall
 from apps.runs.kinds import LifecyclePoint
 from apps.runs.models import Run, RunStatus
+
+log = logging.getLogger(__name__)
 
 DISPATCH_RETRIES = 3
 
@@ -82,15 +85,14 @@ def reconcile_runs() -> int:
     services.run_admit_queued()
     for run_id in stall.silent_runs():  # the stall watchdog: dumps are taken in their own task
         mark_stalled.delay(run_id)
-    for run_id in health.claim_runs_needing_health():  # the list's health column
-        refresh_health.delay(run_id)
+    # The list's health column, computed here a few runs per tick rather than as tasks of their own: a backlog of
+    # refreshes (every finished run after an upgrade) must never queue ahead of dispatches on the workers.
+    for run_id in health.claim_runs_needing_health(limit=health.REFRESH_PER_TICK):
+        try:
+            health.health_refresh(run_id=run_id)
+        except Exception:  # one run's panel must not stop the reconcile; it is retried when it changes again
+            log.exception("health refresh of run %s failed", run_id)
     return len(live)
-
-
-@shared_task(acks_late=True, soft_time_limit=120)
-def refresh_health(run_id: int) -> str:
-    """Recompute a run's health panel and store its summary on the run (apps/runs/health.py)."""
-    return health.health_refresh(run_id=run_id)
 
 
 @shared_task(acks_late=True, soft_time_limit=300)

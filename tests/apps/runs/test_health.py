@@ -165,13 +165,13 @@ def test_the_run_list_shows_each_runs_health_refreshed_by_beat_and_filters_on_it
     assert run.health == "unknown"
     _train_run(run, {"reward_mean": [0.1, 0.2, 0.3], "mismatch/kl_k3": [0.05] * 3})
     Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED, finished_at=run.last_event_at)
-    ids = claim_runs_needing_health()
-    assert ids == [run.pk] and claim_runs_needing_health() == []  # claimed: not queued twice
-    assert health_refresh(run_id=run.pk) == "bad"
+    reconcile_runs()  # beat: the ended run's panel is computed and stored
     run.refresh_from_db()
     assert run.health == "bad" and run.health_problems == ["Train-inference mismatch"]
     assert claim_runs_needing_health() == []  # up to date until it changes
-    reconcile_runs()  # beat's path (the refresh task runs eagerly in tests): nothing due, nothing changes
+    Run.objects.filter(pk=run.pk).update(health_at=None)
+    assert claim_runs_needing_health() == [run.pk] and claim_runs_needing_health() == []  # claimed once
+    assert health_refresh(run_id=run.pk) == "bad" and health_refresh(run_id=10**9) == "unknown"  # a deleted run
 
     api = client_for("viewer")
     assert [r["id"] for r in api.get("/api/v1/runs/?health=bad").json()["results"]] == [run.pk]
