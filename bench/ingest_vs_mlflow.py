@@ -110,44 +110,26 @@ def metric_events(start_seq: int, count: int, step0: int, name: str = "loss") ->
     ]
 
 
-def crucible_batched(base: str, runs: list[tuple[int, str]], batches: int, size: int = 1000) -> float:
+def crucible_batched(
+    base: str, runs: list[tuple[int, str]], batches: int, size: int = 1000, *, pre_encoded: bool = False
+) -> float:
+    """Points/s of `len(runs)` clients in parallel, each POSTing `batches` batches of `size` points to its own run.
+    By default each batch is built and encoded in the timed loop, as MLflow's client does its batches; with
+    `pre_encoded` every body is encoded before the clock starts (as `_mlflow_client.batched_raw` does MLflow's): the
+    servers' throughput, without the load generator's JSON work competing for the cores."""
     errors: list[str] = []
 
-    def client(run_id: int, token: str) -> None:
-        with httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=120) as http:
-            for b in range(batches):  # built and encoded in the timed loop, as MLflow's client does its batches
-                events = {"events": metric_events(b * size + 1, size, b * size)}
-                response = http.post(f"{base}/api/v1/runs/{run_id}/ingest/", json=events)
-                if response.status_code != 200:
-                    errors.append(f"{response.status_code} {response.text[:200]}")
-                    return
+    def body(b: int) -> bytes:
+        return json.dumps({"events": metric_events(b * size + 1, size, b * size)}).encode()
 
-    threads = [threading.Thread(target=client, args=run) for run in runs]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - started
-    if errors:
-        raise SystemExit(f"ingest refused a batch: {errors[0]}")
-    return len(runs) * batches * size / elapsed
-
-
-def crucible_batched_raw(base: str, runs: list[tuple[int, str]], batches: int, size: int = 1000) -> float:
-    """`crucible_batched` with every request body encoded before the clock starts (as `_mlflow_client.batched_raw`
-    does MLflow's): the servers' throughput, without the load generator's JSON work competing for the cores."""
-    errors: list[str] = []
-    bodies = {
-        run_id: [json.dumps({"events": metric_events(b * size + 1, size, b * size)}).encode() for b in range(batches)]
-        for run_id, _ in runs
-    }
+    ready = {run_id: [body(b) for b in range(batches)] for run_id, _ in runs} if pre_encoded else {}
 
     def client(run_id: int, token: str) -> None:
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
         with httpx.Client(headers=headers, timeout=120) as http:
-            for body in bodies[run_id]:
-                response = http.post(f"{base}/api/v1/runs/{run_id}/ingest/", content=body)
+            for b in range(batches):
+                content = ready[run_id][b] if pre_encoded else body(b)
+                response = http.post(f"{base}/api/v1/runs/{run_id}/ingest/", content=content)
                 if response.status_code != 200:
                     errors.append(f"{response.status_code} {response.text[:200]}")
                     return
@@ -332,7 +314,7 @@ def main() -> None:
                 lambda: run_mlflow(mlflow_python, mlflow_uri, "batched", clients=4, batches=batches)["points_per_s"],
             ),
             "batched 1,000/request, 4 clients, bodies pre-encoded": (
-                lambda: crucible_batched_raw(base, [runs.pop() for _ in range(4)], batches),
+                lambda: crucible_batched(base, [runs.pop() for _ in range(4)], batches, pre_encoded=True),
                 lambda: run_mlflow(mlflow_python, mlflow_uri, "batched_raw", clients=4, batches=batches)[
                     "points_per_s"
                 ],
