@@ -19,6 +19,17 @@ def new_run(client):
     return client.create_run(experiment.experiment_id).info.run_id
 
 
+def _timed(work, run_ids):
+    """Seconds for one thread per run to run `work(run_id)`, all at once."""
+    threads = [threading.Thread(target=work, args=(r,)) for r in run_ids]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
+
+
 def batched(client, clients, batches, size=1000):
     run_ids = [new_run(client) for _ in range(clients)]
 
@@ -28,13 +39,7 @@ def batched(client, clients, batches, size=1000):
             metrics = [Metric("loss", 0.5 + (i % 97) / 1000, now, b * size + i) for i in range(size)]
             client.log_batch(run_id, metrics=metrics)
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in run_ids]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"points_per_s": clients * batches * size / (time.perf_counter() - started)}
+    return {"points_per_s": clients * batches * size / _timed(work, run_ids)}
 
 
 def batched_raw(client, clients, batches, size=1000):
@@ -67,13 +72,7 @@ def batched_raw(client, clients, batches, size=1000):
                 response = http.post(url, data=body, headers={"Content-Type": "application/json"})
                 response.raise_for_status()
 
-    threads = [threading.Thread(target=work, args=(r,)) for r in run_ids]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {"points_per_s": clients * batches * size / (time.perf_counter() - started)}
+    return {"points_per_s": clients * batches * size / _timed(work, run_ids)}
 
 
 def single(client, count):

@@ -322,9 +322,7 @@ class Reporter:
 
     def progress(self, done: int, total: int, phase: str = "") -> int:
         """`phase` (workers.events.PHASES), when given, tells the stall watchdog which limit applies from now."""
-        if phase:
-            return self._add("progress", done=done, total=total, phase=phase)
-        return self._add("progress", done=done, total=total)
+        return self._add("progress", done=done, total=total, phase=phase)
 
     def trajectory(self, **fields: Any) -> int:
         return self._add("trajectory", **fields)

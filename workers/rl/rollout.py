@@ -84,12 +84,8 @@ class RolloutResult:
     generation_seconds: float
     sampled_tokens: int
     policy_version: int
-    newest_version: int = -1
+    newest_version: int
     weight_apply_seconds: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.newest_version < 0:
-            self.newest_version = self.policy_version
 
 
 @dataclass
