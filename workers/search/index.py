@@ -59,7 +59,7 @@ import bm25s
 import fsspec
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.search import embed
 from workers.search.analyzers import AnalyzerPool, Tokenizer
@@ -78,7 +78,7 @@ __all__ = [
     "save_index",
 ]
 
-FORMAT_VERSION = 2  # 2: IndexConfig's later fields, window_starts.npy; format 1 indexes still load
+FORMAT_VERSION = 3  # 2: IndexConfig's later fields, window_starts.npy; 3: a second BM25 list (bm25_2/). 1-2 still load
 MANIFEST = "manifest.json"
 FloatArray = npt.NDArray[np.float32]
 IntArray = npt.NDArray[np.int64]
@@ -103,6 +103,18 @@ class IndexConfig(BaseModel):
     )
     stopwords: Literal["en"] | None = Field(
         default="en", description="stopword list removed before BM25; null: keep all"
+    )
+    second_tokenizer: Tokenizer | None = Field(
+        default=None,
+        description="a second BM25 list over this tokenizer (with `second_stemmer`, the same stopwords), fused in RRF "
+        "with weight `second_bm25_weight` and averaged with the first into the convex reranker's BM25 term; null: one "
+        "BM25 list",
+    )
+    second_stemmer: Literal["english"] | None = Field(
+        default=None, description="the second BM25 list's stemmer (null: none); used only with `second_tokenizer`"
+    )
+    second_bm25_weight: float = Field(
+        default=1.0, ge=0, le=10, description="weight of the second BM25 list in RRF and in the convex BM25 term"
     )
     dense: bool = Field(
         default=True, description="MiniLM embeddings beside BM25 (false: BM25 only, no fusion or rerank)"
@@ -140,13 +152,22 @@ class IndexConfig(BaseModel):
         description="the dense share of the convex reranker's score (0.3: fitted on the harness's tuning corpora)",
     )
 
+    @model_validator(mode="after")
+    def _second_list_differs(self) -> IndexConfig:
+        if self.second_tokenizer == self.tokenizer and self.second_stemmer == self.stemmer:
+            raise ValueError(
+                f"second_tokenizer={self.second_tokenizer!r} with second_stemmer={self.second_stemmer!r} repeats the "
+                "first BM25 list: choose another tokenizer or stemmer for it, or set second_tokenizer to null"
+            )
+        return self
+
     @classmethod
     def from_stored(cls, values: Mapping[str, Any], *, format_version: int) -> IndexConfig:
-        """A config as an index manifest (or a stored index row) recorded it. Format 1 predates the later fields:
-        what it lacks takes the legacy value the index was built with, not today's default."""
+        """A config as an index manifest (or a stored index row) recorded it. A field younger than the index's
+        format takes the legacy value the index was built with, not today's default."""
         filled = dict(values)
-        if format_version < 2:
-            for name, legacy in _LATER_FIELDS.items():
+        for name, (since, legacy) in _LATER_FIELDS.items():
+            if format_version < since:
                 filled.setdefault(name, legacy)
         return cls.model_validate(filled)
 
@@ -155,21 +176,24 @@ class IndexConfig(BaseModel):
         A field added after format 1 enters the hash only when it differs from its legacy value (the behaviour
         before it existed), so the indexes built before it keep their identity."""
         values = self.model_dump(mode="json")
-        for name, legacy in _LATER_FIELDS.items():
+        for name, (_, legacy) in _LATER_FIELDS.items():
             if values[name] == legacy:
                 del values[name]
         canonical = json.dumps(values, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-# Fields added after format 1, with the value that reproduces how a format-1 index was built (see
-# IndexConfig.from_stored and content_hash).
-_LATER_FIELDS: dict[str, Any] = {
-    "tokenizer": "words",
-    "rrf_form": "r1",
-    "bm25_weight": 1.0,
-    "dense_weight": 1.0,
-    "dense_windows": False,
+# Fields added after format 1: the format that introduced each, and the value that reproduces how an older index
+# was built (see IndexConfig.from_stored and content_hash).
+_LATER_FIELDS: dict[str, tuple[int, Any]] = {
+    "tokenizer": (2, "words"),
+    "rrf_form": (2, "r1"),
+    "bm25_weight": (2, 1.0),
+    "dense_weight": (2, 1.0),
+    "dense_windows": (2, False),
+    "second_tokenizer": (3, None),
+    "second_stemmer": (3, None),
+    "second_bm25_weight": (3, 1.0),
 }
 
 
@@ -253,11 +277,15 @@ class SearchIndex:
         embeddings: FloatArray | None,
         manifest: dict[str, Any],
         window_starts: IntArray | None = None,
+        second_bm25: bm25s.BM25 | None = None,
     ) -> None:
+        if (second_bm25 is None) != (config.second_tokenizer is None):
+            raise ValueError("a second BM25 retriever is given exactly when config.second_tokenizer is set")
         self.chunks = chunks
         self.config = config
         self.manifest = manifest
         self._bm25 = bm25
+        self._second_bm25 = second_bm25
         self._embeddings = embeddings
         # With dense windows: the embedding row where each chunk's windows begin (a chunk's windows are adjacent).
         self._window_starts = window_starts
@@ -273,6 +301,11 @@ class SearchIndex:
         self._grep = GrepScanner([c.text for c in chunks])
         # A PyStemmer instance must not be used by two threads at once: each thread gets its own analyzer.
         self._analyzers = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords)
+        self._second_analyzers = (
+            AnalyzerPool(config.second_tokenizer, config.second_stemmer, config.stopwords)
+            if config.second_tokenizer is not None
+            else None
+        )
 
     # --- lookups ----------------------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -294,17 +327,23 @@ class SearchIndex:
         return len(self._docs)
 
     # --- scoring ----------------------------------------------------------------------------------------------
-    def _query_token_ids(self, query: str) -> list[int]:
-        [tokens] = self._analyzers.get().tokens([query])
-        ids: list[int] = self._bm25.get_tokens_ids(tokens)
-        return ids
-
-    def _bm25_scores(self, query: str) -> FloatArray:
-        """BM25 score of every chunk, shape (N,), float32; 0 where no query term occurs."""
-        ids = self._query_token_ids(query)
+    def _bm25_scores(self, query: str, *, second: bool = False) -> FloatArray:
+        """BM25 score of every chunk, shape (N,), float32, from the first list (or the second); 0 where no query
+        term occurs."""
+        retriever, pool = (self._second_bm25, self._second_analyzers) if second else (self._bm25, self._analyzers)
+        assert retriever is not None and pool is not None
+        [tokens] = pool.get().tokens([query])
+        ids = retriever.get_tokens_ids(tokens)
         if not ids:
             return np.zeros(len(self.chunks), dtype=np.float32)
-        return np.asarray(self._bm25.get_scores_from_ids(ids), dtype=np.float32)
+        return np.asarray(retriever.get_scores_from_ids(ids), dtype=np.float32)
+
+    def _lexical(self, query: str) -> dict[str, FloatArray]:
+        """Every BM25 list's scores by list name: "bm25", and "bm25_2" with a second tokenizer."""
+        out = {"bm25": self._bm25_scores(query)}
+        if self._second_bm25 is not None:
+            out["bm25_2"] = self._bm25_scores(query, second=True)
+        return out
 
     def _dense_scores(self, query: str) -> FloatArray | None:
         """Cosine of the query with every chunk, shape (N,), float32; None without embeddings."""
@@ -322,13 +361,24 @@ class SearchIndex:
     def _hit(self, row: int, score: float, ranks: dict[str, int]) -> Hit:
         return Hit(chunk=self.chunks[row], score=float(score), ranks=ranks)
 
-    def _fuse(self, lists: Mapping[str, Sequence[str]]) -> list[tuple[str, float]]:
-        weights = {"bm25": self.config.bm25_weight, "dense": self.config.dense_weight}
-        return rrf_fuse(lists, k=self.config.rrf_k, weights=weights, form=self.config.rrf_form)
+    def _weights(self) -> dict[str, float]:
+        c = self.config
+        return {"bm25": c.bm25_weight, "bm25_2": c.second_bm25_weight, "dense": c.dense_weight}
 
-    def _convex(self, rows: IntArray, bm25: FloatArray, dense: FloatArray) -> FloatArray:
+    def _fuse(self, lists: Mapping[str, Sequence[str]]) -> list[tuple[str, float]]:
+        return rrf_fuse(lists, k=self.config.rrf_k, weights=self._weights(), form=self.config.rrf_form)
+
+    def _convex(self, rows: IntArray, lexical: Mapping[str, FloatArray], dense: FloatArray) -> FloatArray:
+        """alpha x mm(dense) + (1 - alpha) x the BM25 term: mm(bm25), or with two lists their mm scores averaged
+        with the lists' RRF weights (equal weights of 0: a plain mean)."""
         alpha = self.config.alpha
-        return alpha * _minmax(dense[rows]) + (1.0 - alpha) * _minmax(bm25[rows])
+        weights = self._weights()
+        total = sum(weights[name] for name in lexical)
+        term = np.zeros(len(rows), dtype=np.float32)
+        for name, scores in lexical.items():
+            share = weights[name] / total if total > 0 else 1.0 / len(lexical)
+            term += share * _minmax(scores[rows])
+        return alpha * _minmax(dense[rows]) + (1.0 - alpha) * term
 
     # --- the tools ----------------------------------------------------------------------------------------------
     def search(self, query: str, *, k: int = 10, exclude: Collection[str] = ()) -> list[Hit]:
@@ -337,30 +387,32 @@ class SearchIndex:
             return []
         depth = max(self.config.candidates, k)
         masked = self._rows(exclude)
-        bm25 = self._bm25_scores(query)
-        bm25[masked] = 0.0
-        bm25_rows = _top_rows(bm25, depth, floor=0.0)  # score 0: no query term, not a BM25 result
+        lexical = self._lexical(query)
+        lists: dict[str, list[str]] = {}
+        for name, scores in lexical.items():
+            scores[masked] = 0.0
+            rows = _top_rows(scores, depth, floor=0.0)  # score 0: no query term, not a BM25 result
+            lists[name] = [self.chunks[r].chunk_id for r in rows.tolist()]
         dense = self._dense_scores(query)
-        if dense is None:
-            return [self._hit(r, bm25[r], {"bm25": i}) for i, r in enumerate(bm25_rows[:k].tolist(), start=1)]
-        dense[masked] = -np.inf
-        dense_rows = _top_rows(dense, depth, floor=-np.inf)
-
-        lists = {
-            "bm25": [self.chunks[r].chunk_id for r in bm25_rows.tolist()],
-            "dense": [self.chunks[r].chunk_id for r in dense_rows.tolist()],
-        }
+        if dense is not None:
+            dense[masked] = -np.inf
+            lists["dense"] = [self.chunks[r].chunk_id for r in _top_rows(dense, depth, floor=-np.inf).tolist()]
         ranks: dict[str, dict[str, int]] = {}
         for name, ids in lists.items():
             for rank, chunk_id in enumerate(ids, start=1):
                 ranks.setdefault(chunk_id, {})[name] = rank
+        if len(lists) == 1:
+            # BM25 alone: its own order and score.
+            bm25 = lexical["bm25"]
+            return [self._hit(self._row[c], bm25[self._row[c]], ranks[c]) for c in lists["bm25"][:k]]
         fused = self._fuse(lists)
 
-        top = min(self.config.rerank_top, len(fused)) if self.config.reranker == "convex" else 0
+        top = min(self.config.rerank_top, len(fused)) if self.config.reranker == "convex" and dense is not None else 0
         hits: list[Hit] = []
         if top:
+            assert dense is not None
             head = np.array([self._row[chunk_id] for chunk_id, _ in fused[:top]], dtype=np.int64)
-            scores = self._convex(head, bm25, dense)
+            scores = self._convex(head, lexical, dense)
             # Stable on ties: equal convex scores keep the RRF order.
             for i in np.argsort(-scores, kind="stable")[:k].tolist():
                 row = int(head[i])
@@ -382,11 +434,14 @@ class SearchIndex:
         if not ids:
             return []
         rows = np.array([self._row[c] for c in ids], dtype=np.int64)
-        bm25_all = self._bm25_scores(query)
-        bm25 = bm25_all[rows]
+        lexical = self._lexical(query)
+        bm25_all = lexical["bm25"]
+        lists: dict[str, list[str]] = {}
+        for name, scores in lexical.items():
+            given = scores[rows]
+            lists[name] = [ids[i] for i in np.lexsort((np.arange(len(ids)), -given)).tolist() if given[i] > 0]
+        by_bm25 = lists["bm25"]
         dense_all = self._dense_scores(query) if query.strip() else None
-        by_bm25 = [ids[i] for i in np.lexsort((np.arange(len(ids)), -bm25)).tolist() if bm25[i] > 0]
-        lists = {"bm25": by_bm25}
         if dense_all is not None:
             dense = dense_all[rows]
             lists["dense"] = [ids[i] for i in np.lexsort((np.arange(len(ids)), -dense)).tolist()]
@@ -394,13 +449,17 @@ class SearchIndex:
         for name, ranked in lists.items():
             for rank, chunk_id in enumerate(ranked, start=1):
                 ranks[chunk_id][name] = rank
+        if dense_all is None and len(lists) > 1:
+            return [self._hit(self._row[c], s, ranks[c]) for c, s in self._fuse(lists)] + [
+                self._hit(self._row[c], 0.0, ranks[c]) for c in ids if not any(c in v for v in lists.values())
+            ]
         if dense_all is None:
             # BM25 order; chunks without a query term keep their given order after the rest.
             matched = set(by_bm25)
             order = by_bm25 + [c for c in ids if c not in matched]
             return [self._hit(self._row[c], bm25_all[self._row[c]], ranks[c]) for c in order]
         if self.config.reranker == "convex":
-            scores = self._convex(rows, bm25_all, dense_all)
+            scores = self._convex(rows, lexical, dense_all)
             order_i = np.argsort(-scores, kind="stable").tolist()
             return [self._hit(int(rows[i]), scores[i], ranks[ids[i]]) for i in order_i]
         return [self._hit(self._row[c], s, ranks[c]) for c, s in self._fuse(lists)]
@@ -435,9 +494,10 @@ class SearchIndex:
             seen.add(chunk.chunk_id)
         started = time.perf_counter()
         texts = [index_text(c) for c in chunks]
-        analyzer = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords).get()
-        retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
-        retriever.index(analyzer.tokens(texts), show_progress=False)
+        retriever = _bm25_index(texts, config, config.tokenizer, config.stemmer)
+        second = None
+        if config.second_tokenizer is not None:
+            second = _bm25_index(texts, config, config.second_tokenizer, config.second_stemmer)
         bm25_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -458,7 +518,7 @@ class SearchIndex:
             "corpus_hash": hashlib.sha256(dump_chunks_jsonl(chunks)).hexdigest(),
             "chunks": len(chunks),
             "documents": documents,
-            "vocabulary": len(retriever.vocab_dict),
+            "vocabulary": len(retriever.vocab_dict) + (len(second.vocab_dict) if second is not None else 0),
             "embedding": (
                 {
                     "model": embed.MODEL_NAME,
@@ -474,7 +534,7 @@ class SearchIndex:
             "versions": _versions(config.dense),
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
-        return cls(chunks, config, retriever, embeddings, manifest, window_starts)
+        return cls(chunks, config, retriever, embeddings, manifest, window_starts, second)
 
     def save(self, directory: str | Path) -> None:
         """Write the index as a directory: bm25/ (bm25s's own format), embeddings.npy (float32, N x 384, unit rows;
@@ -482,6 +542,8 @@ class SearchIndex:
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         self._bm25.save(str(out / "bm25"), show_progress=False)
+        if self._second_bm25 is not None:
+            self._second_bm25.save(str(out / "bm25_2"), show_progress=False)
         if self._embeddings is not None:
             np.save(out / "embeddings.npy", np.ascontiguousarray(self._embeddings, dtype=np.float32))
         if self._window_starts is not None:
@@ -495,11 +557,14 @@ class SearchIndex:
         if not (src / MANIFEST).is_file():
             raise FileNotFoundError(f"{src} holds no search index ({MANIFEST} is missing)")
         manifest = json.loads((src / MANIFEST).read_text())
-        if manifest.get("format") not in (1, FORMAT_VERSION):
-            raise ValueError(f"{src}: index format {manifest.get('format')!r}; this code reads 1 and {FORMAT_VERSION}")
+        if manifest.get("format") not in range(1, FORMAT_VERSION + 1):
+            raise ValueError(f"{src}: index format {manifest.get('format')!r}; this code reads 1 to {FORMAT_VERSION}")
         config = IndexConfig.from_stored(manifest["config"], format_version=int(manifest["format"]))
         chunks = list(iter_chunks_jsonl((src / "chunks.jsonl").read_bytes()))
         retriever = bm25s.BM25.load(str(src / "bm25"), show_progress=False)
+        second = None
+        if config.second_tokenizer is not None:
+            second = bm25s.BM25.load(str(src / "bm25_2"), show_progress=False)
         embeddings = window_starts = None
         if config.dense:
             # Memory-mapped: the actors of one node share a single copy through the page cache.
@@ -512,7 +577,14 @@ class SearchIndex:
                     raise ValueError(f"{src}: window_starts.npy does not match {len(chunks)} chunks")
             if embeddings.shape != (rows, embed.DIMS):
                 raise ValueError(f"{src}: embeddings are {embeddings.shape}, expected ({rows}, {embed.DIMS})")
-        return cls(chunks, config, retriever, embeddings, manifest, window_starts)
+        return cls(chunks, config, retriever, embeddings, manifest, window_starts, second)
+
+
+def _bm25_index(texts: Sequence[str], config: IndexConfig, tokenizer: Tokenizer, stemmer: str | None) -> bm25s.BM25:
+    analyzer = AnalyzerPool(tokenizer, stemmer, config.stopwords).get()
+    retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
+    retriever.index(analyzer.tokens(texts), show_progress=False)
+    return retriever
 
 
 def _versions(dense: bool) -> dict[str, str]:

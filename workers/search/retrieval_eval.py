@@ -144,13 +144,27 @@ class IndexViews:
     def set_vectors(self, windows: bool, vectors: Any, starts: Any = None) -> None:
         self._vectors[windows] = (vectors, starts)
 
-    def index(self, config: IndexConfig) -> SearchIndex:
-        key = (config.tokenizer, config.stemmer, config.stopwords, config.bm25_k1, config.bm25_b)
+    def _lexical(self, config: IndexConfig, tokenizer: Any, stemmer: Any) -> Any:
+        key = (tokenizer, stemmer, config.stopwords, config.bm25_k1, config.bm25_b)
         if key not in self._bm25:
-            lexical = config.model_copy(update={"dense": False})
+            lexical = IndexConfig(
+                dense=False,
+                tokenizer=tokenizer,
+                stemmer=stemmer,
+                stopwords=config.stopwords,
+                bm25_k1=config.bm25_k1,
+                bm25_b=config.bm25_b,
+            )
             self._bm25[key] = SearchIndex.build(self.chunks, lexical)._bm25
+        return self._bm25[key]
+
+    def index(self, config: IndexConfig) -> SearchIndex:
+        first = self._lexical(config, config.tokenizer, config.stemmer)
+        second = None
+        if config.second_tokenizer is not None:
+            second = self._lexical(config, config.second_tokenizer, config.second_stemmer)
         if not config.dense:
-            return SearchIndex(self.chunks, config, self._bm25[key], None, {})
+            return SearchIndex(self.chunks, config, first, None, {}, None, second)
         windows = config.dense_windows
         if windows not in self._vectors:
             texts = [index_text(c) for c in self.chunks]
@@ -159,7 +173,7 @@ class IndexViews:
             else:
                 self._vectors[windows] = (embed.embed_texts(texts), None)
         vectors, starts = self._vectors[windows]
-        return SearchIndex(self.chunks, config, self._bm25[key], vectors, {}, starts if windows else None)
+        return SearchIndex(self.chunks, config, first, vectors, {}, starts if windows else None, second)
 
 
 def ranked_ids(index: SearchIndex, *, dense_only: bool = False, depth: int = 100) -> Retriever:

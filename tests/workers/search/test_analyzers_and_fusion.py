@@ -146,3 +146,68 @@ def test_retrieval_metrics_by_hand() -> None:
     low, high = bootstrap_interval([0.0, 1.0] * 50)
     assert low < 0.5 < high
     assert summarize([{"recall@1": 1.0}, {"recall@1": 0.0}])["recall@1"]["mean"] == 0.5
+
+
+SECOND_LIST_CHUNKS = [
+    Chunk("flag#0", "flag", 0, "Pass --max-workers to bound the pool; the worker count defaults to the cores."),
+    Chunk("prose#0", "prose", 0, "Max said the workers of the pool went home; max workers, max pool, max max."),
+    Chunk("other#0", "other", 0, "Queues route messages to exchanges by their routing key."),
+]
+
+
+def test_a_second_bm25_list_over_the_code_tokenizer_is_fused_and_named() -> None:
+    words = SearchIndex.build(SECOND_LIST_CHUNKS, IndexConfig(dense=False))
+    both = SearchIndex.build(SECOND_LIST_CHUNKS, IndexConfig(dense=False, second_tokenizer="code"))
+    heavier = SearchIndex.build(
+        SECOND_LIST_CHUNKS, IndexConfig(dense=False, second_tokenizer="code", second_bm25_weight=2.0)
+    )
+    # The words list sees `max`, `workers` and prefers the chunk that repeats them; the code list also matches
+    # `--max-workers` whole and puts the flag's own chunk first. At equal weights the tie goes to the first list;
+    # weighted 2:1 the code list wins.
+    assert words.search("--max-workers", k=1)[0].chunk.chunk_id == "prose#0"
+    assert both._bm25_scores("--max-workers", second=True).argmax() == 0
+    assert both.search("--max-workers", k=1)[0].chunk.chunk_id == "prose#0"
+    hits = heavier.search("--max-workers", k=2)
+    assert hits[0].chunk.chunk_id == "flag#0"
+    assert hits[0].ranks == {"bm25": 2, "bm25_2": 1}
+    reranked = heavier.rerank("--max-workers", ["other#0", "prose#0", "flag#0"])
+    assert reranked[0].chunk.chunk_id == "flag#0" and reranked[-1].chunk.chunk_id == "other#0"
+    assert both.manifest["vocabulary"] > words.manifest["vocabulary"]
+
+
+def test_a_hybrid_with_two_bm25_lists_saves_and_loads(tmp_path) -> None:
+    config = IndexConfig(second_tokenizer="code", second_bm25_weight=0.5, dense_windows=False)
+    built = SearchIndex.build(SECOND_LIST_CHUNKS, config)
+    built.save(tmp_path)
+    loaded = SearchIndex.load(tmp_path)
+    assert loaded.config == config
+    for query in ("--max-workers", "routing key", "pool"):
+        assert [(h.chunk.chunk_id, h.ranks) for h in loaded.search(query)] == [
+            (h.chunk.chunk_id, h.ranks) for h in built.search(query)
+        ]
+    # The second list's convex share follows its weight: 0.5 of 1.5.
+    head = np.arange(3, dtype=np.int64)
+    lexical = built._lexical("--max-workers")
+    dense = built._dense_scores("--max-workers")
+    assert dense is not None
+    alpha = config.alpha
+    mm = {n: (s - s.min()) / (s.max() - s.min()) for n, s in lexical.items()}
+    expected = alpha * (dense - dense.min()) / (dense.max() - dense.min()) + (1 - alpha) * (
+        mm["bm25"] / 1.5 + mm["bm25_2"] * 0.5 / 1.5
+    )
+    assert np.allclose(built._convex(head, lexical, dense), expected, atol=1e-6)
+    (tmp_path / "bm25_2").rename(tmp_path / "elsewhere")
+    with pytest.raises(FileNotFoundError):
+        SearchIndex.load(tmp_path)
+
+
+def test_a_second_list_that_repeats_the_first_is_refused_and_old_configs_have_none() -> None:
+    with pytest.raises(ValueError, match="second_tokenizer='words'.*repeats the first BM25 list"):
+        IndexConfig(second_tokenizer="words")
+    assert IndexConfig(second_tokenizer="words", second_stemmer="english").second_stemmer == "english"
+    # An index of format 2 predates the second list: read without one, whatever today's default is.
+    stored = {k: v for k, v in IndexConfig().model_dump(mode="json").items() if not k.startswith("second_")}
+    assert IndexConfig.from_stored(stored, format_version=2).second_tokenizer is None
+    assert IndexConfig.from_stored(stored, format_version=2).content_hash() == IndexConfig(
+        **{**stored, "second_tokenizer": None}
+    ).content_hash()

@@ -269,7 +269,7 @@ def test_save_and_load_give_identical_results(hybrid, tmp_path):
     hybrid.save(tmp_path / "idx")
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     assert manifest["chunks"] == len(hybrid.chunks) and manifest["documents"] == len(DOCS)
-    assert manifest["config"] == LEGACY.model_dump(mode="json") and manifest["format"] == 2
+    assert manifest["config"] == LEGACY.model_dump(mode="json") and manifest["format"] == 3
     assert manifest["corpus_hash"] == hashlib.sha256(dump_chunks_jsonl(make_chunks())).hexdigest()
     assert set(manifest["build_seconds"]) == {"bm25", "dense"}
     loaded = SearchIndex.load(tmp_path / "idx")
