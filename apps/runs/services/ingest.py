@@ -24,7 +24,6 @@ from apps.runs.models import (
     Artifact,
     Checkpoint,
     IngestedRange,
-    MetricPoint,
     Run,
     RunEvent,
     RunStatus,
@@ -33,7 +32,7 @@ from apps.runs.models import (
 )
 from apps.runs.selectors import run_state
 from apps.runs.services.lifecycle import LOG_TAIL_LINES
-from apps.runs.services.metrics import copy_rows, rollup_metrics
+from apps.runs.services.metrics import copy_metric_points, copy_rows, rollup_metrics
 from workers.events import EVENTS_LIST, Event
 
 
@@ -99,7 +98,7 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             return IngestResult(accepted=0, duplicates=len(events), last_seq=run.last_seq)
 
         run.ingest_batches += 1
-        payloads = list(EVENTS_LIST.dump_python(fresh, mode="json"))
+        payloads = _payloads(fresh)
         by_kind: dict[str, list[Any]] = defaultdict(list)
         for event in fresh:
             by_kind[event.kind].append(event)
@@ -120,6 +119,21 @@ def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> Ing
             payloads=payloads,
             state=state,
         )
+
+
+def _payloads(events: list[Any]) -> list[dict[str, Any]]:
+    """The events as JSON-ready dicts, as `EVENTS_LIST.dump_python(events, mode="json")` gives them (what the
+    ledger stores and the run's group is sent). A metric event is built by hand: it is most of every batch, its
+    fields are plain JSON already, and pydantic's serializer costs about 5 us per event (a test holds the two
+    equal)."""
+    others = [e for e in events if e.kind != "metric"]
+    dumped = iter(EVENTS_LIST.dump_python(others, mode="json") if others else ())
+    return [
+        {"seq": e.seq, "time": e.time, "kind": "metric", "step": e.step, "values": e.values}
+        if e.kind == "metric"
+        else next(dumped)
+        for e in events
+    ]
 
 
 def _store_ledger(run: Run, fresh: list[Any], payloads: list[dict[str, Any]], now: datetime) -> None:
@@ -144,7 +158,7 @@ def _store_rows(run: Run, by_kind: dict[str, list[Any]], now: datetime) -> list[
     """The rows of the core event kinds; returns the ids of the trajectory summaries in the batch."""
     run_id = run.pk
     metrics = [(run_id, e.step, k, v, _ts(e, now)) for e in by_kind.get("metric", []) for k, v in e.values.items()]
-    copy_rows(MetricPoint._meta.db_table, ["run_id", "step", "name", "value", "time"], metrics)
+    copy_metric_points(metrics)
     rollup_metrics(run.pk, metrics)
     trajectories = [
         TrajectorySummary(

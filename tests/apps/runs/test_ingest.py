@@ -194,3 +194,27 @@ def test_a_retry_that_overlaps_several_earlier_batches_stores_only_the_gaps(run)
     assert reply.json() == {"accepted": 3, "duplicates": 4, "last_seq": 9}
     assert sorted(MetricPoint.objects.filter(run=run).values_list("step", flat=True)) == [1, 2, 3, 4, 6, 7, 8, 9]
     assert RunEvent.objects.filter(run=run, kind="log").count() == 1
+
+
+def test_metric_names_that_need_escaping_in_copy_text_and_times_read_back_exactly(run):
+    names = ["back\\slash", "tab\there", "new\nline", "cr\rhere", "plain/name", "ünïcode ✓"]
+    events = [
+        {"seq": i + 1, "kind": "metric", "step": i, "time": 1_700_000_000.25 + i, "values": {name: 1e-7 * (i + 1)}}
+        for i, name in enumerate(names)
+    ]
+    assert _post(run, events).json()["accepted"] == len(names)
+    stored = {p.name: p for p in MetricPoint.objects.filter(run=run)}
+    assert sorted(stored) == sorted(names)
+    for i, name in enumerate(names):
+        assert stored[name].value == 1e-7 * (i + 1) and stored[name].step == i
+        assert stored[name].time.timestamp() == 1_700_000_000.25 + i
+
+
+def test_the_hand_built_metric_payload_equals_pydantics_dump():
+    from apps.runs.services.ingest import _payloads
+    from workers.events import EVENTS_LIST
+
+    events = EVENTS_LIST.validate_python(
+        [*BATCH, {"seq": 5, "kind": "metric", "step": 2, "time": 3.5, "values": {"a": 1}}]
+    )
+    assert _payloads(events) == list(EVENTS_LIST.dump_python(events, mode="json"))
