@@ -10,8 +10,11 @@
    document title and the section path above it (`workers.search.corpus.chunk_document`).
 2. Chunk ids in `exclude` (the harness's dedup of chunks already seen) are masked in both score vectors before
    the top `candidates` of each are taken: they never come back and never take one of the k places.
-3. The two ranked lists are fused with reciprocal rank fusion: methods.md R1 (1-based ranks, k = 60) with a
-   weight per list (`bm25_weight`, `dense_weight`), or Chroma's R2 (`rrf_form="r2"`, 0-based ranks).
+   With `second_tokenizer`, a second BM25 list over another analyzer (e.g. the `code` tokenizer beside `words`)
+   is scored too: identifiers and flags matched whole, next to prose matched by words.
+3. The ranked lists are fused with reciprocal rank fusion: methods.md R1 (1-based ranks, k = 60) with a
+   weight per list (`bm25_weight`, `second_bm25_weight`, `dense_weight`), or Chroma's R2 (`rrf_form="r2"`,
+   0-based ranks).
 4. The top `rerank_top` fused candidates are reranked, and the first k returned.
 
 The reranker is a documented choice. Context-1 reranks the top 50 fused candidates without saying with what
@@ -25,8 +28,9 @@ min-max normalised over the candidates:
 Bruch, Gai and Ingber, "An analysis of fusion functions for hybrid retrieval" (ACM TOIS 2023), found this convex
 combination better than RRF in and out of domain whenever both scores are available, and it has a single
 parameter. RRF still chooses the candidate set (it is robust to the two score scales); the convex step orders it
-using the score gaps that RRF throws away. `reranker="none"` keeps the RRF order. With `dense=False` the index
-is BM25 alone: no fusion and no reranking.
+using the score gaps that RRF throws away. With two BM25 lists, mm(bm25) is their min-max scores averaged with
+the lists' RRF weights. `reranker="none"` keeps the RRF order. With `dense=False` the index is BM25 alone (two
+BM25 lists: fused with RRF, no reranking).
 
 Every default (no stemmer, the word tokenizer, windows, dense_weight 0.25, alpha 0.3) was chosen by the retrieval
 harness `bench/retrieval_eval.py` on its three tuning corpora (Markdown, reStructuredText, Python source) and then
