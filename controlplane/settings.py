@@ -173,6 +173,8 @@ FEEDBACK_WINDOW_HOURS = env_int("CRUCIBLE_FEEDBACK_WINDOW_HOURS", 72)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(INGEST_MAX_BYTES, 64 * 1024 * 1024)
 FILE_UPLOAD_MAX_MEMORY_SIZE = 16 * 1024 * 1024
 DATASET_MAX_BYTES = env_int("CRUCIBLE_DATASET_MAX_BYTES", 256 * 1024 * 1024)
+# One document of a corpus (a file of a zip or folder, a JSONL document): larger ones are refused by name.
+DOCUMENT_MAX_BYTES = env_int("CRUCIBLE_DOCUMENT_MAX_BYTES", 16 * 1024 * 1024)
 
 # Storage: local filesystem by default, S3-compatible when CRUCIBLE_S3_BUCKET is set.
 MEDIA_ROOT = Path(env_str("CRUCIBLE_MEDIA_ROOT", str(VAR_DIR / "media")))

@@ -26,6 +26,7 @@ from workers.search.corpus import (
     chunker_config_from,
     is_zip,
     looks_like_canonical_chunks,
+    other_archive,
     parse_documents_jsonl,
     parse_documents_zip,
     validate_canonical,
@@ -144,7 +145,16 @@ def corpus_chunks_from_upload(*, data: bytes, chunker: ChunkerOption = None) -> 
     config = _chunker(chunker)
     try:
         if is_zip(data):
-            source = parse_documents_zip(data, max_bytes=settings.DATASET_MAX_BYTES)
+            source = parse_documents_zip(
+                data, max_bytes=settings.DATASET_MAX_BYTES, max_document_bytes=settings.DOCUMENT_MAX_BYTES
+            )
+        elif kind := other_archive(data):
+            raise CorpusError(
+                [
+                    f"file: a {kind} archive; a corpus upload is a .zip of documents, a JSONL of documents or chunk "
+                    "JSONL: re-pack it as a zip"
+                ]
+            )
         elif looks_like_canonical_chunks(data):
             if chunker not in (None, "") and config != ChunkerConfig():
                 raise ValidationError(
@@ -153,7 +163,7 @@ def corpus_chunks_from_upload(*, data: bytes, chunker: ChunkerOption = None) -> 
             chunks = validate_canonical(data)
             return dump_chunks_jsonl(chunks), len(chunks), _corpus_report(chunks, canonical_report(chunks))
         else:
-            source = parse_documents_jsonl(data)
+            source = parse_documents_jsonl(data, max_document_bytes=settings.DOCUMENT_MAX_BYTES)
     except CorpusError as exc:
         raise ValidationError({"file": exc.errors})
     return corpus_chunks_from_source(source=source, chunker=config)

@@ -32,6 +32,20 @@ from workers.search.formats import plain_text_to_markdown, python_to_markdown, r
 from workers.search.types import Chunk, chunk_id_for
 
 MAX_ERRORS = 50
+
+DOCUMENT_MAX_BYTES = 16 * 1024 * 1024
+"""The default cap on one document (a file of a zip or folder, a JSONL document's text): a single document past it
+is almost always a dump (logs, a concatenated export) that would make tens of thousands of chunks under one doc
+id. The control plane's `CRUCIBLE_DOCUMENT_MAX_BYTES` sets it."""
+
+
+def _over_document_cap(size: int, max_document_bytes: int) -> str:
+    return (
+        f"{size:,} bytes, over the {max_document_bytes:,}-byte limit for one document (CRUCIBLE_DOCUMENT_MAX_BYTES); "
+        "split it into smaller files"
+    )
+
+
 MAX_DOC_ID_CHARS = 256
 REPORT_EXAMPLES = 20
 SUPPORTED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".rst", ".rest", ".py")
@@ -547,8 +561,9 @@ def _json_lines(data: bytes, errors: list[str]) -> Iterable[tuple[int, Any]]:
             errors.append(f"line {number}: not valid JSON ({exc}); write one JSON object per line")
 
 
-def parse_documents_jsonl(data: bytes) -> DocumentSource:
-    """Documents from JSONL, one `{"doc_id" (or "id"), "text", "title"?, "metadata"?}` object per line."""
+def parse_documents_jsonl(data: bytes, *, max_document_bytes: int = DOCUMENT_MAX_BYTES) -> DocumentSource:
+    """Documents from JSONL, one `{"doc_id" (or "id"), "text", "title"?, "metadata"?}` object per line; a text over
+    `max_document_bytes` (UTF-8) is an error naming its line."""
     errors: list[str] = []
     documents: list[Document] = []
     first_line: dict[str, int] = {}
@@ -556,6 +571,10 @@ def parse_documents_jsonl(data: bytes) -> DocumentSource:
         document, problems = _document_from_row(row, f"line {number}")
         errors.extend(problems)
         if document is None:
+            continue
+        size = len(document.text.encode())
+        if size > max_document_bytes:
+            errors.append(f"line {number}: the text is {_over_document_cap(size, max_document_bytes)}")
             continue
         if document.doc_id in first_line:
             errors.append(
@@ -736,17 +755,26 @@ def _hidden(relative_path: str) -> bool:
     return any(part.startswith(".") or part == "__MACOSX" for part in PurePosixPath(relative_path).parts)
 
 
-def _documents_from_files(files: Iterable[tuple[str, bytes]], source: str) -> DocumentSource:
-    """Documents from (relative path, bytes) pairs in path order. A file that cannot be a document (not UTF-8,
-    binary, Python that does not parse, a doc id taken by another file) is rejected with a message naming it, and
-    the others are read: one bad file in a large archive does not cost the rest."""
+def _documents_from_files(
+    files: Iterable[tuple[str, bytes, int]], source: str, max_document_bytes: int = DOCUMENT_MAX_BYTES
+) -> DocumentSource:
+    """Documents from (relative path, bytes, size) in path order (`size` is the file's own: a file over
+    `max_document_bytes` need not be read whole). A file that cannot be a document (not UTF-8,
+    binary, Python that does not parse, a doc id taken by another file, over `max_document_bytes`) is rejected
+    with a message naming it, and the others are read: one bad file in a large archive does not cost the rest."""
     errors: list[str] = []
     documents: list[Document] = []
     skipped: list[str] = []
     first_path: dict[str, str] = {}
-    for relative_path, data in files:
+    for relative_path, data, size in files:
         if _hidden(relative_path):
             skipped.append(relative_path)
+            continue
+        if max(size, len(data)) > max_document_bytes:
+            if PurePosixPath(relative_path).suffix.lower() in SUPPORTED_SUFFIXES:
+                errors.append(f"{relative_path}: {_over_document_cap(max(size, len(data)), max_document_bytes)}")
+            else:
+                skipped.append(relative_path)
             continue
         try:
             document = document_from_file(relative_path, data)
@@ -776,7 +804,9 @@ def _too_big(max_bytes: int) -> CorpusError:
     )
 
 
-def parse_documents_folder(folder: str | Path, *, max_bytes: int | None = None) -> DocumentSource:
+def parse_documents_folder(
+    folder: str | Path, *, max_bytes: int | None = None, max_document_bytes: int = DOCUMENT_MAX_BYTES
+) -> DocumentSource:
     """Documents from every .txt/.md/.markdown/.html/.htm file under `folder`, recursively, in path order.
 
     Hidden files and folders (a leading '.') are skipped, as are other extensions; both are counted.
@@ -786,20 +816,24 @@ def parse_documents_folder(folder: str | Path, *, max_bytes: int | None = None) 
         raise CorpusError([f"{folder}: not a folder; pass the folder that holds the documents"])
     paths = sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.relative_to(root).as_posix())
 
-    def files() -> Iterable[tuple[str, bytes]]:
+    def files() -> Iterable[tuple[str, bytes, int]]:
         total = 0
         for path in paths:
             relative = path.relative_to(root).as_posix()
             if path.suffix.lower() not in SUPPORTED_SUFFIXES or _hidden(relative):
-                yield relative, b""  # skipped below, without reading it
+                yield relative, b"", 0  # skipped below, without reading it
+                continue
+            size = path.stat().st_size
+            if size > max_document_bytes:
+                yield relative, b"", size  # refused by its size below, without reading it
                 continue
             data = path.read_bytes()
             total += len(data)
             if max_bytes is not None and total > max_bytes:
                 raise _too_big(max_bytes)
-            yield relative, data
+            yield relative, data, len(data)
 
-    return _documents_from_files(files(), source="folder")
+    return _documents_from_files(files(), source="folder", max_document_bytes=max_document_bytes)
 
 
 def _archive_path_problem(name: str) -> str | None:
@@ -810,7 +844,7 @@ def _archive_path_problem(name: str) -> str | None:
     return None
 
 
-def parse_documents_zip(data: bytes, *, max_bytes: int) -> DocumentSource:
+def parse_documents_zip(data: bytes, *, max_bytes: int, max_document_bytes: int = DOCUMENT_MAX_BYTES) -> DocumentSource:
     """Documents from a zip of a folder (as `parse_documents_folder` reads it).
 
     When every file sits under one top-level folder, that folder is dropped from the doc ids, so zipping a
@@ -838,25 +872,49 @@ def parse_documents_zip(data: bytes, *, max_bytes: int) -> DocumentSource:
         tops = {n.split("/", 1)[0] for n in visible}
         prefix = f"{next(iter(tops))}/" if len(tops) == 1 and all("/" in n for n in visible) else ""
 
-        def files() -> Iterable[tuple[str, bytes]]:
+        def files() -> Iterable[tuple[str, bytes, int]]:
             remaining = max_bytes
             for name in names:
                 relative = name[len(prefix) :] if prefix and name.startswith(prefix) else name
                 if PurePosixPath(name).suffix.lower() not in SUPPORTED_SUFFIXES or _hidden(name):
-                    yield relative, b""
+                    yield relative, b"", 0
+                    continue
+                if by_name[name].file_size > max_document_bytes:
+                    yield relative, b"", by_name[name].file_size  # refused by its size, not read
                     continue
                 try:
                     with archive.open(by_name[name]) as handle:
-                        content = handle.read(remaining + 1)
+                        # A header can understate the size: read no further than the caps allow.
+                        content = handle.read(min(remaining, max_document_bytes) + 1)
                 except (zipfile.BadZipFile, NotImplementedError, RuntimeError, OSError) as exc:
                     raise CorpusError([f"zip entry {name!r}: cannot be read ({exc}); re-create the archive"])
                 remaining -= len(content)
                 if remaining < 0:
                     raise _too_big(max_bytes)
-                yield relative, content
+                yield relative, content, len(content)
 
-        return _documents_from_files(files(), source="zip")
+        return _documents_from_files(files(), source="zip", max_document_bytes=max_document_bytes)
 
 
 def is_zip(data: bytes) -> bool:
     return data[:4] in (b"PK\x03\x04", b"PK\x05\x06")
+
+
+_ARCHIVE_MAGIC = (
+    (b"\x1f\x8b", "gzip"),
+    (b"BZh", "bzip2"),
+    (b"\xfd7zXZ\x00", "xz"),
+    (b"(\xb5/\xfd", "zstd"),
+    (b"7z\xbc\xaf'\x1c", "7z"),
+    (b"Rar!\x1a\x07", "rar"),
+)
+
+
+def other_archive(data: bytes) -> str | None:
+    """The kind of a compressed file or archive that is not a zip (gzip, bzip2, xz, zstd, 7z, rar, tar), or None."""
+    for magic, kind in _ARCHIVE_MAGIC:
+        if data.startswith(magic):
+            return kind
+    if data[257:262] == b"ustar":
+        return "tar"
+    return None

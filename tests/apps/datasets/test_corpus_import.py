@@ -282,3 +282,46 @@ def test_the_demo_loader_adds_the_python_docs_corpus_once() -> None:
     version = DatasetVersion.objects.get(dataset__name="demo-pydocs")
     assert version.row_count >= 3000
     assert version.validation_report["source"] == "builtin:python-docs"
+
+
+def test_a_50_mb_document_is_refused_by_name_and_the_rest_of_the_zip_imported(client_for) -> None:  # type: ignore[no-untyped-def]
+    client = client_for("operator")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("docs/guide.md", "# Guide\n\nCall `connect()` first, then `send()`.\n")
+        archive.writestr("docs/dump.txt", "log line with words\n" * (50 * 1024 * 1024 // 20))
+    response = _upload(client, _corpus(client), buffer.getvalue(), name="docs.zip")
+    assert response.status_code == 201, response.json()
+    report = response.json()["validation_report"]
+    assert report["rejected_file_reasons"] == [
+        "dump.txt: 52,428,800 bytes, over the 16,777,216-byte limit for one document (CRUCIBLE_DOCUMENT_MAX_BYTES); "
+        "split it into smaller files"
+    ]
+    assert {c.doc_id for c in _stored_chunks(DatasetVersion.objects.get())} == {"guide"}
+
+
+@pytest.mark.parametrize(
+    ("data", "kind"),
+    [
+        (b"\x1f\x8b\x08\x00" + b"\x00" * 40, "gzip"),
+        (b"BZh91AY&SY" + b"\x00" * 40, "bzip2"),
+        (b"7z\xbc\xaf'\x1c\x00\x04" + b"\x00" * 40, "7z"),
+        (b"docs/a.md".ljust(257, b"\x00") + b"ustar\x0000" + b"\x00" * 200, "tar"),
+    ],
+)
+def test_an_archive_in_another_format_is_a_400_naming_it_and_stores_nothing(client_for, data: bytes, kind: str) -> None:  # type: ignore[no-untyped-def]
+    client = client_for("operator")
+    response = _upload(client, _corpus(client), data, name=f"docs.{kind}")
+    assert response.status_code == 400
+    assert f"file: a {kind} archive" in response.json()["detail"] and "re-pack it as a zip" in response.json()["detail"]
+    assert DatasetVersion.objects.count() == 0
+
+
+def test_a_jsonl_document_over_the_cap_names_its_line(client_for, settings) -> None:  # type: ignore[no-untyped-def]
+    settings.DOCUMENT_MAX_BYTES = 1000
+    client = client_for("operator")
+    data = _documents(1) + (json.dumps({"doc_id": "big", "text": "x " * 600}) + "\n").encode()
+    response = _upload(client, _corpus(client), data)
+    assert response.status_code == 400
+    assert "line 2: the text is 1,200 bytes, over the 1,000-byte limit for one document" in response.json()["detail"]
+    assert DatasetVersion.objects.count() == 0

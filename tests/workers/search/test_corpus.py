@@ -314,3 +314,19 @@ def test_the_stdlib_corpus_is_the_same_every_time(stdlib_chunks) -> None:  # typ
     chunks, _ = build_corpus(stdlib_documents())
     assert dump_chunks_jsonl(chunks) == data
     assert b" at 0x" not in data
+
+
+def test_a_document_over_the_cap_is_refused_by_name_in_a_folder_and_a_zip(tmp_path: Path) -> None:
+    (tmp_path / "small.md").write_text("# Small\n\nFits.")
+    (tmp_path / "large.txt").write_text("word " * 400)
+    (tmp_path / "large.bin").write_bytes(b"\x00" * 4000)  # unsupported: skipped, not refused
+    expected = [
+        "large.txt: 2,000 bytes, over the 1,000-byte limit for one document (CRUCIBLE_DOCUMENT_MAX_BYTES); "
+        "split it into smaller files"
+    ]
+    folder = parse_documents_folder(tmp_path, max_document_bytes=1000)
+    assert [d.doc_id for d in folder.documents] == ["small"] and folder.rejected_files == expected
+    assert folder.skipped_files == ["large.bin"]
+    entries = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    zipped = parse_documents_zip(_zip(entries), max_bytes=100_000, max_document_bytes=1000)
+    assert [d.doc_id for d in zipped.documents] == ["small"] and zipped.rejected_files == expected

@@ -108,7 +108,9 @@ class Command(BaseCommand):
             )
         if options["folder"] is not None:
             folder: Path = options["folder"]
-            source = parse_documents_folder(folder, max_bytes=settings.DATASET_MAX_BYTES)
+            source = parse_documents_folder(
+                folder, max_bytes=settings.DATASET_MAX_BYTES, max_document_bytes=settings.DOCUMENT_MAX_BYTES
+            )
             filename = folder.resolve().name
         else:
             source = DocumentSource(documents=stdlib_documents(), source=f"builtin:{options['builtin']}")
