@@ -208,6 +208,7 @@ def test_a_second_list_that_repeats_the_first_is_refused_and_old_configs_have_no
     # An index of format 2 predates the second list: read without one, whatever today's default is.
     stored = {k: v for k, v in IndexConfig().model_dump(mode="json").items() if not k.startswith("second_")}
     assert IndexConfig.from_stored(stored, format_version=2).second_tokenizer is None
-    assert IndexConfig.from_stored(stored, format_version=2).content_hash() == IndexConfig(
-        **{**stored, "second_tokenizer": None}
-    ).content_hash()
+    assert (
+        IndexConfig.from_stored(stored, format_version=2).content_hash()
+        == IndexConfig(**{**stored, "second_tokenizer": None}).content_hash()
+    )
