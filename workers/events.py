@@ -21,7 +21,8 @@ class _Event(BaseModel):
     time: float | None = Field(default=None, description="Unix seconds when the worker produced it")
 
 
-MetricName = Annotated[str, StringConstraints(min_length=1, max_length=100)]
+# No NUL character: PostgreSQL text cannot hold one (the ingest view answers NULs in other fields with a 400 too).
+MetricName = Annotated[str, StringConstraints(min_length=1, max_length=100, pattern="^[^\x00]+$")]
 
 
 class MetricEvent(_Event):

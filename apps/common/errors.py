@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import DatabaseError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from psycopg.errors import CharacterNotInRepertoire, UntranslatableCharacter
 from pydantic import ValidationError as PydanticError
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -45,8 +47,22 @@ def pydantic_problems(exc: PydanticError, prefix: str = "") -> dict[str, list[st
     return fields
 
 
+NUL_ERRORS = (CharacterNotInRepertoire, UntranslatableCharacter)
+"""What PostgreSQL says to a NUL character in text (COPY text) or in jsonb (an escaped \\u0000)."""
+
+NUL_PROBLEM = "a text field holds a NUL character (\\u0000), which PostgreSQL cannot store; remove it"
+
+
+def is_nul_error(exc: BaseException) -> bool:
+    """A database error raised by a NUL character in a value (psycopg's own, or Django's wrapping it)."""
+    return isinstance(exc, NUL_ERRORS) or isinstance(exc.__cause__, NUL_ERRORS)
+
+
 def json_exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
-    """Every API error is JSON: `detail` is one readable line, `fields` maps each bad field to its messages."""
+    """Every API error is JSON: `detail` is one readable line, `fields` maps each bad field to its messages. A NUL
+    character that reached the database (a free-form JSON value; DRF's own fields refuse it before) is a 400."""
+    if isinstance(exc, DatabaseError) and is_nul_error(exc):
+        return Response({"detail": NUL_PROBLEM}, status=400)
     if isinstance(exc, DjangoValidationError):
         exc = exceptions.ValidationError(exc.message_dict if hasattr(exc, "error_dict") else exc.messages)
     response = exception_handler(exc, context)

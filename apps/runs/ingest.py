@@ -14,8 +14,10 @@ from django.conf import settings
 from django.db import DataError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
+from psycopg import DataError as PsycopgDataError
 from pydantic import ValidationError as PydanticError
 
+from apps.common.errors import NUL_PROBLEM, is_nul_error
 from apps.runs import services
 from apps.runs.live import publish_events_async
 from apps.runs.models import Run
@@ -99,10 +101,10 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
     except Run.DoesNotExist:  # authorized from the nonce cache, but the run is gone
         _NONCES.pop(run_id, None)
         return _error(404, f"run {run_id} does not exist")
-    except (
-        ValueError,
-        DataError,
-    ) as exc:  # a NaN or infinity inside a free-form field (summary, meta): nothing was stored
+    except (ValueError, DataError, PsycopgDataError) as exc:  # the transaction rolled back: nothing was stored
+        if is_nul_error(exc):
+            return _error(400, f"events: {NUL_PROBLEM}", {"events": [f"{NUL_PROBLEM} ({exc})"]})
+        # A NaN or infinity inside a free-form field (summary, meta).
         return _error(400, f"events: send only finite numbers ({exc})", {"events": [str(exc)]})
     if result.accepted:
         await publish_events_async(run_id, result.payloads, result.state)

@@ -218,3 +218,33 @@ def test_the_hand_built_metric_payload_equals_pydantics_dump():
         [*BATCH, {"seq": 5, "kind": "metric", "step": 2, "time": 3.5, "values": {"a": 1}}]
     )
     assert _payloads(events) == list(EVENTS_LIST.dump_python(events, mode="json"))
+
+
+def test_a_nul_character_is_a_400_naming_it_and_stores_nothing(run):
+    named = _post(run, [{"seq": 1, "kind": "metric", "step": 0, "values": {"a\x00b": 1.0}}])
+    assert named.status_code == 400 and "events.0.metric.values" in named.json()["detail"]
+    for event in (
+        {"seq": 1, "kind": "log", "lines": ["fine", "nul \x00 here"]},
+        {"seq": 1, "kind": "trajectory", "trajectory_id": "t\x00", "reward": 1.0},
+        {"seq": 1, "kind": "summary", "data": {"note": "a\x00"}},
+    ):
+        response = _post(run, [{"seq": 2, "kind": "progress", "done": 1, "total": 2}, event])
+        assert response.status_code == 400, (event, response.content)
+        assert "NUL character" in response.json()["detail"]
+    assert not MetricPoint.objects.filter(run=run).exists() and not RunEvent.objects.filter(run=run).exists()
+    assert not TrajectorySummary.objects.filter(run=run).exists()
+    run.refresh_from_db()
+    assert run.last_seq == 0 and run.progress_done == 0
+
+
+def test_the_api_answers_a_nul_that_reached_the_database_with_a_400():
+    from django.db import DataError
+    from psycopg.errors import UntranslatableCharacter
+
+    from apps.common.errors import NUL_PROBLEM, json_exception_handler
+
+    wrapped = DataError("unsupported Unicode escape sequence")
+    wrapped.__cause__ = UntranslatableCharacter("unsupported Unicode escape sequence")
+    response = json_exception_handler(wrapped, {})
+    assert response is not None and response.status_code == 400 and response.data == {"detail": NUL_PROBLEM}
+    assert json_exception_handler(DataError("numeric field overflow"), {}) is None  # other errors are not hidden
