@@ -62,15 +62,15 @@ INSTALLED_APPS = [
     "apps.web",
 ]
 
-# Django's middleware, without a thread hop per hook under ASGI where the hook does no I/O (controlplane/middleware.py).
+# Django's middleware; under ASGI the hooks that do no I/O run without a thread hop (apps/common/middleware.py).
 MIDDLEWARE = [
-    "controlplane.middleware.SecurityMiddleware",
-    "controlplane.middleware.SessionMiddleware",
-    "controlplane.middleware.CommonMiddleware",
-    "controlplane.middleware.CsrfViewMiddleware",
-    "controlplane.middleware.AuthenticationMiddleware",
-    "controlplane.middleware.MessageMiddleware",
-    "controlplane.middleware.XFrameOptionsMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
 ROOT_URLCONF = "controlplane.urls"
