@@ -101,11 +101,13 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
     except Run.DoesNotExist:  # authorized from the nonce cache, but the run is gone
         _NONCES.pop(run_id, None)
         return _error(404, f"run {run_id} does not exist")
-    except (ValueError, DataError, PsycopgDataError) as exc:  # the transaction rolled back: nothing was stored
+    except ValueError as exc:  # a NaN or infinity inside a free-form field (summary, meta): nothing was stored
+        return _error(400, f"events: send only finite numbers ({exc})", {"events": [str(exc)]})
+    except (DataError, PsycopgDataError) as exc:  # the transaction rolled back: nothing was stored
         if is_nul_error(exc):
             return _error(400, f"events: {NUL_PROBLEM}", {"events": [f"{NUL_PROBLEM} ({exc})"]})
-        # A NaN or infinity inside a free-form field (summary, meta).
-        return _error(400, f"events: send only finite numbers ({exc})", {"events": [str(exc)]})
+        problem = f"a value does not fit where it is stored ({exc}); steps, seqs and counts are 64-bit integers"
+        return _error(400, f"events: {problem}", {"events": [problem]})
     if result.accepted:
         await publish_events_async(run_id, result.payloads, result.state)
     return JsonResponse({"accepted": result.accepted, "duplicates": result.duplicates, "last_seq": result.last_seq})

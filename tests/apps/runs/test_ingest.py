@@ -248,3 +248,11 @@ def test_the_api_answers_a_nul_that_reached_the_database_with_a_400():
     response = json_exception_handler(wrapped, {})
     assert response is not None and response.status_code == 400 and response.data == {"detail": NUL_PROBLEM}
     assert json_exception_handler(DataError("numeric field overflow"), {}) is None  # other errors are not hidden
+
+
+def test_a_step_past_64_bits_is_a_400_and_stores_nothing(run):
+    response = _post(run, [{"seq": 1, "kind": "metric", "step": 2**70, "values": {"x": 1.0}}])
+    assert response.status_code == 400 and "64-bit integers" in response.json()["detail"]
+    assert not MetricPoint.objects.filter(run=run).exists()
+    run.refresh_from_db()
+    assert run.last_seq == 0
