@@ -24,6 +24,7 @@ from apps.runs.models import (
     Artifact,
     Checkpoint,
     IngestedRange,
+    MetricPoint,
     Run,
     RunEvent,
     RunStatus,
@@ -32,7 +33,7 @@ from apps.runs.models import (
 )
 from apps.runs.selectors import run_state
 from apps.runs.services.lifecycle import LOG_TAIL_LINES
-from apps.runs.services.metrics import copy_metric_points, copy_rows, rollup_metrics
+from apps.runs.services.metrics import METRIC_POINT_COLUMNS, copy_rows, rollup_metrics
 from workers.events import EVENTS_LIST, Event
 
 
@@ -158,7 +159,7 @@ def _store_rows(run: Run, by_kind: dict[str, list[Any]], now: datetime) -> list[
     """The rows of the core event kinds; returns the ids of the trajectory summaries in the batch."""
     run_id = run.pk
     metrics = [(run_id, e.step, k, v, _ts(e, now)) for e in by_kind.get("metric", []) for k, v in e.values.items()]
-    copy_metric_points(metrics)
+    copy_rows(MetricPoint._meta.db_table, METRIC_POINT_COLUMNS, metrics)
     rollup_metrics(run.pk, metrics)
     trajectories = [
         TrajectorySummary(

@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from apps.runs.models import ROLLUP_STEPS, MetricPoint, MetricRollup
 
+METRIC_POINT_COLUMNS = ["run_id", "step", "name", "value", "time"]
+
 
 def rollup_metrics(run_id: int, points: list[tuple[Any, ...]]) -> None:
     """Fold a batch's new metric points (run, step, name, value, time) into the run's roll-up buckets, in the
@@ -49,7 +51,7 @@ def metric_series_replace(*, run_id: int, name: str, points: list[tuple[int, flo
         MetricPoint.objects.filter(run_id=run_id, name=name).delete()
         MetricRollup.objects.filter(run_id=run_id, name=name).delete()
         rows = [(run_id, step, name, value, now) for step, value in points]
-        copy_metric_points(rows)
+        copy_rows(MetricPoint._meta.db_table, METRIC_POINT_COLUMNS, rows)
         rollup_metrics(run_id, rows)
 
 
@@ -70,34 +72,37 @@ def metric_rollups_rebuild(*, run_ids: list[int] | None = None) -> None:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def copy_metric_points(points: list[tuple[int, int, str, float, datetime]]) -> None:
-    """COPY metric points (run, step, name, value, time) as one block of COPY text: about 5x less CPU than a
-    write_row per point (a 1,000-point batch is the common case). Values are finite floats (ingest refuses the
-    rest); each distinct name and time is formatted once."""
-    if not points:
-        return
-    names: dict[str, str] = {}
-    stamps: dict[datetime, str] = {}
-    lines = []
-    for run_id, step, name, value, time in points:
-        text = names.get(name)
-        if text is None:
-            text = names[name] = name.translate(_COPY_ESCAPES)
-        stamp = stamps.get(time)
-        if stamp is None:
-            stamp = stamps[time] = time.isoformat()
-        lines.append(f"{run_id}\t{step}\t{text}\t{float(value)!r}\t{stamp}\n")
-    table = MetricPoint._meta.db_table
-    with connection.cursor() as cursor:
-        with cursor.cursor.copy(f"COPY {table} (run_id, step, name, value, time) FROM STDIN") as copy:
-            copy.write("".join(lines))
+def _copy_text(value: Any) -> str:
+    if value is None:
+        return "\\N"
+    if isinstance(value, str):
+        return value.translate(_COPY_ESCAPES)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    return str(value)  # int (bool is written True/False, which PostgreSQL reads)
 
 
 def copy_rows(table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> None:
-    """COPY, not INSERT: a 1,000-row batch goes in ~10x faster (callers hold the lock that keeps it exactly-once)."""
+    """COPY, not INSERT (callers hold the lock that keeps it exactly-once), written as one block of COPY text: about
+    5x less CPU than a `write_row` per row for a 1,000-point batch. Values: None, str, int, float, datetime; a
+    repeated str or datetime (a metric's name, the batch's time) is formatted once."""
     if not rows:
         return
+    formatted: dict[Any, str] = {}
+    lines = []
+    for row in rows:
+        cells = []
+        for value in row:
+            if isinstance(value, (str, datetime)):
+                text = formatted.get(value)
+                if text is None:
+                    text = formatted[value] = _copy_text(value)
+            else:
+                text = _copy_text(value)
+            cells.append(text)
+        lines.append("\t".join(cells))
     with connection.cursor() as cursor:
         with cursor.cursor.copy(f"COPY {table} ({', '.join(columns)}) FROM STDIN") as copy:
-            for row in rows:
-                copy.write_row(row)
+            copy.write("\n".join(lines) + "\n")
