@@ -75,6 +75,7 @@ __all__ = [
     "Hit",
     "IndexConfig",
     "SearchIndex",
+    "bm25_index",
     "index_cache_dir",
     "index_text",
     "load_index",
@@ -453,15 +454,13 @@ class SearchIndex:
         for name, ranked in lists.items():
             for rank, chunk_id in enumerate(ranked, start=1):
                 ranks[chunk_id][name] = rank
-        if dense_all is None and len(lists) > 1:
-            return [self._hit(self._row[c], s, ranks[c]) for c, s in self._fuse(lists)] + [
-                self._hit(self._row[c], 0.0, ranks[c]) for c in ids if not any(c in v for v in lists.values())
-            ]
         if dense_all is None:
-            # BM25 order; chunks without a query term keep their given order after the rest.
-            matched = set(by_bm25)
-            order = by_bm25 + [c for c in ids if c not in matched]
-            return [self._hit(self._row[c], bm25_all[self._row[c]], ranks[c]) for c in order]
+            # BM25's order and score (two BM25 lists: their RRF); chunks without a query term keep their given
+            # order after the rest, scored 0.
+            scored = self._fuse(lists) if len(lists) > 1 else [(c, float(bm25_all[self._row[c]])) for c in by_bm25]
+            matched = {c for c, _ in scored}
+            scored += [(c, 0.0) for c in ids if c not in matched]
+            return [self._hit(self._row[c], score, ranks[c]) for c, score in scored]
         if self.config.reranker == "convex":
             scores = self._convex(rows, lexical, dense_all)
             order_i = np.argsort(-scores, kind="stable").tolist()
@@ -498,10 +497,10 @@ class SearchIndex:
             seen.add(chunk.chunk_id)
         started = time.perf_counter()
         texts = [index_text(c) for c in chunks]
-        retriever = _bm25_index(texts, config, config.tokenizer, config.stemmer)
+        retriever = bm25_index(texts, config, config.tokenizer, config.stemmer)
         second = None
         if config.second_tokenizer is not None:
-            second = _bm25_index(texts, config, config.second_tokenizer, config.second_stemmer)
+            second = bm25_index(texts, config, config.second_tokenizer, config.second_stemmer)
         bm25_seconds = time.perf_counter() - started
 
         started = time.perf_counter()
@@ -584,7 +583,8 @@ class SearchIndex:
         return cls(chunks, config, retriever, embeddings, manifest, window_starts, second)
 
 
-def _bm25_index(texts: Sequence[str], config: IndexConfig, tokenizer: Tokenizer, stemmer: str | None) -> bm25s.BM25:
+def bm25_index(texts: Sequence[str], config: IndexConfig, tokenizer: Tokenizer, stemmer: str | None) -> bm25s.BM25:
+    """A BM25 retriever over `texts` with `config`'s k1, b and stopwords and the given analyzer."""
     analyzer = AnalyzerPool(tokenizer, stemmer, config.stopwords).get()
     retriever = bm25s.BM25(k1=config.bm25_k1, b=config.bm25_b, method="lucene")
     retriever.index(analyzer.tokens(texts), show_progress=False)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workers.search import embed
-from workers.search.index import IndexConfig, SearchIndex, index_text
+from workers.search.index import IndexConfig, SearchIndex, bm25_index, index_text
 from workers.search.synth import OPEN_QUOTE, SynthCorpus
 from workers.search.types import Chunk
 
@@ -138,6 +138,7 @@ class IndexViews:
 
     def __init__(self, chunks: Sequence[Chunk]) -> None:
         self.chunks = list(chunks)
+        self._texts = [index_text(c) for c in self.chunks]
         self._bm25: dict[tuple[Any, ...], Any] = {}
         self._vectors: dict[bool, tuple[Any, Any]] = {}
 
@@ -147,15 +148,7 @@ class IndexViews:
     def _lexical(self, config: IndexConfig, tokenizer: Any, stemmer: Any) -> Any:
         key = (tokenizer, stemmer, config.stopwords, config.bm25_k1, config.bm25_b)
         if key not in self._bm25:
-            lexical = IndexConfig(
-                dense=False,
-                tokenizer=tokenizer,
-                stemmer=stemmer,
-                stopwords=config.stopwords,
-                bm25_k1=config.bm25_k1,
-                bm25_b=config.bm25_b,
-            )
-            self._bm25[key] = SearchIndex.build(self.chunks, lexical)._bm25
+            self._bm25[key] = bm25_index(self._texts, config, tokenizer, stemmer)
         return self._bm25[key]
 
     def index(self, config: IndexConfig) -> SearchIndex:
@@ -167,11 +160,10 @@ class IndexViews:
             return SearchIndex(self.chunks, config, first, None, {}, None, second)
         windows = config.dense_windows
         if windows not in self._vectors:
-            texts = [index_text(c) for c in self.chunks]
             if windows:
-                self._vectors[windows] = embed.embed_windowed(texts)
+                self._vectors[windows] = embed.embed_windowed(self._texts)
             else:
-                self._vectors[windows] = (embed.embed_texts(texts), None)
+                self._vectors[windows] = (embed.embed_texts(self._texts), None)
         vectors, starts = self._vectors[windows]
         return SearchIndex(self.chunks, config, first, vectors, {}, starts if windows else None, second)
 
