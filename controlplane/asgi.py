@@ -1,3 +1,4 @@
+import gc
 import os
 from typing import Any
 
@@ -89,3 +90,20 @@ application = ProtocolTypeRouter(
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )
+
+
+def freeze_startup_heap() -> None:
+    """Move everything the server process holds after start-up (Django, every app's modules, the URL resolver,
+    pydantic's schemas: about 200k objects) out of the garbage collector's reach. None of it is ever garbage, yet a
+    full collection walks all of it, and a request that allocates thousands of objects (an ingest batch validates
+    into a thousand models) triggers one every dozen batches or so: measured, about half of the validation time of
+    a 1,000-event batch went to the collector (2.3 ms with the heap unfrozen, 1.2 ms frozen). Collected first, so no
+    garbage is frozen; objects created later are collected as usual."""
+    from django.urls import get_resolver
+
+    get_resolver().url_patterns  # noqa: B018 (imports every view module now, not on the first request)
+    gc.collect()
+    gc.freeze()
+
+
+freeze_startup_heap()
