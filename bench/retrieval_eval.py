@@ -82,7 +82,10 @@ def _download_sdist(name: str, version: str, target: Path) -> None:
     data = urllib.request.urlopen(match.group(1), context=context, timeout=300).read()
     if hashlib.sha256(data).hexdigest() != match.group(2):
         raise SystemExit(f"{target.name}: sha256 does not match the index")
-    target.write_bytes(data)
+    target.parent.mkdir(parents=True, exist_ok=True)  # a fresh machine, or a caller (bench/index_build.py) that
+    partial = target.with_suffix(".partial")  # did not make the cache; written whole, then renamed
+    partial.write_bytes(data)
+    partial.replace(target)
 
 
 def _sdist_files(
