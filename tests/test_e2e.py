@@ -975,6 +975,33 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     assert "the layout is remembered across a reload" in report["steps"]
 
 
+def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(stack, users, make_user):
+    """Playwright: for someone who has not launched a run yet, with the example run listed (`apps.web.example` tags
+    it; the slow test_the_example_run_of_a_fresh_installation_trains_and_is_evaluated trains the real one; this one
+    is a row with a few metric points), the home page's "start here" panel links to launching a run, the review
+    queue and the API docs, the example run is listed with its tag, and its page opens with charts drawn; no
+    console errors."""
+    from apps.runs.models import MetricPoint, Run, RunStatus
+    from apps.web.example import EXAMPLE_CONFIG, EXAMPLE_TAG
+
+    run = Run.objects.create(
+        kind="train",
+        name="Example: GRPO of SmolLM2-135M on one-digit sums",
+        spec={"config": EXAMPLE_CONFIG},
+        tags=[EXAMPLE_TAG],
+        status=RunStatus.SUCCEEDED,
+        created_by=users["admin"],
+    )
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, step=step, name=name, value=value)
+        for step in range(1, 9)
+        for name, value in (("reward_mean", 0.3 + step / 40), ("loss", 0.01 / step))
+    )
+    newcomer = make_user("operator", username="newcomer")  # other tests' runs fill the list: this user launched none
+    report = _browser_flow(stack, newcomer, "home", CRUCIBLE_RUN=str(run.pk))
+    assert "the example run's page opens with its charts drawn" in report["steps"]
+
+
 def test_in_a_browser_every_page_opens_without_a_console_error(stack, users):
     """Playwright: every page the header links to, the launch forms, the comparison page and the API docs open
     with no console error, no page error and no failed request (a missing favicon was one on every page)."""

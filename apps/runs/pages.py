@@ -79,6 +79,10 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         "filters": filters,
         "query": query,
         "unsorted": unsorted,
+        # For a new installation (a handful of runs) and for anyone who has not launched a run yet; never on a
+        # filtered list.
+        "start_here": not query
+        and (page.paginator.count < 5 or not selectors.user_launched_a_run(request_user(request))),
         "columns": columns,
         "column_problems": filters.column_problems(),
         "sortable": [

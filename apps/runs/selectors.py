@@ -251,6 +251,11 @@ def run_sparklines(
     return series
 
 
+def user_launched_a_run(user: User) -> bool:
+    """Whether `user` has created any run (the runs list shows newcomers where to start)."""
+    return Run.objects.filter(created_by=user).exists()
+
+
 def run_for_viewer(*, run_id: int, user: User) -> Run | None:
     if not user.can(Capability.READ):
         return None

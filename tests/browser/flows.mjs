@@ -238,6 +238,27 @@ async function realrun(page) {
   check(badge === process.env.CRUCIBLE_HEALTH, `the run list shows its health and filters on it: ${badge}`);
 }
 
+// The first screen of a fresh installation: the "start here" panel links to launching a run, the review queue and
+// the API docs, and the example run (CRUCIBLE_RUN, tagged "example") is listed; its page opens with charts drawn.
+async function home(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const run = process.env.CRUCIBLE_RUN;
+  await page.goto(`${base}/`);
+  await page.waitForSelector("#start-here");
+  const links = await page.$$eval("#start-here a", (as) => as.map((a) => a.getAttribute("href")));
+  for (const href of ["/runs/new/train/", "/review/", "/api/v1/docs/"]) {
+    check(links.includes(href), `start here links ${href}`);
+  }
+  const row = `#runs-grid tr:has(a[href="/runs/${run}/"])`;
+  await page.waitForSelector(row, { timeout: 30000 });
+  const tags = await page.$$eval(`${row} a.badge[href^="?tag="]`, (bs) => bs.map((b) => b.textContent.trim()));
+  check(tags.includes("example"), `the example run is on the first screen, tagged: ${tags.join(", ")}`);
+  await shot(page, "home");
+  await Promise.all([page.waitForNavigation(), page.click(`${row} a[href="/runs/${run}/"]`)]);
+  await page.waitForSelector("#chart-metrics canvas", { timeout: 30000 });
+  check(page.url().endsWith(`/runs/${run}/`), "the example run's page opens with its charts drawn");
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -248,7 +269,7 @@ try {
   const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await ({ launch, review, charts, pages, realrun })[flow](page);
+  await ({ launch, review, charts, pages, realrun, home })[flow](page);
   if (problems.length) throw new Error(problems.join("\n"));
 } catch (err) {
   code = 1;

@@ -137,7 +137,7 @@ def test_a_full_page_stays_within_the_query_budget(client, users, django_assert_
     for run in _runs(users["operator"], 50):
         _reward(run, [0.5] * 60)
     client.force_login(users["viewer"])
-    with django_assert_max_num_queries(5):
+    with django_assert_max_num_queries(6):  # 6th: whether the viewer launched a run (the "start here" panel)
         assert client.get("/").status_code == 200
 
 
@@ -183,3 +183,15 @@ def test_a_new_installation_shows_where_to_start(client, users):  # type: ignore
     viewer = client.__class__()
     viewer.force_login(users["viewer"])
     assert "/runs/new/train/" not in viewer.get("/").content.decode().split('id="start-here"')[1].split("</section>")[0]
+
+
+def test_where_to_start_shows_to_a_newcomer_on_a_busy_installation_until_they_launch(client, users):  # type: ignore[no-untyped-def]
+    from apps.runs.models import Run
+
+    for i in range(6):
+        Run.objects.create(kind="rescore", name=f"theirs {i}", spec={}, created_by=users["admin"])
+    client.force_login(users["operator"])
+    assert 'id="start-here"' in client.get("/").content.decode()  # six runs, none of them the operator's
+    assert 'id="start-here"' not in client.get("/?kind=rescore").content.decode()  # never on a filtered list
+    Run.objects.create(kind="rescore", name="mine", spec={}, created_by=users["operator"])
+    assert 'id="start-here"' not in client.get("/").content.decode()
