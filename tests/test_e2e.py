@@ -981,6 +981,8 @@ def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(
     is a row with a few metric points), the home page's "start here" panel links to launching a run, the review
     queue and the API docs, the example run is listed with its tag, and its page opens with charts drawn; no
     console errors."""
+    from django.utils import timezone
+
     from apps.runs.models import MetricPoint, Run, RunStatus
     from apps.web.example import EXAMPLE_CONFIG, EXAMPLE_TAG
 
@@ -992,8 +994,9 @@ def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(
         status=RunStatus.SUCCEEDED,
         created_by=users["admin"],
     )
+    now = timezone.now()
     MetricPoint.objects.bulk_create(
-        MetricPoint(run=run, step=step, name=name, value=value)
+        MetricPoint(run=run, step=step, name=name, value=value, time=now)
         for step in range(1, 9)
         for name, value in (("reward_mean", 0.3 + step / 40), ("loss", 0.01 / step))
     )
