@@ -84,12 +84,41 @@ def curve(run: int, step: int, steps: int, series: str) -> float:
     return 2.0 * math.exp(-3 * x) + 0.1 + wobble
 
 
+def _defaults_of_unlisted(table: str, listed: list[str]) -> tuple[list[str], str]:
+    """The NOT NULL columns of `table`'s model that `listed` leaves out, with their model defaults as COPY text:
+    migrations keep adding such columns (their defaults live in Django, not in the table), and the seed should not
+    break each time one does."""
+    from django.apps import apps as django_apps
+
+    model = next(m for m in django_apps.get_models() if m._meta.db_table == table)
+    columns, cells = [], []
+    for field in model._meta.concrete_fields:
+        if field.column in listed or field.null or field.primary_key:
+            continue
+        value = field.get_default()
+        if isinstance(value, bool):
+            text = "t" if value else "f"
+        elif isinstance(value, (dict, list)):
+            text = json.dumps(value)
+        else:
+            text = str(value)
+        columns.append(field.column)
+        cells.append(text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n"))
+    return columns, "".join(f"\t{cell}" for cell in cells)
+
+
 def copy_rows(cursor: psycopg.Cursor, sql: str, lines: object, chunk: int = 1 << 22) -> None:
-    """COPY text-format lines, buffered into ~4 MB writes."""
+    """COPY text-format lines, buffered into ~4 MB writes. `sql` is `COPY <table> (<columns>) FROM STDIN`; the
+    table's other NOT NULL columns get their model defaults (`_defaults_of_unlisted`)."""
+    head, _, rest = sql.partition(" (")
+    listed = [c.strip() for c in rest.split(")", 1)[0].split(",")]
+    extra, suffix = _defaults_of_unlisted(head.split()[-1], listed)
+    if extra:
+        sql = f"{head} ({', '.join(listed + extra)}) FROM STDIN"
     with cursor.copy(sql) as copy:
         buf = io.StringIO()
         for line in lines:  # type: ignore[attr-defined]
-            buf.write(line)
+            buf.write(line.replace("\n", suffix + "\n") if suffix else line)  # a chunk may hold many lines
             if buf.tell() > chunk:
                 copy.write(buf.getvalue())
                 buf = io.StringIO()
