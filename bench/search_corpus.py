@@ -202,6 +202,7 @@ def peer_call(index: SearchIndex) -> Callable[[str], object]:
     stemmer = Stemmer.Stemmer("english")
     retriever = index._bm25
     matrix = np.asarray(index._embeddings)
+    starts = index._window_starts
     model = embed.embedder()
 
     def call(query: str) -> object:
@@ -209,6 +210,8 @@ def peer_call(index: SearchIndex) -> Callable[[str], object]:
         lexical = retriever.retrieve(tokens, k=10, show_progress=False)
         vector = model.encode([query], normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)[0]
         scores = matrix @ vector
+        if starts is not None:  # the index holds a vector per window: a chunk scores as its best one
+            scores = np.maximum.reduceat(scores, starts)
         top = np.argpartition(-scores, 10)[:10]
         return lexical, top[np.argsort(-scores[top])]
 
@@ -325,10 +328,14 @@ def main() -> None:
     embed.embed_query.cache_clear()
     ours_docs = [[h.chunk.doc_id for h in index.search(q, k=10)] for q in queries]
     bm25_docs = [[index.chunks[i].doc_id for i in np.argsort(-index._bm25_scores(q))[:10].tolist()] for q in queries]
-    matrix = np.asarray(index._embeddings)
-    dense_docs = [
-        [index.chunks[i].doc_id for i in np.argsort(-(matrix @ embed.embed_query(q)))[:10].tolist()] for q in queries
-    ]
+
+    # Chunk scores (a chunk embedded in windows scores as its best window), not rows of the embedding matrix.
+    def dense_top(query: str) -> list[str]:
+        scores = index._dense_scores(query)
+        assert scores is not None, "the index was built without embeddings"
+        return [index.chunks[i].doc_id for i in np.argsort(-scores)[:10].tolist()]
+
+    dense_docs = [dense_top(q) for q in queries]
     quality = {
         "hybrid": hit_rate(ours_docs, families),
         "bm25": hit_rate(bm25_docs, families),
