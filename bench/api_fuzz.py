@@ -15,7 +15,9 @@ The same check runs in the suite on a small budget: tests/test_api_contract.py.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +30,7 @@ DATABASE = "crucible_apifuzz"
 os.environ["DATABASE_URL"] = f"{PG}/{DATABASE}"
 os.environ["REDIS_URL"] = "redis://127.0.0.1:6379/13"
 os.environ["CRUCIBLE_VAR_DIR"] = tempfile.mkdtemp(prefix="crucible-apifuzz-")
+atexit.register(shutil.rmtree, os.environ["CRUCIBLE_VAR_DIR"], ignore_errors=True)
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
 import logging  # noqa: E402

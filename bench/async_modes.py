@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -174,6 +175,7 @@ def main() -> None:
     print(text)
     if not args.quick:
         RESULTS.write_text(text + "\n")
+    shutil.rmtree(work, ignore_errors=True)  # kept when a run fails: the error names its log in there
 
 
 if __name__ == "__main__":

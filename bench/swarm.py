@@ -31,8 +31,10 @@ Results: bench/results/swarm.txt and .json (swarm-quick.* for --quick).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -87,6 +89,7 @@ def main() -> None:
     chunks, _ = build_corpus(stdlib_documents())
     index = SearchIndex.build(chunks, IndexConfig(dense=False))
     tmp = Path(tempfile.mkdtemp(prefix="crucible-bench-swarm-"))
+    atexit.register(shutil.rmtree, tmp, ignore_errors=True)
     os.environ["CRUCIBLE_INDEX_CACHE"] = str(tmp / "cache")
     uri = f"file://{tmp}/index"
     save_index(index, uri)
