@@ -85,36 +85,25 @@ def curve(run: int, step: int, steps: int, series: str) -> float:
 
 
 def _defaults_of_unlisted(table: str, listed: list[str]) -> tuple[list[str], str]:
-    """The NOT NULL columns of `table`'s model that `listed` leaves out, with their model defaults as COPY text:
-    migrations keep adding such columns (their defaults live in Django, not in the table), and the seed should not
-    break each time one does."""
+    """The NOT NULL columns of `table`'s model that `listed` leaves out, and their model defaults as the COPY text to
+    append to each line: migrations keep adding such columns (their defaults live in Django, not in the table), and
+    the seed should not break each time one does."""
     from django.apps import apps as django_apps
 
+    from apps.runs.services.metrics import copy_text
+
     model = next(m for m in django_apps.get_models() if m._meta.db_table == table)
-    columns, cells = [], []
-    for field in model._meta.concrete_fields:
-        if field.column in listed or field.null or field.primary_key:
-            continue
-        value = field.get_default()
-        if isinstance(value, bool):
-            text = "t" if value else "f"
-        elif isinstance(value, (dict, list)):
-            text = json.dumps(value)
-        else:
-            text = str(value)
-        columns.append(field.column)
-        cells.append(text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n"))
-    return columns, "".join(f"\t{cell}" for cell in cells)
+    fields = [f for f in model._meta.concrete_fields if not (f.column in listed or f.null or f.primary_key)]
+    defaults = [f.get_default() for f in fields]
+    cells = [copy_text(json.dumps(v) if isinstance(v, (dict, list)) else v) for v in defaults]
+    return [f.column for f in fields], "".join(f"\t{cell}" for cell in cells)
 
 
-def copy_rows(cursor: psycopg.Cursor, sql: str, lines: object, chunk: int = 1 << 22) -> None:
-    """COPY text-format lines, buffered into ~4 MB writes. `sql` is `COPY <table> (<columns>) FROM STDIN`; the
-    table's other NOT NULL columns get their model defaults (`_defaults_of_unlisted`)."""
-    head, _, rest = sql.partition(" (")
-    listed = [c.strip() for c in rest.split(")", 1)[0].split(",")]
-    extra, suffix = _defaults_of_unlisted(head.split()[-1], listed)
-    if extra:
-        sql = f"{head} ({', '.join(listed + extra)}) FROM STDIN"
+def copy_rows(cursor: psycopg.Cursor, table: str, columns: list[str], lines: object, chunk: int = 1 << 22) -> None:
+    """COPY text-format lines of `columns` into `table`, buffered into ~4 MB writes; the table's other NOT NULL
+    columns get their model defaults (`_defaults_of_unlisted`)."""
+    extra, suffix = _defaults_of_unlisted(table, columns)
+    sql = f"COPY {table} ({', '.join(columns + extra)}) FROM STDIN"
     with cursor.copy(sql) as copy:
         buf = io.StringIO()
         for line in lines:  # type: ignore[attr-defined]
@@ -126,6 +115,8 @@ def copy_rows(cursor: psycopg.Cursor, sql: str, lines: object, chunk: int = 1 <<
 
 
 def seed(n: dict[str, int], owner_ids: list[int]) -> dict[str, float]:
+    from apps.runs.services.metrics import METRIC_POINT_COLUMNS
+
     runs, long_id = n["runs"], n["runs"]
     timings: dict[str, float] = {}
     with psycopg.connect(f"{PG}/{DB}", autocommit=True) as conn, conn.cursor() as cur:
@@ -159,9 +150,10 @@ def seed(n: dict[str, int], owner_ids: list[int]) -> dict[str, float]:
 
         copy_rows(
             cur,
-            "COPY runs_run (id, kind, name, spec, status, tags, ray_job_id, ray_address, ingest_nonce,"
-            " progress_done, progress_total, last_seq, progress_seq, log_seq, ingest_batches, failure_reason,"
-            " log_tail, summary, created_by_id, created_at, submitted_at) FROM STDIN",
+            "runs_run",
+            "id kind name spec status tags ray_job_id ray_address ingest_nonce progress_done progress_total last_seq"
+            " progress_seq log_seq ingest_batches failure_reason log_tail summary created_by_id created_at"
+            " submitted_at".split(),
             run_lines(),
         )
         cur.execute("SELECT setval(pg_get_serial_sequence('runs_run', 'id'), %s)", [runs])
@@ -181,8 +173,8 @@ def seed(n: dict[str, int], owner_ids: list[int]) -> dict[str, float]:
 
         copy_rows(
             cur,
-            "COPY runs_trajectorysummary (run_id, trajectory_id, task_id, step, reward, terms, num_turns, error,"
-            " storage_uri, created_at) FROM STDIN",
+            "runs_trajectorysummary",
+            "run_id trajectory_id task_id step reward terms num_turns error storage_uri created_at".split(),
             trajectory_lines(),
         )
         timings["trajectories"] = time.perf_counter() - started
@@ -197,7 +189,7 @@ def seed(n: dict[str, int], owner_ids: list[int]) -> dict[str, float]:
                     tail = f"\t{name}\t"
                     yield "".join(f"{head}{s}{tail}{curve(run, s, steps, name):.5f}\t{T0}\n" for s in range(steps))
 
-        copy_rows(cur, "COPY runs_metricpoint (run_id, step, name, value, time) FROM STDIN", metric_lines())
+        copy_rows(cur, "runs_metricpoint", METRIC_POINT_COLUMNS, metric_lines())
         timings["metric_points"] = time.perf_counter() - started
 
         started = time.perf_counter()

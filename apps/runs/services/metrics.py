@@ -72,7 +72,8 @@ def metric_rollups_rebuild(*, run_ids: list[int] | None = None) -> None:
 _COPY_ESCAPES = str.maketrans({"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"})
 
 
-def _copy_text(value: Any) -> str:
+def copy_text(value: Any) -> str:
+    """One value as a cell of COPY's text format (None, str, int, float, datetime)."""
     if value is None:
         return "\\N"
     if isinstance(value, str):
@@ -98,9 +99,9 @@ def copy_rows(table: str, columns: list[str], rows: list[tuple[Any, ...]]) -> No
             if isinstance(value, (str, datetime)):
                 text = formatted.get(value)
                 if text is None:
-                    text = formatted[value] = _copy_text(value)
+                    text = formatted[value] = copy_text(value)
             else:
-                text = _copy_text(value)
+                text = copy_text(value)
             cells.append(text)
         lines.append("\t".join(cells))
     with connection.cursor() as cursor:
