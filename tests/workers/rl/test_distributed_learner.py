@@ -129,8 +129,8 @@ def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any
 def _spawn(target: Any, *args: Any, world: int = 2) -> None:
     """Run `target` on `world` ranks. A rank killed by a signal is retried once on a fresh port: one clean-clone CI
     run (2026-11-27) saw rank 1 abort (SIGABRT, no message) in this module's first fixture, which passed alone and in
-    every other run; the port free_port picks can be taken before rank 0 binds it. An exception raised in a rank
-    (a failed check) is never retried."""
+    every other run; the cause was not found (one possibility: the port free_port picks taken before rank 0 binds
+    it). An exception raised in a rank (a failed check) is never retried."""
     for attempt in range(2):
         try:
             mp.start_processes(target, args=(world, free_port(), *args), nprocs=world, join=True, start_method="spawn")
