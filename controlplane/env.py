@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import secrets
+import tempfile
+from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 
@@ -75,3 +78,28 @@ def database_from_url(url: str) -> dict[str, object]:
         "CONN_MAX_AGE": 60,
         "CONN_HEALTH_CHECKS": True,
     }
+
+
+def secret_key_file(path: Path, *, create: bool) -> str:
+    """The secret key kept in `path`. With `create`, a missing file is made once with a new random secret (mode
+    0600, written in full before it appears under its name, so processes starting together all read the same one);
+    without it, a missing or empty file is an error that names the file."""
+    if create and not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".secret_key.")  # mode 0600
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(50) + "\n")
+            try:
+                os.link(tmp, path)  # atomic, and never replaces a secret another process made first
+            except FileExistsError:
+                pass
+        finally:
+            os.unlink(tmp)
+    try:
+        secret = path.read_text().strip()
+    except OSError as exc:
+        raise SettingError(f"the secret key file {path} cannot be read ({exc.strerror})") from None
+    if not secret:
+        raise SettingError(f"the secret key file {path} is empty; put 50+ random characters in it")
+    return secret

@@ -4,20 +4,51 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controlplane.env import database_from_url, env_bool, env_int, env_networks, env_str
+from controlplane.env import (
+    SettingError,
+    database_from_url,
+    env_bool,
+    env_int,
+    env_networks,
+    env_str,
+    secret_key_file,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")))
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "crucible-dev-only-secret-change-me-in-production")
-DEBUG = env_bool("DJANGO_DEBUG", True)
+# Debugging (Django's debug pages, the query log) is an explicit opt-in: DJANGO_DEBUG=1. Everything else, `make run`
+# included, runs with production settings (README: Production settings).
+DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
+# A site that answers only to loopback names (the default hosts: `make run`, the tests, the benches) is reached
+# from this machine alone; one that names any other host (or "*") is a deployment.
+LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]", "testserver"}
+LOOPBACK_ONLY = all(host.strip() in LOOPBACK_HOSTS or host.strip().endswith(".localhost") for host in ALLOWED_HOSTS)
+
+# The secret (sessions, CSRF, run ingest tokens): DJANGO_SECRET_KEY, else the file DJANGO_SECRET_KEY_FILE names
+# (`make run` keeps one in var/secret_key). A loopback-only site without either generates one once into
+# VAR_DIR/secret_key (mode 0600) and reuses it; a deployment without one refuses to start: never a known secret.
+if env_str("DJANGO_SECRET_KEY", ""):
+    SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+elif env_str("DJANGO_SECRET_KEY_FILE", ""):
+    SECRET_KEY = secret_key_file(Path(env_str("DJANGO_SECRET_KEY_FILE", "")), create=False)
+elif LOOPBACK_ONLY:
+    SECRET_KEY = secret_key_file(VAR_DIR / "secret_key", create=True)
+else:
+    raise SettingError(
+        f"DJANGO_SECRET_KEY is not set, and this site answers to {','.join(ALLOWED_HOSTS)} (DJANGO_ALLOWED_HOSTS): "
+        "set DJANGO_SECRET_KEY to 50+ random characters (python3 -c \"import secrets; "
+        'print(secrets.token_urlsafe(50))"), the same for web, worker and beat, or DJANGO_SECRET_KEY_FILE to a '
+        "file holding them"
+    )
 
 # HTTPS (README: Deployment). DJANGO_HTTPS says browsers reach the site over https (directly or through a TLS
-# proxy): cookies are sent only over https, plain http is redirected, and HSTS is on. It follows DEBUG unless set,
-# so `make run` (DEBUG on) stays plain http on 127.0.0.1 and a deployment (DEBUG off) is https unless it opts out.
-HTTPS = env_bool("DJANGO_HTTPS", not DEBUG)
+# proxy): cookies are sent only over https, plain http is redirected, and HSTS is on. Unless set, it is on for a
+# deployment (DEBUG off, a host name besides loopback) and off for a loopback-only site or with DEBUG on, so
+# `make run` stays plain http on 127.0.0.1 (the devstack also sets DJANGO_HTTPS=0 for its loopback-only bind).
+HTTPS = env_bool("DJANGO_HTTPS", not DEBUG and not LOOPBACK_ONLY)
 SESSION_COOKIE_SECURE = HTTPS
 CSRF_COOKIE_SECURE = HTTPS
 SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", HTTPS)
@@ -161,11 +192,9 @@ CRUCIBLE_PUBLIC_URL = env_str("CRUCIBLE_PUBLIC_URL", "http://127.0.0.1:8000")
 # Webhooks: seconds each phase of a delivery request may take, and attempts before a delivery is failed.
 WEBHOOK_TIMEOUT = env_int("CRUCIBLE_WEBHOOK_TIMEOUT", 10)
 WEBHOOK_MAX_ATTEMPTS = env_int("CRUCIBLE_WEBHOOK_MAX_ATTEMPTS", 6)
-# Webhooks go only to public addresses (apps/webhooks/egress.py), and to addresses in these networks. With DEBUG on
-# that is loopback and the private ranges, so a receiver on this machine or the LAN works; with DEBUG off, none
-# unless named. Link-local (169.254.0.0/16: cloud metadata) is in neither default.
-WEBHOOK_LOCAL_NETWORKS = ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"]
-WEBHOOK_ALLOWED_NETWORKS = env_networks("CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS", WEBHOOK_LOCAL_NETWORKS if DEBUG else [])
+# Webhooks go only to public addresses (apps/webhooks/egress.py), and to addresses in these networks: none unless
+# named, DEBUG or not (a receiver on this machine needs 127.0.0.0/8,::1/128; one on the LAN its network).
+WEBHOOK_ALLOWED_NETWORKS = env_networks("CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS", [])
 
 INGEST_MAX_EVENTS = env_int("CRUCIBLE_INGEST_MAX_EVENTS", 10_000)
 INGEST_MAX_BYTES = env_int("CRUCIBLE_INGEST_MAX_BYTES", 8 * 1024 * 1024)

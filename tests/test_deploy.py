@@ -1,4 +1,4 @@
-"""Production settings pass `manage.py check --deploy`; development settings stay plain http on loopback.
+"""Production settings pass `manage.py check --deploy`; the defaults are production settings, plain http on loopback.
 
 Settings are read from the environment when the settings module is imported, so each configuration runs in a
 subprocess of its own, with a clean environment (no DJANGO_* or CRUCIBLE_* variable leaks in from the caller's)."""
@@ -38,26 +38,35 @@ SHOWN = [
     "SECURE_PROXY_SSL_HEADER",
     "WEBHOOK_ALLOWED_NETWORKS",
 ]
-# Prints the settings in SHOWN as one JSON line, then runs `check --deploy` with the tags given as arguments.
+# Prints the settings named in SHOWN (or in CRUCIBLE_TEST_SHOWN) as one JSON line, then runs `check --deploy` with
+# the tags given as arguments.
 SCRIPT = f"""
-import json, sys, django
+import json, os, sys, django
 django.setup()
 from django.conf import settings
 from django.core.management import call_command
-print("SETTINGS " + json.dumps({{name: getattr(settings, name) for name in {SHOWN!r}}}), flush=True)
+shown = os.environ.get("CRUCIBLE_TEST_SHOWN", "").split(",") if os.environ.get("CRUCIBLE_TEST_SHOWN") else {SHOWN!r}
+print("SETTINGS " + json.dumps({{name: getattr(settings, name) for name in shown}}), flush=True)
 if sys.argv[1:] != ["--no-check"]:
     call_command("check", "--deploy", *(f"--tag={{tag}}" for tag in sys.argv[1:]))
 """
 
 
-def django_under(env: dict[str, str], *check_args: str) -> tuple[dict[str, object], list[str], str]:
+def django_under(
+    env: dict[str, str], *check_args: str, shown: list[str] | None = None
+) -> tuple[dict[str, object], list[str], str]:
     """Start Django with these environment variables only (no DJANGO_* or CRUCIBLE_WEBHOOK_* from the caller's):
     the settings it loaded, the ids `check --deploy` reported, and its output."""
     inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRUCIBLE_WEBHOOK_"))}
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, *check_args],
         cwd=ROOT,
-        env={**inherited, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env},
+        env={
+            **inherited,
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "CRUCIBLE_TEST_SHOWN": ",".join(shown or []),
+            **env,
+        },
         capture_output=True,
         text=True,
     )
@@ -82,23 +91,67 @@ def test_production_settings_pass_check_deploy_with_no_warning():
 
 
 def test_without_the_production_variables_check_deploy_names_what_is_missing():
-    """The control: DEBUG off with the development secret over plain http is reported on every count."""
-    _, ids, output = django_under({"DJANGO_DEBUG": "0", "DJANGO_HTTPS": "0"}, "security")
+    """The control: a weak secret over plain http is reported on every count."""
+    _, ids, output = django_under({"DJANGO_HTTPS": "0", "DJANGO_SECRET_KEY": "short"}, "security")
     assert SECURITY_FIXED <= set(ids), output
 
 
-def test_development_stays_plain_http_on_loopback():
-    settings, _, _ = django_under({}, "--no-check")
+def test_the_defaults_are_production_settings_and_plain_http_on_loopback(tmp_path):
+    """No DJANGO_* variable at all (`make run`, `manage.py`, the tests): DEBUG off, webhooks to public addresses
+    only, and, for a site that answers to loopback names only, plain http and a secret generated once under the
+    var folder (mode 0600) and reused by the next process."""
+    settings, _, _ = django_under({"CRUCIBLE_VAR_DIR": str(tmp_path)}, "--no-check")
     assert settings == {
-        "DEBUG": True,
+        "DEBUG": False,
         "SESSION_COOKIE_SECURE": False,
         "CSRF_COOKIE_SECURE": False,
         "SECURE_SSL_REDIRECT": False,
         "SECURE_HSTS_SECONDS": 0,
         "SECURE_PROXY_SSL_HEADER": None,
-        "WEBHOOK_ALLOWED_NETWORKS": settings["WEBHOOK_ALLOWED_NETWORKS"],
+        "WEBHOOK_ALLOWED_NETWORKS": [],
     }
-    assert "127.0.0.0/8" in settings["WEBHOOK_ALLOWED_NETWORKS"]  # type: ignore[operator]
+    secret_file = tmp_path / "secret_key"
+    assert secret_file.stat().st_mode & 0o777 == 0o600
+    secret = secret_file.read_text().strip()
+    assert len(secret) >= 50
+    assert django_under({"CRUCIBLE_VAR_DIR": str(tmp_path)}, "--no-check", shown=["SECRET_KEY"])[0] == {
+        "SECRET_KEY": secret
+    }
+    given = django_under(
+        {"CRUCIBLE_VAR_DIR": str(tmp_path), "DJANGO_SECRET_KEY": "g" * 50}, "--no-check", shown=["SECRET_KEY"]
+    )
+    assert given[0] == {"SECRET_KEY": "g" * 50}  # an explicit secret wins
+
+
+def test_debugging_is_an_explicit_opt_in():
+    settings, _, _ = django_under({"DJANGO_DEBUG": "1"}, "--no-check")
+    assert settings["DEBUG"] is True and settings["SECURE_SSL_REDIRECT"] is False
+    assert settings["WEBHOOK_ALLOWED_NETWORKS"] == []  # debugging allows no local receiver by itself
+
+
+def test_a_deployment_without_a_secret_refuses_to_start_and_says_what_to_set(tmp_path):
+    """A site named by a real host and no DJANGO_SECRET_KEY: no known or per-process secret, a clear error."""
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRUCIBLE_WEBHOOK_"))}
+    env = {
+        **inherited,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+        "DJANGO_ALLOWED_HOSTS": "crucible.example.com",
+        "CRUCIBLE_VAR_DIR": str(tmp_path),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "--no-check"], cwd=ROOT, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0
+    assert "DJANGO_SECRET_KEY is not set" in done.stderr and "crucible.example.com" in done.stderr
+    assert not (tmp_path / "secret_key").exists()
+    secret_file = tmp_path / "given"
+    secret_file.write_text("f" * 50 + "\n")
+    with_file = django_under(
+        {"DJANGO_ALLOWED_HOSTS": "crucible.example.com", "DJANGO_SECRET_KEY_FILE": str(secret_file)},
+        "--no-check",
+        shown=["SECRET_KEY", "SECURE_SSL_REDIRECT"],
+    )[0]
+    assert with_file == {"SECRET_KEY": "f" * 50, "SECURE_SSL_REDIRECT": True}  # a deployment: https by default
 
 
 # --- the redirect, in process ------------------------------------------------------------------------------------

@@ -88,8 +88,10 @@ WRITE_ENDPOINTS = [
 
 
 @pytest.fixture
-def world(users, trajectories_jsonl, tmp_path):  # type: ignore[no-untyped-def]
+def world(users, trajectories_jsonl, tmp_path, settings):  # type: ignore[no-untyped-def]
     from apps.review.models import Flag
+
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]  # the webhooks here point at 127.0.0.1:9 (off by default)
     from apps.runs.models import Run
 
     owner = users["admin"]

@@ -13,8 +13,8 @@ plane's network. The guard:
 * follows no redirects (services._post), so a public receiver cannot bounce the request inward.
 
 IPv4 addresses inside IPv6 ones (::ffff:a.b.c.d, the NAT64 prefix 64:ff9b::/96, 6to4) are judged by the IPv4
-address they carry. Saving an endpoint checks only what needs no lookup (`literal_refusal`): a literal IP address,
-or `localhost`.
+address they carry. Saving an endpoint checks what needs no lookup (`literal_refusal`): a host that is an address in
+any spelling the same resolver accepts (`0x7f000001` and `2130706433` are 127.0.0.1 to it), or `localhost`.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import ipaddress
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
+from urllib.parse import urlsplit
 
 import httpx
 from django.conf import settings
@@ -120,23 +121,42 @@ def _refused(subject: str) -> Refused:
     )
 
 
-def literal_refusal(url: str) -> str | None:
-    """The cheap check for saving an endpoint: a host that is an IP literal or `localhost` outside the allowed
-    networks. A name is checked when it is resolved, at delivery time."""
+def numeric_addresses(host: str) -> list[IPAddress]:
+    """The addresses a host that is a number stands for, as the resolver deliveries use (getaddrinfo) reads it,
+    without a lookup: besides dotted quads and IPv6 that is every form inet_aton takes (`0x7f000001`,
+    `2130706433`, `127.1`, `0177.0.0.1`). Empty for a name."""
     try:
-        host = httpx.URL(url).host
-    except httpx.InvalidURL:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST)
+    except (socket.gaierror, UnicodeError, ValueError):
+        return []
+    addresses: list[IPAddress] = []
+    for family, _, _, _, sockaddr in infos:
+        if family in (socket.AF_INET, socket.AF_INET6):
+            address = ipaddress.ip_address(str(sockaddr[0]).split("%", 1)[0])
+            if address not in addresses:
+                addresses.append(address)
+    return addresses
+
+
+def literal_refusal(url: str) -> str | None:
+    """The check for saving an endpoint, which needs no lookup: a host that is a number in any spelling the
+    resolver accepts (`numeric_addresses`), or `localhost`, outside the allowed networks. A name is checked when
+    it is resolved, at delivery time."""
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
         return None  # validate_webhook_url explains what is wrong with it
-    if host.lower() == "localhost" or host.lower().endswith(".localhost"):
+    name = host.lower().rstrip(".")
+    if name == "localhost" or name.endswith(".localhost"):
         # RFC 6761: these names are loopback (127.0.0.1, often ::1 too: the delivery checks what they resolve to).
         why = address_refusal(ipaddress.IPv4Address("127.0.0.1"))
         return None if why is None else str(_refused(f"{host!r} is {why}"))
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return None
-    why = address_refusal(address)
-    return None if why is None else str(_refused(f"the host is {why}"))
+    for address in numeric_addresses(host):
+        why = address_refusal(address)
+        if why is not None:
+            shown = why if host == str(address) else f"{host!r}, which the resolver reads as {why}"
+            return str(_refused(f"the host is {shown}"))
+    return None
 
 
 def _is_ip(host: str) -> bool:

@@ -35,9 +35,10 @@ def new_webhook_secret() -> str:
 
 
 def validate_webhook_url(value: str) -> None:
-    """http(s) with a host, and not a literal address that deliveries would refuse (egress.literal_refusal; names
-    are resolved and checked at delivery time). Not Django's URLValidator: it refuses single-label hosts such as
-    `http://receiver:8080/`, which is how services on one private network (docker compose) name each other."""
+    """http(s) with a host, and not an address (in any spelling the resolver reads as one, `0x7f000001` included)
+    that deliveries would refuse (egress.literal_refusal; names are resolved and checked at delivery time). Not
+    Django's URLValidator: it refuses single-label hosts such as `http://receiver:8080/`, which is how services on
+    one private network (docker compose) name each other."""
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018  (raises ValueError on a port that is not a number)

@@ -1,5 +1,6 @@
-"""A real HTTP receiver on 127.0.0.1 for the webhook tests (the development default allows loopback receivers:
-settings.WEBHOOK_ALLOWED_NETWORKS)."""
+"""A real HTTP receiver on 127.0.0.1 for the webhook tests. Webhooks reach no loopback address by default; these
+tests allow loopback (`local_receivers_allowed`), as CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS=127.0.0.0/8,::1/128 would,
+and the tests of refusals take it away again (`no_allowed_networks` in test_egress.py)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,14 @@ import pytest
 
 from apps.webhooks.models import WebhookEndpoint
 from apps.webhooks.services import webhook_endpoint_create
+
+LOOPBACK_NETWORKS = ["127.0.0.0/8", "::1/128"]
+
+
+@pytest.fixture(autouse=True)
+def local_receivers_allowed(settings):  # type: ignore[no-untyped-def]
+    """The receiver listens on 127.0.0.1, which webhooks may reach only when the setting names loopback."""
+    settings.WEBHOOK_ALLOWED_NETWORKS = LOOPBACK_NETWORKS
 
 
 # --- a real receiver -----------------------------------------------------------------------------------------

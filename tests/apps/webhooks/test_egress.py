@@ -8,8 +8,11 @@ for names under .test (RFC 6761: never real) and pass every other name to the re
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import ssl
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -117,6 +120,7 @@ def assert_refused(delivery: WebhookDelivery, *words: str) -> None:
         ("0.0.0.0", ["0.0.0.0", "unspecified"]),
         ("100.64.0.1", ["100.64.0.1", "shared"]),
         ("2130706433", ["127.0.0.1", "loopback"]),  # 127.0.0.1 spelled as one number: the resolver reads it
+        ("0x7f000001", ["127.0.0.1", "loopback"]),  # ... and in hexadecimal
         ("[fe80::1]", ["fe80::1", "link-local"]),
         ("[fd00::1]", ["fd00::1", "private"]),
     ],
@@ -160,8 +164,25 @@ def test_a_name_resolving_to_any_non_public_address_is_refused(users, dns, sent,
     assert sent == []
 
 
-def test_the_development_default_allows_loopback_and_private_networks_but_never_link_local(users, dns, sent, settings):
-    assert "127.0.0.0/8" in settings.WEBHOOK_ALLOWED_NETWORKS and "10.0.0.0/8" in settings.WEBHOOK_ALLOWED_NETWORKS
+def test_no_network_is_allowed_by_default_debug_or_not():
+    """Loopback and private receivers are an explicit setting (CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS), off by default;
+    DJANGO_DEBUG does not turn it on (it used to). Read in a fresh process: the settings read the environment once."""
+    code = "from django.conf import settings; print(settings.WEBHOOK_ALLOWED_NETWORKS)"
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CRUCIBLE_WEBHOOK_"))}
+    for debug in ("", "1"):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import django; django.setup(); {code}"],
+            env={**inherited, "DJANGO_SETTINGS_MODULE": "controlplane.settings", "DJANGO_DEBUG": debug},
+            cwd=Path(__file__).resolve().parents[3],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert done.stdout.strip() == "[]", (debug, done.stdout, done.stderr)
+
+
+def test_allowing_every_private_network_still_never_allows_link_local(users, dns, sent, settings):
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
     dns.records["metadata.example.test"] = ["169.254.169.254"]
     endpoint_at(users, "http://metadata.example.test/latest/meta-data/")
     assert_refused(deliver_one(), "169.254.169.254", "link-local")
@@ -295,6 +316,14 @@ def test_a_refused_delivery_is_redelivered_once_the_network_is_allowed(
         "http://[::ffff:127.0.0.1]/",
         "http://localhost:8000/hooks",
         "http://api.localhost/hooks",
+        # Loopback in the other spellings the resolver reads (inet_aton): refused when saved, not only at delivery.
+        "http://0x7f000001/",
+        "http://2130706433/",
+        "http://127.1:8080/",
+        "http://0177.0.0.1/",
+        "http://0x7f.1/",
+        "http://[0:0:0:0:0:0:0:1]/",
+        "http://LOCALHOST./",
     ],
 )
 def test_creating_an_endpoint_at_a_literal_non_public_address_is_a_400_naming_the_url_field(
@@ -307,7 +336,7 @@ def test_creating_an_endpoint_at_a_literal_non_public_address_is_a_400_naming_th
     assert not WebhookEndpoint.objects.exists()
 
 
-def test_a_link_local_url_is_a_400_even_with_the_development_default(client_for):
+def test_a_link_local_url_is_a_400_even_with_loopback_allowed(client_for):
     response = client_for("admin").post(
         "/api/v1/webhooks/", {"name": "x", "url": "http://169.254.169.254/", "events": ["*"]}, format="json"
     )
@@ -325,14 +354,36 @@ def test_changing_an_endpoint_to_a_literal_non_public_address_is_a_400(client_fo
 
 
 def test_saving_a_name_makes_no_lookup(client_for, no_allowed_networks, monkeypatch):
-    def no_lookup(*args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("saving an endpoint must not resolve its host")
+    """The save-time check asks the resolver only to read numbers (AI_NUMERICHOST), never to look a name up."""
 
-    monkeypatch.setattr(socket, "getaddrinfo", no_lookup)
+    def numeric_only(host: Any, port: Any, *args: Any, flags: int = 0, **kwargs: Any) -> Any:
+        assert flags & socket.AI_NUMERICHOST, f"saving an endpoint must not look up {host!r}"
+        return REAL_GETADDRINFO(host, port, *args, flags=flags, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", numeric_only)
     response = client_for("admin").post(
         "/api/v1/webhooks/", {"name": "x", "url": "https://hooks.example.com/x", "events": ["*"]}, format="json"
     )
     assert response.status_code == 201
+
+
+@pytest.mark.parametrize("host", ["0x7f000001", "2130706433", "127.1"])
+def test_loopback_in_another_spelling_is_read_the_same_when_saved_and_when_delivered(users, receiver, settings, host):
+    """With loopback allowed, the endpoint saves and the delivery reaches the receiver at 127.0.0.1 (the resolver
+    that checks at save time reads the host as deliveries do); without it, both refuse."""
+    url = f"http://{host}:{receiver.port}/hooks"
+    settings.WEBHOOK_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    webhook_endpoint_create(created_by=users["admin"], name="spelled", url=url, events=["*"])
+    assert deliver_one().status == DeliveryStatus.SUCCEEDED
+    [request] = receiver.requests
+    assert request.header("Host") == f"{host}:{receiver.port}"
+    settings.WEBHOOK_ALLOWED_NETWORKS = []
+    with pytest.raises(ValidationError, match=f"'{host}', which the resolver reads as 127.0.0.1, a loopback"):
+        validate_webhook_url(url)
+    WebhookEndpoint.objects.all().delete()
+    endpoint_at(users, url)
+    assert_refused(deliver_one(), "127.0.0.1", "loopback")
+    assert len(receiver.requests) == 1
 
 
 def test_a_literal_inside_the_allowed_networks_is_accepted(no_allowed_networks, settings):
