@@ -14,6 +14,7 @@ from apps.benchmarks.models import Benchmark, BenchmarkVersion, Eval
 from apps.common.errors import validation_messages
 from apps.runs.models import TaskResult
 from workers.coding.stats import suite_statistics
+from workers.coding.task import is_unverified
 from workers.envs.registry import ENVIRONMENTS
 
 app_name = "benchmarks"
@@ -34,16 +35,19 @@ def version_detail(request: HttpRequest, version_id: int) -> HttpResponse:
         :50
     ]
     statistics = None
+    shown = list(tasks[:200])
     environment = ENVIRONMENTS.get(version.benchmark.environment)
     if environment is not None and environment.dataset_kind == "repo_tasks":  # repository tasks: the suite's shape
         statistics = suite_statistics(version.tasks.values_list("payload", flat=True))
+        for task in shown:
+            task.unverified = is_unverified(task.payload)  # type: ignore[attr-defined]  # marked in the task list
     return render(
         request,
         "benchmarks/version.html",
         {
             "version": version,
             "statistics": statistics,
-            "tasks": tasks[:200],
+            "tasks": shown,
             "evals": evals,
             "excluded": version.excluded_training_data.select_related("dataset"),
             "gates": version.gates.all(),

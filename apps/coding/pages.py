@@ -21,6 +21,7 @@ from apps.common.errors import validation_messages
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
 from workers.coding.generate import CodegenParams, vendored_sources
+from workers.coding.task import is_unverified
 
 SAMPLE_TASKS = 10
 
@@ -140,7 +141,8 @@ def _sample_rows(version: DatasetVersion) -> list[dict[str, Any]]:
     with version.file.open("rb") as handle:
         for line in handle:
             if line.strip():
-                rows.append(json.loads(line))
+                row = json.loads(line)
+                rows.append({**row, "unverified": is_unverified(row)})  # also a patchless row stored before the flag
             if len(rows) >= SAMPLE_TASKS:
                 break
     return rows

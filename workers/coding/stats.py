@@ -8,6 +8,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from workers.coding.task import is_unverified
+
 CURSORBENCH = {"median_lines_changed": 181, "median_instruction_chars": 390}
 """CursorBench's published suite statistics (methods.md section 2), shown beside ours."""
 
@@ -38,14 +40,17 @@ def _source_label(row: Mapping[str, Any]) -> str:
 
 
 def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """Count, median lines changed by the reference patch, median instruction length (characters), and the
-    tasks per family and per source, for a list of repo_task rows (a dataset version's or a benchmark's)."""
+    """Count, how many are unverified (`workers.coding.task.is_unverified`: nothing showed them solvable), median
+    lines changed by the reference patch, median instruction length (characters), and the tasks per family and per
+    source, for a list of repo_task rows (a dataset version's or a benchmark's)."""
     lines: list[int] = []
     chars: list[int] = []
     families: Counter[str] = Counter()
     sources: Counter[str] = Counter()
     with_patch = 0
+    unverified = 0
     for row in rows:
+        unverified += is_unverified(row)
         patch = row.get("reference_patch")
         if isinstance(patch, str) and patch:
             with_patch += 1
@@ -57,6 +62,7 @@ def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return {
         "tasks": count,
         "with_reference_patch": with_patch,
+        "unverified": unverified,
         "median_lines_changed": statistics.median(lines) if lines else None,
         "median_instruction_chars": statistics.median(chars) if chars else None,
         "families": dict(families.most_common()),

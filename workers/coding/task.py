@@ -17,6 +17,9 @@ A row:
      "provenance": {"kind": "generated", "ids": {"generation": "17"}},
      "prompt": "<the instruction again>", "answer": null}
 
+`unverified` (absent, i.e. false, on a verified task's row) is true only on a task stored without a reference patch,
+which its importer asked for explicitly: nothing showed that its hidden tests can pass (see `is_unverified`).
+
 `prompt` and `answer` repeat the instruction and say "no reference answer", so that the generic task-row check of
 every environment (`workers.envs.base.Environment.validate_task_row`) accepts the row; they are ignored on reading.
 
@@ -30,9 +33,10 @@ that names no test (it never passes, so the task is refused with the outcomes it
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from workers.coding.archive import normalize_path
 
@@ -161,6 +165,7 @@ class RepoTask(BaseModel):
     snapshot: SnapshotRef
     hidden_tests: HiddenTests
     reference_patch: str | None = None
+    unverified: bool = Field(default=False, strict=True)
     family: Family
     source: dict[str, Any] = Field(default_factory=dict)
     provenance: dict[str, Any] = Field(default_factory=lambda: {"kind": "generated", "ids": {}})
@@ -183,6 +188,16 @@ class RepoTask(BaseModel):
             return None  # an empty patch is no patch
         return patch
 
+    @field_validator("unverified")
+    @classmethod
+    def _unverified(cls, unverified: bool, info: ValidationInfo) -> bool:
+        if unverified and info.data.get("reference_patch") is not None:
+            raise ValueError(
+                "true with a reference patch; 'unverified' is only for a task without one: remove it to have the "
+                "patch verified, or remove the patch"
+            )
+        return unverified
+
     @field_validator("provenance")
     @classmethod
     def _provenance(cls, provenance: dict[str, Any]) -> dict[str, Any]:
@@ -198,7 +213,17 @@ class RepoTask(BaseModel):
         """The JSONL row (schema "repo_task/v1"), with "prompt" (the instruction) and "answer" (None) for the
         generic environment row check."""
         row = self.model_dump(mode="json")
+        if not self.unverified:
+            del row["unverified"]  # a verified task's row is as it was before the flag existed
         return {"schema": SCHEMA, **row, "prompt": self.instruction, "answer": None}
+
+
+def is_unverified(row: Mapping[str, Any]) -> bool:
+    """Whether nothing showed that a stored repo_task row is solvable: it is marked `"unverified": true`, or it has
+    no reference patch (a row stored before import refused such tasks). Verification (`workers.coding.verify`)
+    shows a task solvable by running its hidden tests with the reference patch applied."""
+    patch = row.get("reference_patch")
+    return row.get("unverified") is True or not (isinstance(patch, str) and patch.strip())
 
 
 _IGNORED_ON_READ = ("schema", "prompt", "answer")
@@ -236,6 +261,7 @@ _FIXES = {
     "hidden_tests.fail_to_pass": "list at least one pytest node id ('tests/test_x.py::test_y') that must go from "
     "failing to passing",
     "family": "use one of 'repair', 'implement', 'imported', 'session'",
+    "unverified": "give true or false (JSON booleans)",
 }
 
 

@@ -5,13 +5,14 @@
         refuse(task, verification.reason)   # one sentence a user can act on
 
 The checks, in order (the first that fails is the reason):
+0. the task has a reference patch: without one nothing can show that its hidden tests are passable, so it is
+   refused, naming the field and the way out, unless the task says `"unverified": true` (then checks 2 only run,
+   `Verification.after` is None and `Verification.verified` is False: the caller stores it marked unverified);
 1. the reference patch applies to the snapshot (cheap, so first): "the reference patch does not apply: ...";
 2. before: on the snapshot, no fail_to_pass test passes; one that does makes the task vacuous (nothing to fix),
    and the reason lists those ids;
 3. after: with the reference patch, every fail_to_pass and every pass_to_pass test passes; the reason lists those
    that did not, with their outcomes (a node id that names no test shows as "missing" here).
-A task without a reference patch (an imported task whose fix is unknown) gets checks 2 only: nothing can show that
-its tests are passable, which the caller may accept or not (`Verification.after` is None).
 pass_to_pass tests are not required to pass before: a task may record tests that only the fix makes collectable.
 """
 
@@ -35,6 +36,19 @@ class Verification:
     before: TestReport | None = None  # the hidden tests on the snapshot
     after: TestReport | None = None  # ... with the reference patch applied
 
+    @property
+    def verified(self) -> bool:
+        """Shown solvable: ok, and the hidden tests passed with the reference patch (False for a task kept as
+        `unverified`)."""
+        return self.ok and self.after is not None
+
+
+NO_PATCH = (
+    "no reference patch (field 'reference_patch' is missing or empty), so nothing shows that its hidden tests can "
+    'pass; add the patch that makes them pass, or set "unverified": true to store the task marked unverified '
+    "(a deployment gate refuses a benchmark holding it)"
+)
+
 
 def _listing(outcomes: dict[str, str]) -> str:
     items = [f"{node_id} ({outcome})" for node_id, outcome in list(outcomes.items())[:_SHOWN]]
@@ -49,6 +63,8 @@ def verify_task(task: RepoTask, snapshot: Snapshot, *, limits: CommandLimits | N
             False,
             f"the snapshot given holds content hash {snapshot.sha256}, not the task's {task.snapshot.sha256}",
         )
+    if task.reference_patch is None and not task.unverified:
+        return Verification(False, NO_PATCH)
     patched: Workspace | None = None
     if task.reference_patch is not None:
         patched = Workspace(snapshot)

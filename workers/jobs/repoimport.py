@@ -2,11 +2,13 @@
 
 Reads the upload (`workers.coding.bundle`: JSONL with inline repositories, or a zip/tar.gz bundle), and for each
 task runs `workers.coding.verify.verify_task`: its hidden tests must fail on the snapshot and pass with the
-reference patch. A kept task's snapshot is written to `<snapshot_root>/<sha256>.tar.gz` (content-addressed, so
-writing it again is harmless and two tasks on one repository share it) and its row, naming the snapshot, goes to
-`output_uri`; the report (`report_uri`) lists every task kept or refused with the reason. The control plane's
-success hook (`apps.coding.services.repo_tasks_finalize`) turns the rows into a dataset version, or, when a task was
-refused and the run did not ask to keep the valid ones, stores nothing: an upload is imported whole or not at all.
+reference patch. A task without a reference patch is refused unless it says `"unverified": true`; then it is kept,
+its row marked `"unverified": true`, and the report counts it (`unverified`). A kept task's snapshot is written to
+`<snapshot_root>/<sha256>.tar.gz` (content-addressed, so writing it again is harmless and two tasks on one
+repository share it) and its row, naming the snapshot, goes to `output_uri`; the report (`report_uri`) lists every
+task kept or refused with the reason. The control plane's success hook (`apps.coding.services.repo_tasks_finalize`)
+turns the rows into a dataset version, or, when a task was refused and the run did not ask to keep the valid ones,
+stores nothing: an upload is imported whole or not at all.
 
 Tasks are verified `workers` at a time in threads: each verification is two sandboxed test runs, separate
 processes, so threads are enough to keep the cores busy.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -41,12 +44,18 @@ def _verify(item: ImportedTask, limits: CommandLimits) -> Verification:
     return verify_task(item.task, Snapshot.from_files(item.files), limits=limits)
 
 
-def import_tasks(spec: RepoImportSpec, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Verify, write the kept snapshots and rows, write the report; returns the report."""
+def import_tasks(
+    spec: RepoImportSpec, reporter: Reporter | None = None, *, echo: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Verify, write the kept snapshots and rows, write the report; returns the report. Each progress line goes to
+    `echo` when given (manage.py import_repo_tasks prints it), else to this module's logger, and to the reporter."""
     started = time.monotonic()
 
     def say(line: str) -> None:
-        log.info(line)
+        if echo is not None:
+            echo(line)
+        else:
+            log.info(line)
         if reporter is not None:
             reporter.log(line)
 
@@ -60,6 +69,7 @@ def import_tasks(spec: RepoImportSpec, reporter: Reporter | None = None) -> dict
     limits = CommandLimits(wall_seconds=spec.test_timeout_seconds, cpu_seconds=int(spec.test_timeout_seconds))
     kept: list[dict[str, Any]] = []
     refused: list[dict[str, Any]] = []
+    unverified = 0
     done = 0
     if reporter is not None:
         reporter.progress(0, len(items))
@@ -71,7 +81,11 @@ def import_tasks(spec: RepoImportSpec, reporter: Reporter | None = None) -> dict
                 write_bytes(uri, pack(item.files), spec.storage_options)
                 task = item.task.model_copy(update={"snapshot": item.task.snapshot.model_copy(update={"uri": uri})})
                 kept.append(task.to_row())
-                say(f"kept {item.task.id} (line {item.row})")
+                if verification.verified:
+                    say(f"kept {item.task.id} (line {item.row})")
+                else:
+                    unverified += 1
+                    say(f"kept {item.task.id} (line {item.row}) marked unverified: it has no reference patch")
             else:
                 refused.append({"row": item.row, "id": item.task.id, "reason": verification.reason})
                 say(f"refused {item.task.id} (line {item.row}): {verification.reason}")
@@ -83,6 +97,7 @@ def import_tasks(spec: RepoImportSpec, reporter: Reporter | None = None) -> dict
         "kind": "import",
         "tasks": len(items),
         "kept": len(kept),
+        "unverified": unverified,
         "refused": refused,
         "keep_valid": spec.keep_valid,
         "statistics": suite_statistics(kept),
@@ -93,7 +108,8 @@ def import_tasks(spec: RepoImportSpec, reporter: Reporter | None = None) -> dict
     if reporter is not None:
         reporter.artifact("tasks.jsonl", spec.output_uri, size_bytes=len(rows), meta={"rows": len(kept)})
         reporter.artifact("report.json", spec.report_uri)
-    say(f"kept {len(kept)} of {len(items)} task(s), refused {len(refused)}, in {report['seconds']} s")
+    marked = f" ({unverified} unverified)" if unverified else ""
+    say(f"kept {len(kept)} of {len(items)} task(s){marked}, refused {len(refused)}, in {report['seconds']} s")
     return report
 
 

@@ -17,6 +17,8 @@ from apps.gates.models import CheckStatus, Gate, GateCheck
 from apps.gates.selectors import current_deployment
 from apps.gates.services.checks import gate_check_advance
 from apps.runs.models import Checkpoint
+from workers.coding.task import is_unverified
+from workers.envs.registry import ENVIRONMENTS
 from workers.evals.gates import (
     ApprovalRule,
     GateRulesError,
@@ -63,6 +65,7 @@ def gate_create(
     if not benchmark_versions:
         raise ValidationError({"benchmark_versions": ["pin at least one benchmark version for the gate's evals"]})
     _check_versions_cover_rules(checked, benchmark_versions)
+    _check_versions_verified(benchmark_versions)
     if Gate.objects.filter(name=name).exists():
         raise ValidationError({"name": [f"a gate named {name!r} exists; pick another name"]})
     with transaction.atomic():
@@ -94,6 +97,30 @@ def _check_versions_cover_rules(rules: Sequence[dict[str, Any]], versions: Seque
                 ]
             }
         )
+
+
+def _check_versions_verified(versions: Sequence[BenchmarkVersion]) -> None:
+    """A gate decides deployments, so the repository tasks it scores must have been shown solvable: refuse a version
+    of a repository-task benchmark holding unverified tasks (`workers.coding.task.is_unverified`)."""
+    problems = []
+    for version in versions:
+        environment = ENVIRONMENTS.get(version.benchmark.environment)
+        if environment is None or environment.dataset_kind != "repo_tasks":
+            continue
+        ids = [
+            task_id
+            for task_id, payload in version.tasks.order_by("task_id").values_list("task_id", "payload")
+            if is_unverified(payload)
+        ]
+        if ids:
+            shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+            problems.append(
+                f"{version} holds {len(ids)} unverified task(s) of {version.task_count} ({shown}): nothing showed "
+                "that their hidden tests can pass, so a deployment cannot be gated on them; pin a version without "
+                "them (import those tasks again with a reference patch, or make a benchmark version without them)"
+            )
+    if problems:
+        raise ValidationError({"benchmark_versions": problems})
 
 
 def _pinned_versions(gate: Gate, overrides: Sequence[BenchmarkVersion] | None) -> list[BenchmarkVersion]:
@@ -130,6 +157,7 @@ def gate_evaluate(
         raise ValidationError({"rules": [f"gate {gate.name!r} has no rules; add at least one before evaluating"]})
     pinned = _pinned_versions(gate, benchmark_versions)
     _check_versions_cover_rules(rules, pinned)
+    _check_versions_verified(pinned)  # also a gate made before the check existed, and pinned overrides
     baseline = current_deployment(gate)
     with transaction.atomic():
         Gate.objects.select_for_update().get(pk=gate.pk)  # two CI retries of one request make one check

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import tarfile
 from typing import Any
 
@@ -266,3 +267,112 @@ def test_an_imported_suite_splits_into_a_held_out_coding_benchmark_sliced_by_fam
     page = client.get(f"/benchmarks/versions/{made.json()['id']}/").content.decode()
     assert "Suite statistics" in page and "CursorBench" in page
     assert {"family:imported", "source:mathx"} <= set(task.tags) and task.source_ref == "mathx clamp"
+
+
+# --- a task never shown solvable (issue 36 section 3) ----------------------------------------------------------------
+
+
+def _without_patch(task_id: str, patch: str | None) -> dict[str, Any]:
+    row = task_row(task_id)
+    if patch is None:
+        del row["reference_patch"]
+    else:
+        row["reference_patch"] = patch
+    return row
+
+
+@pytest.mark.parametrize("patch", ["", None], ids=["empty-patch", "no-patch-field"])
+def test_a_task_without_a_reference_patch_is_refused_naming_the_task_the_field_and_the_fix(users, queued, patch):  # type: ignore[no-untyped-def]
+    run = repo_import_launch(
+        target_dataset="mathx-tasks",
+        data=jsonl(_without_patch("no-fix", patch)),
+        filename="t.jsonl",
+        user=users["operator"],
+    )
+    report = run_the_job(run)
+    assert report["kept"] == 0 and report["unverified"] == 0
+    (refused,) = report["refused"]
+    assert refused["id"] == "no-fix" and refused["row"] == 1
+    assert "'reference_patch' is missing or empty" in refused["reason"] and '"unverified": true' in refused["reason"]
+    repo_tasks_finalize(run_id=run.pk)
+    assert not Dataset.objects.filter(name="mathx-tasks").exists()
+
+
+def test_a_reference_patch_that_does_not_make_the_hidden_tests_pass_is_refused(users, queued):  # type: ignore[no-untyped-def]
+    # Applies cleanly, but only clamps at hi + 1: test_upper still fails with the patch.
+    wrong = PATCH.replace("min(x, hi)", "min(x, hi + 1)")
+    run = repo_import_launch(
+        target_dataset="mathx-tasks",
+        data=jsonl(task_row("wrong-fix", reference_patch=wrong)),
+        filename="t.jsonl",
+        user=users["operator"],
+    )
+    report = run_the_job(run)
+    (refused,) = report["refused"]
+    assert report["kept"] == 0 and "with the reference patch applied" in refused["reason"]
+    assert "tests/test_clamp.py::test_upper (failed)" in refused["reason"]
+
+
+def test_unverified_true_stores_the_task_marked_on_every_page_and_in_the_statistics(client_for, client, users, queued):  # type: ignore[no-untyped-def]
+    marked = _without_patch("no-fix", None) | {"unverified": True}
+    run = repo_import_launch(
+        target_dataset="mathx-tasks", data=jsonl(task_row(), marked), filename="t.jsonl", user=users["operator"]
+    )
+    report = run_the_job(run)
+    assert report["kept"] == 2 and report["unverified"] == 1 and report["refused"] == []
+    assert report["statistics"]["unverified"] == 1
+    repo_tasks_finalize(run_id=run.pk)
+    run.refresh_from_db()
+    version = DatasetVersion.objects.get(pk=run.summary["repo_tasks"]["version"])
+    rows = {row["id"]: row for row in map(json.loads, version.file.read().splitlines())}
+    assert rows["no-fix"]["unverified"] is True and rows["no-fix"]["reference_patch"] is None
+    assert "unverified" not in rows["clamp-upper"]
+    assert version.validation_report["statistics"]["unverified"] == 1
+    client.force_login(users["viewer"])
+    for page in (f"/datasets/{version.dataset_id}/", f"/coding/runs/{run.pk}/", "/coding/"):
+        text = client.get(page).content.decode()
+        assert "1 unverified" in text or "1 of 2 unverified" in text, page
+    assert "1 of 2 unverified" in client.get(f"/datasets/{version.dataset_id}/").content.decode()
+    run_page = client.get(f"/coding/runs/{run.pk}/").content.decode()
+    assert run_page.count(">unverified</span>") == 1  # the marked task in the task list, not the verified one
+    # A benchmark made from it shows it too.
+    api = client_for("operator")
+    benchmark = api.post("/api/v1/benchmarks/", {"name": "mathx-bench", "environment": "coding_agent"}, format="json")
+    made = api.post(
+        f"/api/v1/benchmarks/{benchmark.json()['id']}/versions/", {"dataset_version": version.pk}, format="json"
+    )
+    assert made.status_code == 201, made.content
+    page = client.get(f"/benchmarks/versions/{made.json()['id']}/").content.decode()
+    assert "1 of 2 unverified" in page and page.count(">unverified</span>") == 1
+
+
+def test_manage_py_prints_each_progress_line_once(users, tmp_path, capfd):  # type: ignore[no-untyped-def]
+    upload = tmp_path / "tasks.jsonl"
+    upload.write_bytes(jsonl(task_row(), _without_patch("no-fix", "")))
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="nothing was stored"):
+        call_command(
+            "import_repo_tasks",
+            str(upload),
+            "--dataset",
+            "cli-tasks",
+            "--owner",
+            "operator-user",
+            "--workers",
+            "1",
+            stdout=out,
+        )
+    printed = out.getvalue()
+    elsewhere = capfd.readouterr()
+    everything = printed + elsewhere.out + elsewhere.err
+    lines = [
+        "2 task(s) in the upload; verifying each in the sandbox, 1 at a time",
+        "kept clamp-upper (line 1)",
+        "refused no-fix (line 2): no reference patch",
+        "kept 1 of 2 task(s), refused 1, in ",
+    ]
+    for line in lines:
+        assert printed.count(line) == 1, (line, printed)
+        assert everything.count(line) == 1, (line, everything)
+    assert "refused line 2" not in everything  # the refusal is not printed a second time after the progress
+    assert logging.getLogger("crucible.repoimport").handlers == []  # no handler left behind to print it again

@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from workers.coding.patches import make_patch
-from workers.coding.task import SCHEMA, RepoTask, RepoTaskError, parse_repo_task_row
-from workers.coding.verify import verify_task
+from workers.coding.stats import suite_statistics
+from workers.coding.task import SCHEMA, RepoTask, RepoTaskError, is_unverified, parse_repo_task_row
+from workers.coding.verify import NO_PATCH, verify_task
 from workers.coding.workspace import Snapshot
 from workers.envs.base import Environment
 
@@ -86,9 +87,36 @@ def test_a_reference_patch_that_does_not_fix_the_tests_is_refused() -> None:
     assert f"{T}::test_high[9]" not in verification.reason
 
 
-def test_a_task_without_reference_patch_gets_the_first_check_only() -> None:
-    verification = verify_task(_task(reference_patch=None), Snapshot.from_files(BUGGY))
-    assert verification.ok and verification.after is None
+@pytest.mark.parametrize("patch", [None, "", "  \n"], ids=["null", "empty", "blank"])
+def test_a_task_without_a_reference_patch_is_refused_naming_the_field_and_the_fix(patch: str | None) -> None:
+    verification = verify_task(_task(reference_patch=patch), Snapshot.from_files(BUGGY))
+    assert not verification.ok and not verification.verified
+    assert verification.reason == NO_PATCH
+    assert "field 'reference_patch' is missing or empty" in verification.reason
+    assert '"unverified": true' in verification.reason
+    assert verification.before is None  # refused before any test ran
+
+
+def test_a_task_with_no_reference_patch_field_at_all_is_refused() -> None:
+    row = _row()
+    del row["reference_patch"]
+    verification = verify_task(parse_repo_task_row(row, index=1), Snapshot.from_files(BUGGY))
+    assert not verification.ok and verification.reason == NO_PATCH
+
+
+def test_an_unverified_task_gets_the_snapshot_check_only_and_is_not_called_verified() -> None:
+    verification = verify_task(_task(reference_patch=None, unverified=True), Snapshot.from_files(BUGGY))
+    assert verification.ok and verification.after is None and not verification.verified
+    assert verification.before is not None and verification.before.fail_to_pass_passed == 0
+    # The snapshot check still refuses a vacuous one.
+    vacuous = _task(
+        reference_patch=None, unverified=True, hidden_tests={"files": {T: TESTS}, "fail_to_pass": [f"{T}::test_low"]}
+    )
+    assert verify_task(vacuous, Snapshot.from_files(BUGGY)).reason.startswith("vacuous task")
+
+
+def test_a_verified_task_is_called_verified() -> None:
+    assert verify_task(_task(), Snapshot.from_files(BUGGY)).verified
 
 
 def test_a_snapshot_of_other_files_is_refused() -> None:
@@ -97,6 +125,19 @@ def test_a_snapshot_of_other_files_is_refused() -> None:
 
 
 # --- task rows -------------------------------------------------------------------------------------------------------
+
+
+def test_an_unverified_row_round_trips_and_a_verified_row_does_not_carry_the_flag() -> None:
+    assert "unverified" not in _task().to_row()  # verified rows are byte-for-byte what they were
+    task = _task(reference_patch="", unverified=True)
+    row = task.to_row()
+    assert row["unverified"] is True and row["reference_patch"] is None
+    assert parse_repo_task_row(row, index=1) == task
+    assert is_unverified(row) and not is_unverified(_task().to_row())
+    legacy = {**_task().to_row(), "reference_patch": None}  # stored before patchless imports were refused
+    assert is_unverified(legacy)
+    statistics = suite_statistics([row, legacy, _task().to_row()])
+    assert statistics["unverified"] == 2 and statistics["tasks"] == 3
 
 
 def test_a_row_round_trips_and_passes_the_generic_environment_row_check() -> None:
@@ -131,6 +172,8 @@ class _RepoTaskEnvironment(Environment):
         ({"provenance": {"kind": "scraped"}}, "provenance", "'generated'"),
         ({"hidden_test": {}}, "hidden_test", "unknown field"),
         ({"schema": "repo_task/v0"}, "schema", "repo_task/v1"),
+        ({"unverified": True}, "unverified", "remove it to have the patch verified"),
+        ({"unverified": "yes", "reference_patch": None}, "unverified", "true or false"),
     ],
 )
 def test_a_bad_row_is_refused_naming_the_row_and_field(overrides: dict[str, Any], field: str, words: str) -> None:

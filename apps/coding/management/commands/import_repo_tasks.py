@@ -1,15 +1,13 @@
 """`manage.py import_repo_tasks FILE --dataset NAME`: import repository tasks here, without Ray.
 
 The same checks as an import run (workers.jobs.repoimport): the file is parsed whole first (every problem listed,
-nothing stored), then every task is checked in the sandbox on this machine, printing each verdict as it comes; the
-verified tasks become the next version of the dataset, or nothing is stored when one is refused (unless
---keep-valid)."""
+nothing stored), then every task is checked in the sandbox on this machine, printing each verdict once, as it comes
+(on stdout; not also through logging); the verified tasks become the next version of the dataset, or nothing is
+stored when one is refused (unless --keep-valid)."""
 
 from __future__ import annotations
 
 import json
-import logging
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -52,13 +50,9 @@ class Command(BaseCommand):
         if problems := target_problems(options["dataset"]):
             raise CommandError(f"--dataset: {'; '.join(problems)}")
         try:
-            tasks = parse_upload(data)
+            parse_upload(data)  # the whole file first: every problem listed before anything runs
         except BundleError as exc:
             raise CommandError(f"{path} cannot be imported:\n  " + "\n  ".join(exc.problems)) from None
-        self.stdout.write(f"{len(tasks)} task(s) parsed; verifying each in the sandbox")
-        progress = logging.getLogger("crucible.repoimport")
-        progress.setLevel(logging.INFO)
-        progress.addHandler(logging.StreamHandler(sys.stdout))
         with tempfile.TemporaryDirectory(prefix="crucible-import-") as work:
             folder = Path(work)
             (folder / "upload").write_bytes(data)
@@ -73,10 +67,8 @@ class Command(BaseCommand):
                 keep_valid=options["keep_valid"],
                 workers=options["workers"],
             )
-            report = import_tasks(spec)
+            report = import_tasks(spec, echo=self.stdout.write)  # every verdict, refusals with their reason, once
             rows = (folder / "tasks.jsonl").read_bytes()
-        for refused in report["refused"]:
-            self.stdout.write(f"refused line {refused['row']} ({refused['id']}): {refused['reason']}")
         outcome = repo_tasks_register(
             target=options["dataset"],
             rows=rows,
@@ -86,6 +78,7 @@ class Command(BaseCommand):
             keep_valid=options["keep_valid"],
             origin=f"imported from {path.name}",
         )
-        self.stdout.write(json.dumps({"kept": report["kept"], "refused": len(report["refused"]), **outcome}))
+        counts = {"kept": report["kept"], "unverified": report["unverified"], "refused": len(report["refused"])}
+        self.stdout.write(json.dumps({**counts, **outcome}))
         if outcome.get("error") or not outcome.get("version"):
             raise CommandError(outcome["outcome"])
