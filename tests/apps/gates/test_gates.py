@@ -340,3 +340,66 @@ def test_bad_gate_settings_are_refused_at_creation(client_for, version, extra, f
     body = {"name": "g", "benchmark_versions": [version.pk], "rules": [{"type": "approval"}], **extra}
     reply = client_for("admin").post("/api/v1/gates/", body, format="json")
     assert reply.status_code == 400 and field in reply.json()["fields"]
+
+
+# --- a gate scores only repository tasks shown solvable (issue 36 section 3) ----------------------------------------
+
+_PATCH = "--- a/m.py\n+++ b/m.py\n@@ -1 +1 @@\n-X = 0\n+X = 1\n"
+
+
+def _repo_task(task_id: str, *, unverified: bool = False) -> dict[str, object]:
+    row: dict[str, object] = {
+        "id": task_id,
+        "instruction": "X should be 1. Fix it.",
+        "repo": {"files": {"m.py": "X = 0\n"}},
+        "hidden_tests": {
+            "files": {"test_m.py": "from m import X\n\n\ndef test_x():\n    assert X == 1\n"},
+            "fail_to_pass": ["test_m.py::test_x"],
+        },
+    }
+    row.update({"reference_patch": None, "unverified": True} if unverified else {"reference_patch": _PATCH})
+    return row
+
+
+def _repo_version(users, *rows):  # type: ignore[no-untyped-def]
+    from apps.benchmarks.models import Benchmark
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create
+
+    benchmark = Benchmark.objects.filter(name="repo-bench").first() or benchmark_create(
+        name="repo-bench", environment="coding_agent", owner=users["admin"]
+    )
+    made, _ = benchmark_version_create(benchmark=benchmark, tasks=list(rows), created_by=users["admin"])
+    return made
+
+
+def test_a_gate_refuses_a_benchmark_version_holding_unverified_repository_tasks(client_for, users) -> None:
+    held = _repo_version(users, _repo_task("ok-1"), _repo_task("guess-1", unverified=True), _repo_task("ok-2"))
+    body = {"name": "ship-repo", "benchmark_versions": [held.pk], "rules": [{"type": "approval"}]}
+    reply = client_for("admin").post("/api/v1/gates/", body, format="json")
+    assert reply.status_code == 400
+    message = reply.json()["fields"]["benchmark_versions"][0]
+    assert f"{held} holds 1 unverified task(s) of 3 (guess-1)" in message
+    assert "reference patch" in message and "pin a version without them" in message
+    assert not Gate.objects.exists()
+    # A version of the same tasks, every one shown solvable, is accepted.
+    clean = _repo_version(users, _repo_task("ok-1"), _repo_task("ok-2"))
+    body["benchmark_versions"] = [clean.pk]
+    assert client_for("admin").post("/api/v1/gates/", body, format="json").status_code == 201
+
+
+def test_evaluating_a_gate_on_unverified_repository_tasks_is_refused(client_for, users, tmp_path) -> None:
+    clean = _repo_version(users, _repo_task("ok-1"))
+    body = {"name": "ship-repo", "benchmark_versions": [clean.pk], "rules": [{"type": "approval"}]}
+    gate = Gate.objects.get(pk=client_for("admin").post("/api/v1/gates/", body, format="json").json()["id"])
+    held = _repo_version(users, _repo_task("ok-1"), _repo_task("guess-1", unverified=True))
+    checkpoint = checkpoint_for(owner=users["operator"], tmp_path=tmp_path)
+    url = f"/api/v1/gates/{gate.pk}/evaluate/"
+    reply = client_for("operator").post(
+        url, {"checkpoint": checkpoint.pk, "benchmark_versions": [held.pk]}, format="json"
+    )
+    assert reply.status_code == 400 and "1 unverified task(s) of 2" in reply.json()["detail"]
+    # A gate pinned to such a version before the check existed is refused when it is evaluated.
+    gate.benchmark_versions.set([held])
+    reply = client_for("operator").post(url, {"checkpoint": checkpoint.pk}, format="json")
+    assert reply.status_code == 400 and "guess-1" in reply.json()["detail"]
+    assert not GateCheck.objects.exists() and not Eval.objects.exists()
