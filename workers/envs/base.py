@@ -151,6 +151,11 @@ class Environment(abc.ABC):
     - `default_algorithm`: the RL algorithm (a name in `workers.rl.algorithms.ALGORITHMS`) a training run on this
       environment uses when it names none, e.g. "composer" for the coding agent (Composer 2's C1/C2); None keeps
       the trainer's own default (grpo). A run that names an algorithm keeps it (`workers.rl.config.TrainConfig`).
+    - `default_substeps`: the optimizer steps per rollout batch (`TrainConfig.substeps`) of a run that names none,
+      e.g. 4 for search (Context-1's "4 gradient substeps/step"); None keeps the trainer's own default (1).
+    - `default_reward()`: the recipe's reward spec (JSON) a training launch that names no reward config trains
+      with (`apps.training.services.recipe_reward_version` keeps it as a reward config version), e.g. Context-1's
+      X2-X5 for search, Kimi K2.5's PARL (K1) for swarm; None (the default): a launch must name one.
     """
 
     name: ClassVar[str]
@@ -163,6 +168,13 @@ class Environment(abc.ABC):
     needs_corpus_index: ClassVar[bool] = False
     dataset_kind: ClassVar[str] = "tasks"
     default_algorithm: ClassVar[str | None] = None
+    default_substeps: ClassVar[int | None] = None
+
+    @classmethod
+    def default_reward(cls) -> dict[str, Any] | None:
+        """The reward spec (JSON) of this environment's recipe, which a training run that names no reward config
+        trains with; None: the environment has no recipe reward, and a launch must name a reward config."""
+        return None
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:

@@ -120,6 +120,10 @@ class SearchEnv(ToolUseEnvironment):
     )
     score_field: ClassVar[str] = "output_recall"
     needs_corpus_index: ClassVar[bool] = True
+    # Context-1's RL recipe (methods.md section 3, "RL"): fully on-policy CISPO, 4 gradient substeps per step, and
+    # its reward (X2-X5, `default_reward`). A run that names its own keeps it.
+    default_algorithm: ClassVar[str | None] = "cispo"
+    default_substeps: ClassVar[int | None] = 4
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "gold_chunk_ids"})
     produces: ClassVar[frozenset[str]] = frozenset(
         {"answer", "gold_answers", "turns", "output_doc_ids", "gold_doc_ids", "seen_doc_ids", "answer_doc_ids"}
@@ -287,6 +291,11 @@ class SearchEnv(ToolUseEnvironment):
             if isinstance(fact, list):
                 out.update(str(item) for item in fact)
         return out
+
+    @classmethod
+    def default_reward(cls) -> dict[str, Any] | None:
+        """Context-1's reward (methods.md X2-X5): clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre)."""
+        return context1_spec().model_dump(mode="json")
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:

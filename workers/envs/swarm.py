@@ -97,6 +97,10 @@ class SwarmEnv(SearchEnv):
     score_field: ClassVar[str] = "task_score"
     produces: ClassVar[frozenset[str]] = SearchEnv.produces | {"gold_table", "swarm"}
     tools: ClassVar[tuple[ToolSpec, ...]] = SearchEnv.tools + SUBAGENT_TOOLS
+    # Kimi K2.5's recipe (methods.md section 1): its policy loss (K3) with the PARL reward (K1, `default_reward`).
+    # The source gives no substep count, so the trainer's own (1), not the search environment's Context-1 value.
+    default_algorithm: ClassVar[str | None] = "kimi"
+    default_substeps: ClassVar[int | None] = None
 
     def __init__(
         self,
@@ -200,6 +204,14 @@ class SwarmEnv(SearchEnv):
             except TableSpecError as exc:
                 raise TaskFieldError(str(exc), field="table", environment=cls.name) from None
         return task
+
+    @classmethod
+    def default_reward(cls) -> dict[str, Any] | None:
+        """Kimi K2.5's PARL reward (methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 (0.1 each,
+        ours) annealed to 0 over the run's own steps (`Anneal.steps` left empty)."""
+        from workers.rewards.schema import parl_spec
+
+        return parl_spec().model_dump(mode="json")
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.coding.generate import CodegenParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
+from workers.rewards.schema import with_anneal_horizon
 from workers.rl.config import SamplingConfig, TrainConfig
 from workers.rl.placement import ResourcePlan, plan_resources
 from workers.search.index import IndexConfig
@@ -77,6 +78,12 @@ class TrainSpec(_TrainsOnTasks):
     config: TrainConfig
     resume_from: str | None = None  # URI of a checkpoint written by this job
     max_rows: int = 100_000
+
+    @model_validator(mode="after")
+    def _anneal_over_the_run(self) -> TrainSpec:
+        """A reward term annealed over an empty horizon (PARL's λ1, λ2 by default) anneals over this run's steps."""
+        self.reward = with_anneal_horizon(self.reward, self.config.steps)
+        return self
 
     def resource_plan(self) -> ResourcePlan:
         return plan_resources(self.config)

@@ -454,16 +454,28 @@ class Anneal(BaseModel):
     """A weight annealed to zero over training (K1: "λ1 and λ2 are annealed to zero over the course of training";
     the source gives no schedule). At 0-based step t the weight is multiplied by 1 − t/steps ("linear") or
     ½(1 + cos(π·t/steps)) ("cosine"), and by 0 from `steps` on. Outside training (evaluation, re-scoring: no step)
-    the factor is 1."""
+    the factor is 1. `steps` left empty is the training run's own number of steps (`with_anneal_horizon`, applied
+    to the reward a training job receives), so the weights reach 0 by the run's last step whatever its length."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schedule: Literal["linear", "cosine"] = Field(default="linear", description="How the weight falls to 0")
-    steps: int = Field(default=100, ge=1, le=10_000_000, description="Training steps until the weight is 0")
+    steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="Training steps until the weight is 0; empty: the run's own steps (a longer horizon than the "
+        "run never reaches 0, and the run page warns)",
+    )
 
     def factor(self, step: int | None) -> float:
         if step is None:
             return 1.0
+        if self.steps is None:
+            raise ValueError(
+                "anneal.steps is empty (the run's own steps) but no run filled it in: score training steps with the "
+                "spec from with_anneal_horizon(spec, steps)"
+            )
         t = min(max(step, 0), self.steps) / self.steps
         if self.schedule == "cosine":
             return 0.5 * (1.0 + math.cos(math.pi * t))
@@ -654,6 +666,8 @@ TERM_CLASSES: tuple[type[_Term], ...] = (
 """Every term type, in the order UIs list them: the one place a new term class is named."""
 TERM_TYPES: tuple[str, ...] = tuple(str(cls.model_fields["type"].default) for cls in TERM_CLASSES)
 _CLASS_BY_TYPE: dict[str, type[_Term]] = dict(zip(TERM_TYPES, TERM_CLASSES, strict=True))
+ANNEALED_TERM_TYPES: frozenset[str] = frozenset(t for t, cls in _CLASS_BY_TYPE.items() if "anneal" in cls.model_fields)
+"""Term types whose weight anneals over training (`Anneal`): PARL's r_parallel and r_finish."""
 
 TERM_INPUTS: dict[str, TermInputs] = {term_type: cls.reads for term_type, cls in _CLASS_BY_TYPE.items()}
 """What each term type reads, by type (see `TermInputs`)."""
@@ -850,14 +864,15 @@ def coding_agent_spec(length_weight: float = 0.1) -> RewardSpec:
 def parl_spec(
     lambda_parallel: float = 0.1,
     lambda_finish: float = 0.1,
-    anneal_steps: int = 100,
+    anneal_steps: int | None = None,
     schedule: Literal["linear", "cosine"] = "linear",
     critical_penalty: float = 0.0,
 ) -> RewardSpec:
     """Kimi K2.5's PARL reward (methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 annealed to 0
-    over `anneal_steps` steps. r_perf is the task's own metric: item-F1 of the table for a wide task, the answer
-    (normalised match) for a deep one (each is 0 on the other kind). With `critical_penalty` > 0 the critical
-    steps penalty (K2) is added with that weight. λ values and schedule are ours: the source gives none."""
+    over `anneal_steps` steps (None: over the training run's own steps). r_perf is the task's own metric: item-F1
+    of the table for a wide task, the answer (normalised match) for a deep one (each is 0 on the other kind). With
+    `critical_penalty` > 0 the critical steps penalty (K2) is added with that weight. λ values and schedule are
+    ours: the source gives none."""
     anneal = Anneal(schedule=schedule, steps=anneal_steps)
     terms: list[Any] = [
         ItemF1Term(),
@@ -868,6 +883,34 @@ def parl_spec(
     if critical_penalty > 0:
         terms.append(CriticalStepsTerm(weight=critical_penalty))
     return RewardSpec(terms=terms)
+
+
+def with_anneal_horizon(spec: dict[str, Any], steps: int) -> dict[str, Any]:
+    """The reward spec (JSON) `spec` with every annealed term whose `anneal.steps` is empty (or left out) set to
+    `steps`, the training run's own number of steps: what a training job scores with. An explicit horizon is kept;
+    anything that is not a spec's shape is returned as it is (the spec's own validation names it)."""
+    terms = spec.get("terms") if isinstance(spec, dict) else None
+    if not isinstance(terms, list):
+        return spec
+    resolved = []
+    for term in terms:
+        anneal = term.get("anneal") if isinstance(term, dict) else None
+        if isinstance(term, dict) and "anneal" not in term and term.get("type") in ANNEALED_TERM_TYPES:
+            anneal = {}  # left out: the term's default, Anneal() with an empty horizon
+        if isinstance(anneal, dict) and anneal.get("steps") is None:
+            term = {**term, "anneal": {**anneal, "steps": steps}}
+        resolved.append(term)
+    return {**spec, "terms": resolved}
+
+
+def anneal_horizons(spec: RewardSpec) -> dict[str, int | None]:
+    """The anneal horizon of each annealed term of `spec`, by term name (None: the run's own steps)."""
+    horizons: dict[str, int | None] = {}
+    for term in spec.terms:
+        anneal = getattr(term, "anneal", None)
+        if isinstance(anneal, Anneal):
+            horizons[term.name] = anneal.steps
+    return horizons
 
 
 def with_f_beta(spec: RewardSpec, beta: float) -> RewardSpec:

@@ -37,6 +37,7 @@ __all__ = [
     "UpsampleHardConfig",
     "effective_settings",
     "environment_default_algorithm",
+    "environment_default_substeps",
     "loss_config_for",
     "settings_for",
 ]
@@ -294,6 +295,32 @@ def environment_default_algorithm(environment: str) -> Algorithm | None:
     )
 
 
+def environment_default_substeps(environment: str) -> int | None:
+    """The gradient substeps per step of a run on environment `environment` that names none
+    (`Environment.default_substeps`, e.g. Context-1's 4 for search); None for an unknown environment or one without
+    a default (the trainer's own, 1). Raises ValueError when an environment declares a value out of range."""
+    from workers.envs.registry import get_environment
+
+    try:
+        declared = get_environment(environment).default_substeps
+    except ValueError:
+        return None
+    if declared is None:
+        return None
+    low, high = SUBSTEPS_RANGE
+    if isinstance(declared, bool) or not isinstance(declared, int) or not low <= declared <= high:
+        raise ValueError(
+            f"environment {environment!r} declares default_substeps={declared!r}, which is not an integer in "
+            f"[{low}, {high}]: fix the environment class"
+        )
+    return declared
+
+
+SUBSTEPS_RANGE = (1, 64)
+FALLBACK_SUBSTEPS = 1
+"""The gradient substeps of a run that names none, on an environment without a `default_substeps`."""
+
+
 Correction = Literal["none", "tis", "mis", "seq_tis", "seq_mis"]
 CORRECTIONS: tuple[Correction, ...] = ("none", "tis", "mis", "seq_tis", "seq_mis")
 DEFAULT_MISMATCH_CAP = 2.0
@@ -364,6 +391,11 @@ class TrainConfig(_Strict):
         description="Filled in when the run names no algorithm and its environment has a default: that "
         "environment's name (the run page says where the algorithm came from). Not a choice",
     )
+    substeps_default_of: str | None = Field(
+        default=None,
+        description="Filled in when the run names no substeps and its environment has a default (search: "
+        "Context-1's 4): that environment's name. Not a choice",
+    )
     loss: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides of the algorithm's loss defaults (epsilon_low, epsilon_high, kl_coef, kl_estimator, "
@@ -408,11 +440,12 @@ class TrainConfig(_Strict):
     )
     checkpoint_every: int = Field(default=10, ge=1, description="Steps between checkpoints to object storage")
     substeps: int = Field(
-        default=1,
-        ge=1,
-        le=64,
+        default=FALLBACK_SUBSTEPS,
+        ge=SUBSTEPS_RANGE[0],
+        le=SUBSTEPS_RANGE[1],
         description="Optimizer steps per rollout batch: the batch's groups split into this many minibatches, one "
-        "optimizer step each, ratios against the rollout's log-probs (Context-1: 4; 1: one step on the whole batch)",
+        "optimizer step each, ratios against the rollout's log-probs (Context-1: 4; 1: one step on the whole "
+        "batch). Empty: the environment's recipe default (search: 4), else 1",
     )
     max_tokens_per_pack: int = Field(
         1024, ge=64, le=1_048_576, description="Learner micro-batch in packed tokens: bounds activation memory"
@@ -495,16 +528,24 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _environment_default_algorithm(cls, data: Any) -> Any:
+    def _environment_defaults(cls, data: Any) -> Any:
         """A run that names no algorithm (absent or null) gets its environment's `default_algorithm` (recorded in
-        `algorithm_default_of`), or grpo when the environment has none. A named algorithm is kept."""
-        if not isinstance(data, dict) or data.get("algorithm") is not None:
+        `algorithm_default_of`), or grpo when the environment has none; likewise a run that names no `substeps`
+        gets the environment's `default_substeps` (recorded in `substeps_default_of`), or 1. A named value is
+        kept, so a stored config (which holds the resolved values) round-trips unchanged."""
+        if not isinstance(data, dict):
             return data
         environment = data.get("environment", cls.model_fields["environment"].default)
-        resolved = environment_default_algorithm(environment) if isinstance(environment, str) else None
-        data = {key: value for key, value in data.items() if key not in ("algorithm", "algorithm_default_of")}
-        if resolved is not None:
-            data.update(algorithm=resolved, algorithm_default_of=environment)
+        for field, lookup in (
+            ("algorithm", environment_default_algorithm),
+            ("substeps", environment_default_substeps),
+        ):
+            if data.get(field) is not None:
+                continue
+            resolved = lookup(environment) if isinstance(environment, str) else None
+            data = {key: value for key, value in data.items() if key not in (field, f"{field}_default_of")}
+            if resolved is not None:
+                data.update({field: resolved, f"{field}_default_of": environment})
         return data
 
     @field_validator("loss")
@@ -584,11 +625,13 @@ class TrainConfig(_Strict):
                 f"mismatch.correction {self.mismatch.correction!r} weights tokens, and gspo's ratio and clip are per "
                 "sequence: use seq_tis or seq_mis with gspo"
             )
-        if self.algorithm_default_of is not None and self.algorithm_default_of != self.environment:
-            raise ValueError(
-                f"algorithm_default_of={self.algorithm_default_of!r} names another environment than "
-                f"{self.environment!r}: it is filled in when no algorithm is named; leave it out"
-            )
+        for field in ("algorithm", "substeps"):
+            default_of = getattr(self, f"{field}_default_of")
+            if default_of is not None and default_of != self.environment:
+                raise ValueError(
+                    f"{field}_default_of={default_of!r} names another environment than {self.environment!r}: it "
+                    f"is filled in when no {field} is named; leave it out"
+                )
         return self
 
 
