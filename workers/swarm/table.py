@@ -1,21 +1,29 @@
-"""WideSearch's table answers and their scores (methods.md B2, `ByteDance-Seed/WideSearch` evaluation.py).
+"""WideSearch's table answers and their scores (methods.md B2, `ByteDance-Seed/WideSearch` evaluation.py): the item-F1
+that is PARL's r_perf on a wide task. Every rule below is its own function; docs/wide-table-scoring.md lists them
+with where each departs from WideSearch.
 
 A wide task's answer is a Markdown table: N entities (rows) × M attributes (columns), one key column (or several)
 naming the entity. Scoring, as WideSearch does it:
 
-1. normalise column names and map the predicted columns onto the gold ones;
-2. deduplicate predicted rows on the key columns (the first row of a key wins);
-3. inner-join predicted and gold rows on the key columns;
-4. score every cell of a matched row by its column's metric (key cells score 1);
-5. item level: TP = Σ cell scores, P = TP / (n_pred_rows · |C|), R = TP / (n_gt_rows · |C|), F1 = 2PR / (P + R);
-   row level: a row's score is the minimum of its cells, and P, R use row counts; success: the table matches
-   exactly (or every P, R, F1 is 1).
+1. parse the first Markdown table of the answer (`parse_markdown_table`);
+2. map the predicted columns onto the gold ones (`map_columns`: normalised names, or a gold column's `aliases`);
+3. the required-columns rule (`columns_problem`): a table that lacks a gold column, or carries a column that maps
+   onto none (unless the task sets `extra_columns: ignore`), scores 0 on every metric, so a table of the keys alone
+   earns nothing; `TableScore.missing_columns` / `extra_columns` say why;
+4. deduplicate predicted rows on the key columns (the first row of a key wins), keys compared by `normalize_key`
+   (markup, a trailing man-page section or `()`, case where it carries no meaning, `a b` / `a-b` / `a_b`) and a
+   task's `key_aliases`;
+5. inner-join predicted and gold rows on the keys and score every other cell by its column's metric (key cells score
+   1): `exact_match` and `contains` after `normalize_cell`, `number_near` within a relative tolerance, `set_match` /
+   `set_f1` on a cell's items in any order (`split_items`);
+6. item level: TP = Σ cell scores, P = TP / (n_pred_rows · |C|), R = TP / (n_gt_rows · |C|), F1 = 2PR / (P + R);
+   row level: a row's score is the minimum of its cells, and P, R use row counts; success: every row right and no
+   extra row.
 
-Departures, all visible here: WideSearch maps columns and keys with an LLM and judges some columns with one; this
-module maps a predicted column onto a gold column when their normalised names are equal or the gold column lists
-the name among its `aliases`, and scores cells by code only: `exact_match` (after `normalize_cell`), `number_near`
-(relative tolerance) or `contains` (the normalised gold value occurs in the predicted cell). A predicted column that
-maps onto nothing adds nothing to TP; |C| is always the gold table's column count.
+Case: text is lowercased except a token that starts with `-` or `--` and a letter (a command-line option: `-i` and
+`-I` differ) and except the columns a task lists in `case_sensitive`. Departures, all visible here and in the docs:
+WideSearch maps columns and keys and judges some columns with an LLM; this module maps them by the documented
+normalisers and a task's own aliases only, and scores cells by code only.
 """
 
 from __future__ import annotations
@@ -25,10 +33,13 @@ import re
 import unicodedata
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Literal
 
-CellMetric = Literal["exact_match", "number_near", "contains"]
-CELL_METRICS: tuple[CellMetric, ...] = ("exact_match", "number_near", "contains")
+CellMetric = Literal["exact_match", "number_near", "contains", "set_match", "set_f1"]
+CELL_METRICS: tuple[CellMetric, ...] = ("exact_match", "number_near", "contains", "set_match", "set_f1")
+ExtraColumns = Literal["refuse", "ignore"]
+EXTRA_COLUMNS: tuple[ExtraColumns, ...] = ("refuse", "ignore")
 NUMBER_TOLERANCE = 0.05
 """`number_near`'s default relative tolerance: WideSearch's number_near accepts a small relative error."""
 
@@ -37,21 +48,87 @@ MAX_TABLE_COLUMNS = 64
 
 _SEPARATOR_CELL = re.compile(r"^:?-{1,}:?$")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
+_BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
+_LINK = re.compile(r"\[([^\]\n]*)\]\([^)\n]*\)")
+_CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
+_EMPHASIS = re.compile(r"(?<![\w*])(\*\*|\*)(?=\S)(.+?)(?<=\S)\1(?![\w*])", re.DOTALL)
+_OPTION = re.compile(r"^--?[A-Za-z]")
+_SECTION_SUFFIX = re.compile(r"\s*\((?:\d[a-z0-9]*)?\)$", re.IGNORECASE)
+# a run of separators between two letters or digits: underscores or spaces ("a_b", "a b"), a dash ("a-b"), or a
+# spaced dash ("a - b"); never a space before an option's dash ("ls -l" keeps its option)
+_KEY_SEPARATOR = re.compile(r"(?<=[^\W_])(?:[ _]*-[ ]+|[ _]+(?!-)|-)(?=[^\W_])")
+_ITEM_SPLIT = re.compile(r"[,;\n]")
+_EDGE = " \t\"'“”‘’`*"
 
 
-def normalize_cell(text: object) -> str:
-    """A cell's comparable form: NFKC, lowercase, Markdown emphasis and backticks dropped, surrounding quotes and
-    punctuation stripped, whitespace collapsed. "`Os.Path.Join`" and "os.path.join." compare equal."""
-    value = unicodedata.normalize("NFKC", str(text if text is not None else "")).lower()
-    value = re.sub(r"[`*_]{1,3}(?=\S)|(?<=\S)[`*_]{1,3}", "", value)
-    value = " ".join(value.split())
-    return value.strip(" \t\"'“”‘’.,;:")
+def strip_markup(text: object) -> str:
+    """Markdown a model wraps around a value, taken away: NFKC, `<br>` as a line break, a link `[x](y)` as x, code
+    spans as their literal content, and asterisk emphasis (`*x*`, `**x**`, `***x***`) outside code spans.
+    Underscores are never read as emphasis: they belong to identifiers (`first_parameter`, `__init__`, `_private`),
+    which models write unescaped."""
+    value = unicodedata.normalize("NFKC", str(text if text is not None else ""))
+    value = _LINK.sub(r"\1", _BREAK.sub("\n", value))
+    out: list[str] = []
+    last = 0
+    for span in _CODE_SPAN.finditer(value):
+        out += [_strip_emphasis(value[last : span.start()]), span.group(2).strip()]
+        last = span.end()
+    out.append(_strip_emphasis(value[last:]))
+    return "".join(out)
+
+
+def _strip_emphasis(text: str) -> str:
+    previous = None
+    while previous != text:
+        previous, text = text, _EMPHASIS.sub(r"\2", text)
+    return text
+
+
+def fold_case(text: str) -> str:
+    """`text` lowercased where case carries no meaning: every whitespace-separated token except one that starts
+    with `-` or `--` and a letter (a command-line option, where `-i` and `-I` are different options)."""
+    return " ".join(token if _OPTION.match(token) else token.lower() for token in text.split(" "))
+
+
+def normalize_cell(text: object, *, case_sensitive: bool = False) -> str:
+    """A cell's comparable form: `strip_markup`, whitespace collapsed, surrounding quotes, backticks and asterisks
+    stripped, trailing `.,;:` stripped, then `fold_case` (skipped for a `case_sensitive` column).
+    "`Os.Path.Join`." and "os.path.join" compare equal; "-I" and "-i" do not."""
+    value = " ".join(strip_markup(text).split()).strip(_EDGE)
+    value = value.rstrip(".,;:").strip(_EDGE)
+    return value if case_sensitive else fold_case(value)
+
+
+def strip_section_suffix(text: str) -> str:
+    """A trailing man-page section or empty call parentheses taken off: "ls(1)", "ls (1)", "printf(3p)" and
+    "ls()" are "ls". A parenthesis holding anything but a section number (`open(path)`) stays."""
+    return _SECTION_SUFFIX.sub("", text)
+
+
+def join_separators(text: str) -> str:
+    """Spaces, underscores and dashes between two letters or digits as one space: "a b", "a-b", "a_b" and "a - b"
+    are "a b". An option's leading dash is kept ("ls -l", "--foo"), as are a word's leading or trailing
+    underscores (`__init__`)."""
+    return _KEY_SEPARATOR.sub(" ", text)
+
+
+def normalize_key(text: object, *, case_sensitive: bool = False) -> str:
+    """A key cell's comparable form: `normalize_cell`, then `strip_section_suffix`, then `join_separators`."""
+    return join_separators(strip_section_suffix(normalize_cell(text, case_sensitive=case_sensitive)))
+
+
+def split_items(text: object, *, case_sensitive: bool = False) -> frozenset[str]:
+    """A set-valued cell's items: split on `,`, `;`, line breaks and `<br>`, each item `normalize_cell`ed, blanks
+    dropped; repeats count once. "b, a" and "a; b" hold the same items."""
+    parts = _ITEM_SPLIT.split(strip_markup(text))
+    items = (normalize_cell(part, case_sensitive=case_sensitive) for part in parts)
+    return frozenset(item for item in items if item)
 
 
 def normalize_column(name: object) -> str:
     """A column name's comparable form: lowercase, runs of non-alphanumerics as one underscore ("Added in" ->
     "added_in")."""
-    text = unicodedata.normalize("NFKC", str(name if name is not None else "")).lower()
+    text = strip_markup(name).lower()
     return re.sub(r"[^0-9a-z]+", "_", text).strip("_")
 
 
@@ -123,7 +200,9 @@ class GoldTable:
     `columns`: the gold column names, in order; `key_columns`: the columns that name an entity (a non-empty
     subset of `columns`); `rows`: one dict per entity; `metrics`: each column's cell metric (`exact_match` when
     absent); `aliases`: other names a predicted column may carry for each gold column; `tolerance`: `number_near`'s
-    relative tolerance."""
+    relative tolerance; `key_aliases`: other spellings of a gold key value (gold value -> spellings), matched after
+    `normalize_key`; `case_sensitive`: columns whose cells compare with their case; `extra_columns`: `refuse` (a
+    predicted column that maps onto no gold column scores the table 0, as WideSearch does) or `ignore`."""
 
     columns: list[str]
     key_columns: list[str]
@@ -131,6 +210,9 @@ class GoldTable:
     metrics: dict[str, CellMetric] = field(default_factory=dict)
     aliases: dict[str, list[str]] = field(default_factory=dict)
     tolerance: float = NUMBER_TOLERANCE
+    key_aliases: dict[str, list[str]] = field(default_factory=dict)
+    case_sensitive: list[str] = field(default_factory=list)
+    extra_columns: ExtraColumns = "refuse"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -140,16 +222,52 @@ class GoldTable:
             "metrics": dict(self.metrics),
             "aliases": {k: list(v) for k, v in self.aliases.items()},
             "tolerance": self.tolerance,
+            "key_aliases": {k: list(v) for k, v in self.key_aliases.items()},
+            "case_sensitive": list(self.case_sensitive),
+            "extra_columns": self.extra_columns,
         }
+
+    @cached_property
+    def key_spellings(self) -> dict[str, dict[str, str]]:
+        """Per key column: every accepted spelling's `normalize_key` form -> the gold value's form (a gold value
+        maps onto itself, a `key_aliases` spelling onto its gold value)."""
+        return build_key_spellings(self)
 
 
 class TableSpecError(ValueError):
     """A task row's `table` is malformed; the message names the field and the fix."""
 
 
+def build_key_spellings(gold: GoldTable, *, where: str = "table") -> dict[str, dict[str, str]]:
+    """`GoldTable.key_spellings`; raises `TableSpecError` when an alias is claimed by two gold values or spells a
+    different gold value of the same column (the join could not tell which entity it names)."""
+    out: dict[str, dict[str, str]] = {}
+    for column in gold.key_columns:
+        sensitive = column in gold.case_sensitive
+        forms = {normalize_key(row[column], case_sensitive=sensitive) for row in gold.rows}
+        spelled: dict[str, str] = {form: form for form in forms}
+        for value, spellings in gold.key_aliases.items():
+            target = normalize_key(value, case_sensitive=sensitive)
+            if target not in forms:
+                continue
+            for spelling in spellings:
+                form = normalize_key(spelling, case_sensitive=sensitive)
+                if spelled.setdefault(form, target) != target:
+                    raise TableSpecError(
+                        f"{where}.key_aliases[{value!r}]: {spelling!r} reads as {form!r}, which already names the "
+                        f"key {spelled[form]!r} in column {column!r}; drop the alias or spell the keys apart"
+                    )
+        out[column] = spelled
+    return out
+
+
+def _names(value: object, columns: Sequence[str]) -> bool:
+    return isinstance(value, list) and all(isinstance(c, str) and c in columns for c in value)
+
+
 def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
     """Validate a task row's `table` field ({"columns", "key_columns", "rows", optional "metrics", "aliases",
-    "tolerance"}); raises `TableSpecError` naming the field."""
+    "tolerance", "key_aliases", "case_sensitive", "extra_columns"}); raises `TableSpecError` naming the field."""
     if not isinstance(value, Mapping):
         raise TableSpecError(f"{where} must be an object with columns, key_columns and rows")
     columns = value.get("columns")
@@ -161,16 +279,22 @@ def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
     ):
         raise TableSpecError(f"{where}.columns must be a list of 1-{MAX_TABLE_COLUMNS} non-blank column names")
     normalised = [normalize_column(c) for c in columns]
-    if len(set(normalised)) != len(normalised):
-        raise TableSpecError(f"{where}.columns: two columns normalise to the same name ({normalised})")
+    if len(set(normalised)) != len(normalised) or not all(normalised):
+        raise TableSpecError(
+            f"{where}.columns: every column needs a name with a letter or digit, and no two may normalise to the "
+            f"same name ({normalised})"
+        )
     keys = value.get("key_columns")
-    if not isinstance(keys, list) or not keys or not all(isinstance(k, str) and k in columns for k in keys):
+    if not isinstance(keys, list) or not keys or not _names(keys, columns):
         raise TableSpecError(f"{where}.key_columns must be a non-empty list of names from {where}.columns")
+    sensitive = value.get("case_sensitive") or []
+    if not _names(sensitive, columns):
+        raise TableSpecError(f"{where}.case_sensitive must be a list of names from {where}.columns")
     rows = value.get("rows")
     if not isinstance(rows, list) or not rows or len(rows) > MAX_TABLE_ROWS:
         raise TableSpecError(f"{where}.rows must be a list of 1-{MAX_TABLE_ROWS} row objects")
     clean_rows: list[dict[str, str]] = []
-    seen_keys: set[tuple[str, ...]] = set()
+    seen_keys: dict[tuple[str, ...], int] = {}
     for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise TableSpecError(f"{where}.rows[{i}] must be an object with a value per column")
@@ -178,10 +302,15 @@ def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
         if missing:
             raise TableSpecError(f"{where}.rows[{i}] has no value for column(s) {', '.join(missing)}")
         clean = {c: str(row[c]).strip() for c in columns}
-        key = tuple(normalize_cell(clean[k]) for k in keys)
+        key = tuple(normalize_key(clean[k], case_sensitive=k in sensitive) for k in keys)
+        if not all(key):
+            raise TableSpecError(f"{where}.rows[{i}]: a key cell is blank once normalised ({key}); give it a name")
         if key in seen_keys:
-            raise TableSpecError(f"{where}.rows[{i}] repeats the key {key}; each entity appears once")
-        seen_keys.add(key)
+            raise TableSpecError(
+                f"{where}.rows[{i}] repeats the key {key} of rows[{seen_keys[key]}] (keys compare after markup, "
+                "section suffixes, case and separators are normalised); each entity appears once, named apart"
+            )
+        seen_keys[key] = i
         clean_rows.append(clean)
     metrics_raw = value.get("metrics") or {}
     if not isinstance(metrics_raw, Mapping):
@@ -202,14 +331,37 @@ def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
     tolerance = value.get("tolerance", NUMBER_TOLERANCE)
     if isinstance(tolerance, bool) or not isinstance(tolerance, int | float) or not 0 <= tolerance < 1:
         raise TableSpecError(f"{where}.tolerance must be a relative tolerance in [0, 1), got {tolerance!r}")
-    return GoldTable(
+    key_aliases_raw = value.get("key_aliases") or {}
+    if not isinstance(key_aliases_raw, Mapping) or not all(
+        isinstance(v, list) and all(isinstance(a, str) and a.strip() for a in v) for v in key_aliases_raw.values()
+    ):
+        raise TableSpecError(
+            f"{where}.key_aliases must map gold key values to lists of other non-blank spellings, e.g. "
+            '{"ls": ["ls(1)", "list"]}'
+        )
+    gold_keys = {clean[k] for clean in clean_rows for k in keys}
+    for name in key_aliases_raw:
+        if str(name).strip() not in gold_keys:
+            raise TableSpecError(
+                f"{where}.key_aliases names {name!r}, which is no value of a key column ({', '.join(keys)}) in "
+                f"{where}.rows; key it by the gold value as written"
+            )
+    extra = value.get("extra_columns", "refuse")
+    if extra not in EXTRA_COLUMNS:
+        raise TableSpecError(f"{where}.extra_columns must be one of {', '.join(EXTRA_COLUMNS)}, got {extra!r}")
+    gold = GoldTable(
         columns=list(columns),
         key_columns=list(keys),
         rows=clean_rows,
         metrics=metrics,
         aliases={str(k): list(v) for k, v in aliases_raw.items()},
         tolerance=float(tolerance),
+        key_aliases={str(k).strip(): [str(a) for a in v] for k, v in key_aliases_raw.items()},
+        case_sensitive=list(sensitive),
+        extra_columns=extra,
     )
+    gold.__dict__["key_spellings"] = build_key_spellings(gold, where=where)  # refused here, not at the first score
+    return gold
 
 
 def _number(text: str) -> float | None:
@@ -222,9 +374,31 @@ def _number(text: str) -> float | None:
         return None
 
 
-def cell_score(predicted: str, gold: str, metric: CellMetric, tolerance: float = NUMBER_TOLERANCE) -> float:
+def set_score(predicted: object, gold: object, *, partial: bool = False, case_sensitive: bool = False) -> float:
+    """A set-valued cell's score: its items (`split_items`) against the gold items in any order. 1 when the sets
+    are equal, else 0; with `partial` (the `set_f1` metric) the F1 of the two sets, 2|P∩G| / (|P| + |G|)."""
+    pred = split_items(predicted, case_sensitive=case_sensitive)
+    ref = split_items(gold, case_sensitive=case_sensitive)
+    if not pred or not ref:
+        return 0.0
+    if not partial:
+        return 1.0 if pred == ref else 0.0
+    return 2 * len(pred & ref) / (len(pred) + len(ref))
+
+
+def cell_score(
+    predicted: str,
+    gold: str,
+    metric: CellMetric,
+    tolerance: float = NUMBER_TOLERANCE,
+    *,
+    case_sensitive: bool = False,
+) -> float:
     """One cell's score in [0, 1] under `metric`; a blank prediction scores 0."""
-    pred, ref = normalize_cell(predicted), normalize_cell(gold)
+    if metric in ("set_match", "set_f1"):
+        return set_score(predicted, gold, partial=metric == "set_f1", case_sensitive=case_sensitive)
+    pred = normalize_cell(predicted, case_sensitive=case_sensitive)
+    ref = normalize_cell(gold, case_sensitive=case_sensitive)
     if not pred:
         return 0.0
     if metric == "number_near":
@@ -241,7 +415,11 @@ def cell_score(predicted: str, gold: str, metric: CellMetric, tolerance: float =
 
 @dataclass(frozen=True)
 class TableScore:
-    """Item- and row-level precision, recall and F1 (fractions in [0, 1]) and the counts they come from."""
+    """Item- and row-level precision, recall and F1 (fractions in [0, 1]) and the counts they come from.
+
+    `missing_columns`: gold columns the answer table lacks; `extra_columns`: answer columns (as written) that map
+    onto no gold column. A missing column makes every score 0, and so does an extra one unless the task sets
+    `extra_columns: ignore`: the required-columns rule (`columns_problem`)."""
 
     item_precision: float
     item_recall: float
@@ -255,6 +433,8 @@ class TableScore:
     matched_rows: int
     mapped_columns: int
     parsed: bool
+    missing_columns: tuple[str, ...] = ()
+    extra_columns: tuple[str, ...] = ()
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -266,6 +446,8 @@ class TableScore:
             "row_recall": self.row_recall,
             "success": self.success,
             "table_rows": float(self.predicted_rows),
+            "table_missing_columns": float(len(self.missing_columns)),
+            "table_extra_columns": float(len(self.extra_columns)),
         }
 
 
@@ -273,30 +455,62 @@ def _f1(precision: float, recall: float) -> float:
     return 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
 
 
-def _column_map(predicted: Sequence[str], gold: GoldTable) -> dict[str, int]:
-    """Gold column -> index of the predicted column it maps onto (first one wins)."""
+@dataclass(frozen=True)
+class ColumnMap:
+    """How a predicted header maps onto the gold columns: gold column -> predicted index, the gold columns no
+    predicted column maps onto, and the predicted columns (as written) that map onto no gold column or repeat one
+    already mapped."""
+
+    mapping: dict[str, int]
+    missing: tuple[str, ...]
+    extra: tuple[str, ...]
+
+
+def map_columns(table: Table, gold: GoldTable) -> ColumnMap:
+    """Map `table`'s columns onto `gold`'s: equal `normalize_column` names, or a name the gold column lists among
+    its `aliases`; the first predicted column for a gold column wins. A column with a blank header and no
+    non-blank cell is formatting, neither mapped nor extra."""
     names: dict[str, str] = {}
     for column in gold.columns:
         for name in [column, *gold.aliases.get(column, [])]:
             names.setdefault(normalize_column(name), column)
-    out: dict[str, int] = {}
-    for index, name in enumerate(predicted):
+    mapping: dict[str, int] = {}
+    extra: list[str] = []
+    for index, name in enumerate(table.columns):
         mapped = names.get(normalize_column(name))
-        if mapped is not None and mapped not in out:
-            out[mapped] = index
-    return out
+        if mapped is not None and mapped not in mapping:
+            mapping[mapped] = index
+        elif normalize_column(name) or any(row[index].strip() for row in table.rows):
+            extra.append(name)
+    missing = tuple(column for column in gold.columns if column not in mapping)
+    return ColumnMap(mapping=mapping, missing=missing, extra=tuple(extra))
+
+
+def columns_problem(columns: ColumnMap, gold: GoldTable) -> str | None:
+    """The required-columns rule (WideSearch scores a table 0 on every metric unless its columns are the task's):
+    None when `columns` carries every gold column (and, unless `gold.extra_columns` is `ignore`, no other), else
+    why not."""
+    if columns.missing:
+        return f"the table lacks column(s) {', '.join(columns.missing)}"
+    if columns.extra and gold.extra_columns == "refuse":
+        return f"the table has column(s) the task does not ask for: {', '.join(columns.extra)}"
+    return None
 
 
 def key_of(row: Mapping[str, str], gold: GoldTable) -> tuple[str, ...]:
-    """A row's key: its normalised key-column cells."""
-    return tuple(normalize_cell(row.get(key, "")) for key in gold.key_columns)
+    """A row's key: its key-column cells by `normalize_key`, a `key_aliases` spelling read as its gold value."""
+    out = []
+    for column in gold.key_columns:
+        form = normalize_key(row.get(column, ""), case_sensitive=column in gold.case_sensitive)
+        out.append(gold.key_spellings[column].get(form, form))
+    return tuple(out)
 
 
 def predicted_rows(table: Table, gold: GoldTable) -> tuple[dict[tuple[str, ...], dict[str, str]], int] | None:
-    """The predicted rows by key, their cells under the gold column names (steps 1-2: columns mapped, rows
-    deduplicated on the key, the first row of a key kept, a row without a key left out), and how many columns
-    mapped; None when a key column maps onto nothing."""
-    mapping = _column_map(table.columns, gold)
+    """The predicted rows by key, their cells under the gold column names (columns mapped, rows deduplicated on
+    the key, the first row of a key kept, a row without a key left out), and how many columns mapped; None when a
+    key column maps onto nothing. Pairs rows whatever `columns_problem` says (the trajectory page shows them)."""
+    mapping = map_columns(table, gold).mapping
     if any(key not in mapping for key in gold.key_columns):
         return None
     predicted: dict[tuple[str, ...], dict[str, str]] = {}
@@ -309,27 +523,48 @@ def predicted_rows(table: Table, gold: GoldTable) -> tuple[dict[tuple[str, ...],
 
 
 def row_cell_scores(row: Mapping[str, str], gold_row: Mapping[str, str], gold: GoldTable) -> list[float]:
-    """Step 4: each gold column's score for a matched row (key cells score 1)."""
+    """Each gold column's score for a matched row (key cells score 1)."""
     return [
         1.0
         if column in gold.key_columns
-        else cell_score(row.get(column, ""), gold_row[column], gold.metrics.get(column, "exact_match"), gold.tolerance)
+        else cell_score(
+            row.get(column, ""),
+            gold_row[column],
+            gold.metrics.get(column, "exact_match"),
+            gold.tolerance,
+            case_sensitive=column in gold.case_sensitive,
+        )
         for column in gold.columns
     ]
 
 
 def score_table(answer: str | None, gold: GoldTable) -> TableScore:
-    """Score the first Markdown table in `answer` against `gold` (module docstring, steps 1-5). No table, or one
-    whose columns miss a key column, scores 0 with `parsed` telling which."""
+    """Score the first Markdown table in `answer` against `gold` (module docstring, steps 1-6). No table, or one
+    that fails the required-columns rule, scores 0 on every metric: `parsed`, `missing_columns` and
+    `extra_columns` tell which."""
     table = parse_markdown_table(answer)
     width = len(gold.columns)
-    zero = TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, len(gold.rows), 0, 0, table is not None)
     if table is None:
-        return zero
+        return TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, len(gold.rows), 0, 0, False)
+    columns = map_columns(table, gold)
     paired = predicted_rows(table, gold)
-    if paired is None:
-        mapped = len(_column_map(table.columns, gold))
-        return TableScore(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, len(table.rows), len(gold.rows), 0, mapped, True)
+    if paired is None or columns_problem(columns, gold) is not None:
+        return TableScore(
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            0.0,
+            len(paired[0]) if paired is not None else len(table.rows),
+            len(gold.rows),
+            0,
+            len(columns.mapping),
+            True,
+            missing_columns=columns.missing,
+            extra_columns=columns.extra,
+        )
     predicted, mapped = paired
     n_pred = len(predicted)
     tp = 0.0
@@ -363,4 +598,5 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
         matched_rows=matched,
         mapped_columns=mapped,
         parsed=True,
+        extra_columns=columns.extra,
     )

@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from workers.search.synth import SynthCorpus, normalize, task_id_for
 from workers.search.types import Chunk
-from workers.swarm.table import GoldTable, normalize_cell
+from workers.swarm.table import GoldTable, normalize_key
 
 WIDE_GENERATOR = "wide/v1"
 KEY_COLUMN = "name"
@@ -310,7 +310,7 @@ def synthesize_wide(chunks: Sequence[Chunk], params: WideParams, *, corpus_label
                 break
             picked = [rng.choice(by_doc[d]) for d in rng.sample(docs, size)]
         rows = [entities[i][2] for i in picked]
-        keys = [normalize_cell(row[KEY_COLUMN]) for row in rows]
+        keys = [normalize_key(row[KEY_COLUMN]) for row in rows]  # as the scorer joins them
         if len(set(keys)) != len(keys):
             dropped["duplicate_key"] += 1
             continue

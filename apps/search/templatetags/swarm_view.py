@@ -4,8 +4,9 @@
 timeline: one row per orchestrator stage (its tools and cost, 1 + the slowest sub-agent it launched), the stage's
 sub-agents as parallel bars as long as their steps, the sub-agent on the critical path (the slowest of its stage)
 marked, each sub-agent's conversation one click away. `wide_score record` scores the answer table against the
-task's gold table (methods.md B2) and pairs the rows. Both give None for a record that has no such field, and read
-the record defensively (an upload may hold any shape).
+task's gold table (methods.md B2) and pairs the rows, saying why a table that fails the required-columns rule
+scores 0. Both give None for a record that has no such field, and read the record defensively (an upload may hold
+any shape).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from django import template
 from workers.swarm.metrics import swarm_stats
 from workers.swarm.table import (
     TableSpecError,
+    columns_problem,
     gold_table_from,
     key_of,
+    map_columns,
     parse_markdown_table,
     predicted_rows,
     row_cell_scores,
@@ -118,4 +121,12 @@ def wide_score(record: Any) -> dict[str, Any] | None:
                 for c, score in zip(gold.columns, scores, strict=True)
             ]
         )
-    return {"score": score_table(answer, gold), "columns": gold.columns, "rows": rows, "parsed": table is not None}
+    score = score_table(answer, gold)
+    problem = columns_problem(map_columns(table, gold), gold) if table is not None else None
+    return {
+        "score": score,
+        "columns": gold.columns,
+        "rows": rows,
+        "parsed": table is not None,
+        "columns_problem": problem,
+    }

@@ -84,3 +84,12 @@ def test_a_record_without_its_judgement_is_not_judged_in_the_web_request(client,
     _stored(run, _record())
     text = html.unescape(_text(_page(client, users, run)))
     assert "Not re-scored here: term 'rubric_judge': this record carries no judgement" in text
+
+
+def test_a_table_missing_a_column_is_shown_scoring_zero_and_why(client, users, run) -> None:  # type: ignore[no-untyped-def]
+    record = _record()
+    record["answer"] = "| name |\n|---|\n| a.open |\n| b.close |"
+    _stored(run, record)
+    table = _text(html.unescape(_page(client, users, run)).split('id="wide-table"', 1)[1].split("</section>", 1)[0])
+    assert "item-F1 0.000" in table
+    assert "Scored 0: the table lacks column(s) document (WideSearch's required-columns rule" in table

@@ -51,8 +51,8 @@ def test_a_swarm_rollout_anneals_parl_and_trains_with_kimis_loss(
     sample = early[0]
     assert sample.trajectory["swarm"]["critical_steps"] == (1 + 2) + 1
     assert sample.terms["parallel_instantiation"] == 1.0 and sample.terms["subagent_finish"] == 1.0
-    # item-F1 of a name-only table: the key cells of every row, 1 of 4 columns
-    assert sample.terms["item_f1"] == pytest.approx(2 * 0.25 * 0.25 / 0.5)
+    # a name-only table lacks the task's other columns: 0 (WideSearch's required-columns rule), not 1/|C| per row
+    assert sample.terms["item_f1"] == 0.0
     assert sample.reward == pytest.approx(sample.terms["item_f1"] + 0.4 + 0.2)
     assert late[0].reward == pytest.approx(sample.terms["item_f1"] + (0.4 + 0.2) * 0.5)  # step 2 of 4: halfway
     assert sample.episode_metrics["parallelism"] == len(names)

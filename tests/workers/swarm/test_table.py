@@ -55,12 +55,15 @@ def test_item_precision_and_recall_follow_b2_by_hand() -> None:
     assert score.success == 0.0
 
 
-def test_columns_map_by_normalised_name_or_alias_and_an_unmapped_column_adds_nothing() -> None:
-    gold = gold_table_from({**GOLD, "aliases": {"year": ["Built in"]}})
-    answer = "| name | built in | notes |\n|---|---|---|\n| alpha | 1990 | x |\n"
+def test_columns_map_by_normalised_name_or_alias_and_an_ignored_extra_column_adds_nothing() -> None:
+    gold = gold_table_from({**GOLD, "aliases": {"year": ["Built in"]}, "extra_columns": "ignore"})
+    answer = "| name | built in | Document | notes |\n|---|---|---|---|\n| alpha | 1990 | doc:x | x |\n"
     score = score_table(answer, gold)
-    assert score.mapped_columns == 2
-    assert score.item_recall == pytest.approx(2 / 12)  # key + year of one row; document is missing
+    assert score.mapped_columns == 3 and score.extra_columns == ("notes",)
+    assert score.item_recall == pytest.approx(2 / 12)  # key + year of one row; its document is wrong
+    # without the document column the table fails the required-columns rule (methods.md B2): 0 everywhere
+    missing = score_table("| name | built in |\n|---|---|\n| alpha | 1990 |\n", gold)
+    assert missing.item_recall == 0.0 and missing.missing_columns == ("document",)
 
 
 def test_no_table_or_no_key_column_scores_zero() -> None:
