@@ -19,7 +19,8 @@ Tasks: the extraction-verified multi-hop generator (template, up to 2 hops) on e
 fusion weights and alpha included: `--fit`), then the evaluation corpora are reported with those settings.
 Rows: BM25 with each analyzer (words/code, stemmed or not), plain `bm25s` over the chunk texts (the peer, no
 stemmer), dense MiniLM (first 256 word pieces, and windows), and the hybrids (RRF, weighted RRF, Chroma's R2,
-the convex reranker). Results: bench/results/retrieval_eval.{json,txt}. Nothing asserts on time or score.
+the convex reranker). Results: bench/results/retrieval_eval.{json,txt}. Nothing asserts on time or score; the run
+fails (after writing its results) if any corpus lost a task's evidence (`workers.search.retrieval_eval.lost_evidence`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ from workers.search.retrieval_eval import (  # noqa: E402
     IndexViews,
     evaluate,
     hop_queries,
+    lost_evidence,
     ranked_ids,
     report,
 )
@@ -356,11 +358,16 @@ def main() -> None:
     corpora: dict[str, Corpus] = {}
     queries: dict[str, list[EvalQuery]] = {}
     info: dict[str, dict[str, Any]] = {}
+    lost: dict[str, dict[str, list[str]]] = {}
     for name in names:
         docs = documents(name, cache)
         chunks, corpus_report = build_corpus(docs, source=name)
         synth = SynthCorpus(chunks)
         tasks = synthesize(synth, SynthParams(num_tasks=args.tasks, max_hops=2, seed=0), TemplateGenerator(synth)).tasks
+        # Every corpus: no task's evidence may be missing from the chunks of its document (docs/corpus-chunking.md).
+        lost[name] = lost_evidence(tasks, chunks)
+        if lost[name]:
+            log(f"{name}: {len(lost[name])} task(s) lost evidence: {sorted(lost[name])[:10]}")
         queries[name] = hop_queries(tasks, synth)
         corpora[name] = Corpus(name, chunks, cache)
         words = [len(c.text.split()) for c in chunks]
@@ -375,7 +382,11 @@ def main() -> None:
                 "later": sum(1 for q in queries[name] if q.hop > 0),
             },
             "embed_seconds": round(corpora[name].embed_seconds, 1),
-            "report": {k: corpus_report[k] for k in ("documents", "chunks", "empty_documents")},
+            "report": {
+                k: corpus_report[k]
+                for k in ("documents", "chunks", "empty_documents", "shared_chunks", "near_duplicate_chunks_dropped")
+            },
+            "evidence_lost": lost[name],
         }
         log(f"{name}: {len(docs)} documents, {len(chunks)} chunks, {len(tasks)} tasks, {len(queries[name])} queries")
 
@@ -438,9 +449,13 @@ def main() -> None:
         lines.append(f"\n=== {part} hop ===")
         lines += table(results, [n for n in names if n in TUNING], part)
         lines += table(results, [n for n in names if n in EVALUATION], part)
+    losses = {name: sorted(tasks) for name, tasks in lost.items() if tasks}
+    lines.append(f"\nevidence lost: {losses or 'none, on every corpus'}")
     text = "\n".join(lines)
     Path(args.out).with_suffix(".txt").write_text(text + "\n")
     print(text)
+    if losses:
+        sys.exit(f"evidence lost on {', '.join(losses)}: those tasks can never be found (see evidence_lost)")
 
 
 if __name__ == "__main__":

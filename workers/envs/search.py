@@ -5,7 +5,9 @@ The model answers a multi-hop question by calling four tools over one corpus ver
 - `search_corpus(query)`: hybrid BM25 + dense retrieval fused with RRF and reranked (workers.search.index);
   every chunk id shown earlier is an exclusion filter, so a search never repeats a chunk (harness-level dedup);
 - `grep_corpus(pattern)`: a regex over the chunks, at most `grep_max_chunks`, under a time limit;
-- `read_document(doc_id)`: a document's chunks, reranked against the last query (else the task's question);
+- `read_document(doc_id)`: a document's chunks, reranked against the last query (else the task's question); a
+  chunk several documents hold word for word is stored once and labelled `also in <doc ids>`, and reading any of
+  those documents shows it;
 - `prune_chunks(chunk_ids)`: removes chunks from the model's view. The conversation the model sees is rewritten
   (each pruned chunk becomes a one-line stub), while the full unpruned trajectory is kept for the reward:
   `seen_doc_ids` holds every chunk ever shown.
@@ -43,6 +45,7 @@ from workers.envs.base import (
 )
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
 from workers.rewards.schema import context1_spec
+from workers.search.types import also_in, chunk_doc_ids
 
 if TYPE_CHECKING:
     from workers.search.index import Hit, SearchIndex
@@ -469,7 +472,11 @@ class SearchEnv(ToolUseEnvironment):
             if not repeat_seen and chunk.chunk_id in self._in_view:
                 text = f"[chunk {chunk.chunk_id}: already in your context]"
             else:
+                docs = chunk_doc_ids(chunk)
                 label = f"[chunk {chunk.chunk_id} | doc {chunk.doc_id}" + (f" | {chunk.title}" if chunk.title else "")
+                if len(docs) > 1:
+                    # Text several documents hold word for word is stored once (workers.search.corpus).
+                    label += f" | also in {', '.join(docs[1:])}"
                 text = f"{label}]\n{chunk.text}"
             cost = self._count(text) + 1
             if cost > left:
@@ -482,6 +489,7 @@ class SearchEnv(ToolUseEnvironment):
                 {
                     "chunk_id": chunk.chunk_id,
                     "doc_id": chunk.doc_id,
+                    **({"also_in": also_in(chunk)} if also_in(chunk) else {}),
                     "score": round(float(hit.score), 6),
                     "ranks": dict(hit.ranks),
                 }
@@ -557,12 +565,20 @@ class SearchEnv(ToolUseEnvironment):
 
     def trajectory_fields(self) -> dict[str, Any]:
         metadata = self.task.metadata
+        # A copy's id (a chunk merged into one several documents share) is scored as the stored chunk's id, so an
+        # output naming either matches a gold list naming either. No index loaded yet: the ids stand as written.
+        index = self._index
+
+        def ids(values: Any) -> list[str]:
+            out = [str(v) for v in values or []]
+            return list(dict.fromkeys(index.canonical_id(v) for v in out)) if index is not None else out
+
         return {
-            "output_doc_ids": [item.id for item in self._output],
+            "output_doc_ids": ids(item.id for item in self._output),
             "output_items": [{"id": item.id, "justification": item.justification} for item in self._output],
-            "gold_doc_ids": list(metadata.get("gold_chunk_ids") or []),
-            "answer_doc_ids": list(metadata.get("answer_chunk_ids") or []),
-            **({"gold_facts": [list(f) for f in metadata["gold_facts"]]} if metadata.get("gold_facts") else {}),
+            "gold_doc_ids": ids(metadata.get("gold_chunk_ids")),
+            "answer_doc_ids": ids(metadata.get("answer_chunk_ids")),
+            **({"gold_facts": [ids(f) for f in metadata["gold_facts"]]} if metadata.get("gold_facts") else {}),
             "seen_doc_ids": list(self._seen),
             "pruned_chunk_ids": list(self._pruned),
             "token_usage": list(self._usage),

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from workers.search import dedup
 from workers.search.formats import plain_text_to_markdown, python_to_markdown, rst_to_markdown
-from workers.search.types import Chunk, chunk_id_for
+from workers.search.types import ALSO_IN, Chunk, also_in, chunk_doc_ids, chunk_id_for
 
 MAX_ERRORS = 50
 
@@ -138,7 +138,9 @@ class ChunkerConfig(BaseModel):
     drop_near_duplicates: bool = Field(
         default=True,
         strict=True,
-        description="drop a chunk whose word trigrams overlap an earlier chunk's by Jaccard 0.9 or more",
+        description="a chunk whose word trigrams overlap an earlier chunk's by Jaccard 0.9 or more is dropped when "
+        "its document already holds that chunk, and stored once and attributed to every document when the text is "
+        "identical; a near copy in another document that differs is kept (workers.search.dedup.merge_copies)",
     )
 
     @field_validator("overlap_words")
@@ -404,7 +406,9 @@ def build_corpus(
     """Chunk every document, in order. Returns (chunks, report).
 
     The report counts documents that gave chunks, blank documents (no chunks), skipped files, chunks and words
-    per chunk, and records the chunker settings.
+    per chunk, what the repeated-text filters did, and records the chunker settings. Near-duplicate filtering
+    never deletes a document's text (`dedup.merge_copies`): a copy within a document is dropped, a chunk that
+    several documents hold word for word is stored once with the others' ids in `metadata["also_in"]`.
     """
     config = config or ChunkerConfig()
     documents = list(documents)
@@ -424,10 +428,24 @@ def build_corpus(
             chunks.extend(produced)
         else:
             empty.append(document.doc_id)
-    duplicates = dedup.near_duplicates([c.text for c in chunks]) if config.drop_near_duplicates else {}
-    if duplicates:
+    merge = (
+        dedup.merge_copies([c.text for c in chunks], [c.doc_id for c in chunks])
+        if config.drop_near_duplicates
+        else dedup.Merge()
+    )
+    if merge.dropped or merge.shared:
+        # A copy in another document is attributed to the stored chunk, under the id it would have had.
+        aliases: dict[int, list[str]] = {}
+        for i, kept in sorted(merge.shared.items()):
+            aliases.setdefault(kept, []).append(chunks[i].chunk_id)
+        for kept, ids in aliases.items():
+            chunk = chunks[kept]
+            chunks[kept] = Chunk(
+                chunk.chunk_id, chunk.doc_id, chunk.position, chunk.text, chunk.title, {**chunk.metadata, ALSO_IN: ids}
+            )
         # Positions keep their gaps, so a chunk's id does not depend on whether a copy of it came first.
-        chunks = [c for i, c in enumerate(chunks) if i not in duplicates]
+        chunks = [c for i, c in enumerate(chunks) if i not in merge.dropped and i not in merge.shared]
+    shared_chunks = sum(1 for c in chunks if c.metadata.get(ALSO_IN))
     word_counts = [len(c.text.split()) for c in chunks]
     report: dict[str, Any] = {
         "source": source,
@@ -442,7 +460,12 @@ def build_corpus(
         "rejected_file_reasons": [m if m.isprintable() else ascii(m) for m in rejected_files[:MAX_ERRORS]],
         "boilerplate_paragraphs": len(boilerplate),
         "boilerplate_paragraphs_removed": paragraphs_removed,
-        "near_duplicate_chunks_dropped": len(duplicates),
+        # Within a document: a copy of a chunk the document already holds.
+        "near_duplicate_chunks_dropped": len(merge.dropped),
+        # Across documents: text held word for word by 2+ documents, stored once and attributed to each of them.
+        "shared_chunks": shared_chunks,
+        "shared_chunk_copies_merged": len(merge.shared),
+        "near_duplicates_kept_across_documents": len(merge.kept_near),
         "mean_words_per_chunk": round(sum(word_counts) / len(word_counts), 1) if word_counts else 0.0,
         "max_words_per_chunk": max(word_counts, default=0),
         "chunker": config.model_dump(),
@@ -593,10 +616,11 @@ def validate_canonical(data: bytes) -> list[Chunk]:
     """Re-read canonical chunk JSONL (a stored corpus version, or one uploaded again) and check every line.
 
     Raises CorpusError naming each bad line: fields and their types, `chunk_id == <doc_id>#<position>`,
-    unique chunk ids.
+    unique chunk ids, and `metadata.also_in` (chunk ids of other documents, each used once).
     """
     errors: list[str] = []
     chunks: list[Chunk] = []
+    lines: list[int] = []
     first_line: dict[str, int] = {}
     for number, row in _json_lines(data, errors):
         where = f"line {number}"
@@ -632,9 +656,41 @@ def validate_canonical(data: bytes) -> list[Chunk]:
             continue
         first_line[expected] = number
         chunks.append(Chunk.from_json(row))
+        lines.append(number)
+    errors.extend(_also_in_problems(chunks, lines, first_line))
     if errors:
         raise CorpusError(errors[:MAX_ERRORS])
     return chunks
+
+
+def _also_in_problems(chunks: Sequence[Chunk], lines: Sequence[int], first_line: Mapping[str, int]) -> list[str]:
+    """Each `metadata.also_in` must list chunk ids of other documents that no other line uses (types.py)."""
+    errors: list[str] = []
+    alias_line: dict[str, int] = {}
+    for chunk, number in zip(chunks, lines, strict=True):
+        value = chunk.metadata.get(ALSO_IN)
+        if value is None:
+            continue
+        where = f"line {number}: metadata.{ALSO_IN}"
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            errors.append(
+                f'{where} must be a list of chunk ids like ["other-doc#3"] (the copies this chunk stands for)'
+            )
+            continue
+        for alias in value:
+            doc_id, _, position = alias.partition("#")
+            problem = doc_id_problem(doc_id)
+            if problem or not position.isdigit() or chunk_id_for(doc_id, int(position)) != alias:
+                errors.append(f"{where}: {alias!r} is not a chunk id <doc_id>#<position>")
+            elif doc_id == chunk.doc_id:
+                errors.append(f"{where}: {alias!r} is in this chunk's own document; list only other documents")
+            elif alias in first_line:
+                errors.append(f"{where}: {alias!r} is a stored chunk (line {first_line[alias]}); remove one of them")
+            elif alias in alias_line:
+                errors.append(f"{where}: {alias!r} is already listed on line {alias_line[alias]}")
+            else:
+                alias_line[alias] = number
+    return errors
 
 
 def canonical_report(chunks: Sequence[Chunk]) -> dict[str, Any]:
@@ -642,8 +698,9 @@ def canonical_report(chunks: Sequence[Chunk]) -> dict[str, Any]:
     word_counts = [len(c.text.split()) for c in chunks]
     return {
         "source": "chunks",
-        "documents": len({c.doc_id for c in chunks}),
+        "documents": len({d for c in chunks for d in chunk_doc_ids(c)}),
         "chunks": len(chunks),
+        "shared_chunks": sum(1 for c in chunks if also_in(c)),
         "empty_documents": 0,
         "empty_document_ids": [],
         "skipped_files": 0,

@@ -5,11 +5,15 @@
   footers, copyright lines, navigation left in a page. It is removed from every document before chunking.
   Headings never count (`## Parameters` in every API page is structure, not boilerplate).
 - **Near-duplicate chunks**: a chunk whose word-trigram set (lower case, digits kept) has a Jaccard
-  similarity of at least `threshold` (0.9) with an earlier chunk's is dropped; the earlier one stays.
-  Candidates come from MinHash with locality sensitive hashing (32 hashes in 8 bands of 4: a pair at Jaccard
-  0.9 is a candidate with probability 0.9998), and every candidate pair is confirmed by the exact Jaccard, so
-  nothing is dropped on a hash collision. An inherited docstring documented twice, a page copied into two
-  folders, a license repeated per file: one copy stays, the others are counted in the corpus report.
+  similarity of at least `threshold` (0.9) with an earlier chunk's is a copy of it. Candidates come from MinHash
+  with locality sensitive hashing (32 hashes in 8 bands of 4: a pair at Jaccard 0.9 is a candidate with
+  probability 0.9998), and every candidate pair is confirmed by the exact Jaccard, so nothing matches on a hash
+  collision. `near_duplicates` maps each copy to the earlier chunk it copies.
+- **Copies across documents are merged, never deleted** (`merge_copies`, what `build_corpus` uses): a copy
+  inside the same document is dropped (the document keeps the earlier chunk); a copy in another document whose
+  text is identical (whitespace aside) is stored once and attributed to that document too; a near copy in
+  another document that differs in any character is kept as its own chunk, since dropping it would delete the
+  words it does not share. docs/corpus-chunking.md.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import re
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -104,3 +109,63 @@ def near_duplicates(texts: Sequence[str], threshold: float = NEAR_DUPLICATE_JACC
         for key in keys:
             buckets[key].append(i)
     return dropped
+
+
+@dataclass
+class Merge:
+    """What `merge_copies` decided, by index into the texts given to it."""
+
+    dropped: dict[int, int] = field(default_factory=dict)
+    """A copy of an earlier chunk that its document already holds: {index: the kept index}."""
+    shared: dict[int, int] = field(default_factory=dict)
+    """An identical copy in another document, stored as the kept chunk: {index: the kept index}."""
+    kept_near: dict[int, int] = field(default_factory=dict)
+    """A near copy in another document that differs in its text, kept as its own chunk: {index: the one it is near}."""
+
+
+def same_text(a: str, b: str) -> bool:
+    """Identical apart from whitespace: a quote of one is a quote of the other."""
+    return a.split() == b.split()
+
+
+def merge_copies(texts: Sequence[str], groups: Sequence[str], threshold: float = NEAR_DUPLICATE_JACCARD) -> Merge:
+    """Near-duplicates (module docstring) resolved so that no group (document) loses text.
+
+    For each text in order, the earlier stored texts it copies (Jaccard >= threshold) are found. One with the same
+    text apart from whitespace is preferred: if its group (or a group it is attributed to) is this text's, the
+    text is dropped (`dropped`), else the text is attributed to it (`shared`). Without one, a near copy that this
+    group already holds drops the text (`dropped`: a repeat within a document); otherwise the text is stored
+    (`kept_near` when it was a near copy of another group's) and later texts can match it.
+    """
+    if len(texts) != len(groups):
+        raise ValueError("merge_copies needs one group per text")
+    shingles = [_shingles(t) for t in texts]
+    buckets: dict[tuple[int, bytes], list[int]] = defaultdict(list)
+    rows = _HASHES // _BANDS
+    holders: dict[int, set[str]] = {}
+    out = Merge()
+    for i, current in enumerate(shingles):
+        if not current:
+            continue
+        signature = _signature(current)
+        keys = [(band, signature[band * rows : (band + 1) * rows].tobytes()) for band in range(_BANDS)]
+        candidates = sorted({j for key in keys for j in buckets.get(key, ())})
+        matches = [j for j in candidates if len(current & shingles[j]) / len(current | shingles[j]) >= threshold]
+        same = next((j for j in matches if same_text(texts[i], texts[j])), None)
+        if same is not None and groups[i] in holders[same]:
+            out.dropped[i] = same
+            continue
+        if same is not None:
+            out.shared[i] = same
+            holders[same].add(groups[i])
+            continue
+        own = next((j for j in matches if groups[i] in holders[j]), None)
+        if own is not None:
+            out.dropped[i] = own
+            continue
+        if matches:
+            out.kept_near[i] = matches[0]
+        holders[i] = {groups[i]}
+        for key in keys:
+            buckets[key].append(i)
+    return out

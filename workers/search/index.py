@@ -68,7 +68,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from workers.search import embed
 from workers.search.analyzers import AnalyzerPool, Tokenizer
 from workers.search.grep import GrepError, GrepScanner
-from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl
+from workers.search.types import Chunk, also_in, chunk_doc_ids, dump_chunks_jsonl, iter_chunks_jsonl
 
 __all__ = [
     "GrepError",
@@ -295,14 +295,22 @@ class SearchIndex:
         # With dense windows: the embedding row where each chunk's windows begin (a chunk's windows are adjacent).
         self._window_starts = window_starts
         self._row: dict[str, int] = {}
-        self._docs: dict[str, list[int]] = {}
+        # A chunk shared by several documents (types.py, `also_in`) is stored once; its other ids lead to it.
+        self._alias: dict[str, int] = {}
+        placed: dict[str, list[tuple[int, int]]] = {}  # doc id -> (position in that document, row)
         for row, chunk in enumerate(chunks):
             if chunk.chunk_id in self._row:
                 raise ValueError(f"chunk id {chunk.chunk_id!r} appears twice in the corpus; chunk ids must be unique")
             self._row[chunk.chunk_id] = row
-            self._docs.setdefault(chunk.doc_id, []).append(row)
-        for rows in self._docs.values():
-            rows.sort(key=lambda r: chunks[r].position)
+            placed.setdefault(chunk.doc_id, []).append((chunk.position, row))
+        for row, chunk in enumerate(chunks):
+            for alias in also_in(chunk):
+                if alias in self._row or alias in self._alias:
+                    raise ValueError(f"chunk id {alias!r} (in metadata.also_in of {chunk.chunk_id!r}) is used twice")
+                self._alias[alias] = row
+                doc_id, _, position = alias.partition("#")
+                placed.setdefault(doc_id, []).append((int(position) if position.isdigit() else 0, row))
+        self._docs: dict[str, list[int]] = {doc: [row for _, row in sorted(rows)] for doc, rows in placed.items()}
         self._grep = GrepScanner([c.text for c in chunks])
         # A PyStemmer instance must not be used by two threads at once: each thread gets its own analyzer.
         self._analyzers = AnalyzerPool(config.tokenizer, config.stemmer, config.stopwords)
@@ -317,11 +325,18 @@ class SearchIndex:
         return len(self.chunks)
 
     def chunk(self, chunk_id: str) -> Chunk | None:
-        row = self._row.get(chunk_id)
+        """The chunk with this id, or the shared chunk a copy's id (`also_in`) stands for; None if unknown."""
+        row = self._row.get(chunk_id, self._alias.get(chunk_id))
         return None if row is None else self.chunks[row]
 
+    def canonical_id(self, chunk_id: str) -> str:
+        """The stored chunk id for `chunk_id` (a copy's id gives its shared chunk's); unknown ids come back as given."""
+        row = self._alias.get(chunk_id)
+        return chunk_id if row is None else self.chunks[row].chunk_id
+
     def document(self, doc_id: str) -> list[Chunk]:
-        """The document's chunks in position order; [] for an unknown id."""
+        """The document's chunks in position order, those it shares with other documents included; [] for an
+        unknown id."""
         return [self.chunks[r] for r in self._docs.get(doc_id, [])]
 
     def has_document(self, doc_id: str) -> bool:
@@ -361,7 +376,8 @@ class SearchIndex:
         return scores
 
     def _rows(self, chunk_ids: Collection[str]) -> IntArray:
-        return np.fromiter((self._row[c] for c in chunk_ids if c in self._row), dtype=np.int64)
+        rows = (self._row.get(c, self._alias.get(c)) for c in chunk_ids)
+        return np.fromiter((r for r in rows if r is not None), dtype=np.int64)
 
     def _hit(self, row: int, score: float, ranks: dict[str, int]) -> Hit:
         return Hit(chunk=self.chunks[row], score=float(score), ranks=ranks)
@@ -513,7 +529,7 @@ class SearchIndex:
             progress(len(chunks), len(chunks))
         dense_seconds = time.perf_counter() - started
 
-        documents = len({c.doc_id for c in chunks})
+        documents = len({d for c in chunks for d in chunk_doc_ids(c)})
         manifest = {
             "format": FORMAT_VERSION,
             "config": config.model_dump(mode="json"),

@@ -10,6 +10,11 @@ Every retriever is a function from a query to a ranked list of chunk ids. Metric
 recall@k (the relevant chunk is among the first k), reciprocal rank (1 / its rank, 0 past `depth`) and nDCG@10
 (binary relevance, one relevant chunk: 1 / log2(rank + 1) within the first 10). Each mean comes with a
 percentile bootstrap 95% interval over queries.
+
+Before any metric, `lost_evidence` checks that the corpus still holds every task's evidence: each gold chunk id
+names a stored chunk (or a copy merged into a shared one), and each quote of it is in some chunk attributed to its
+document. A task whose evidence is gone can never be found, so a retriever would be blamed for the import's loss
+(docs/corpus-chunking.md).
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ from typing import Any
 
 from workers.search import embed
 from workers.search.index import IndexConfig, SearchIndex, bm25_index, index_text
-from workers.search.synth import OPEN_QUOTE, SynthCorpus
-from workers.search.types import Chunk
+from workers.search.synth import CLOSE_QUOTE, OPEN_QUOTE, SynthCorpus, normalize
+from workers.search.types import Chunk, also_in, chunk_doc_ids, doc_of
 
 KS = (1, 5, 10)
 Retriever = Callable[[str], Sequence[str]]
@@ -70,6 +75,54 @@ def hop_queries(tasks: Sequence[Mapping[str, Any]], corpus: SynthCorpus) -> list
                 name = _bridge_name(corpus, gold[hop - 1], chunk_id)
                 text = f"{name} {quote}" if name else quote
             out.append(EvalQuery(qid=f"{task['id']}:{hop}", text=text, relevant=chunk_id, hop=hop))
+    return out
+
+
+def lost_evidence(tasks: Sequence[Mapping[str, Any]], chunks: Sequence[Chunk]) -> dict[str, list[str]]:
+    """{task id: what of its evidence the corpus lost} for every task with a loss (module docstring); {} when none.
+
+    A gold chunk id must be a stored chunk's or a merged copy's (`metadata.also_in`); each quote the task stores
+    for it (`provenance.quotes`) must appear, after normalisation (lower case, whitespace collapsed), in a chunk
+    attributed to that chunk's document, its shared chunks included."""
+    known = {ident for chunk in chunks for ident in (chunk.chunk_id, *also_in(chunk))}
+    texts: dict[str, list[str]] = {}
+    for chunk in chunks:
+        text = normalize(chunk.text)
+        for doc_id in chunk_doc_ids(chunk):
+            texts.setdefault(doc_id, []).append(text)
+    out: dict[str, list[str]] = {}
+    for number, task in enumerate(tasks, start=1):
+        task_id = str(task.get("id", f"row {number}"))
+        problems: list[str] = []
+        quotes = task.get("provenance", {}).get("quotes", {}) or {}
+        for chunk_id in [str(c) for c in task.get("gold_chunk_ids") or []]:
+            doc_id = doc_of(chunk_id)
+            if chunk_id not in known:
+                problems.append(f"gold chunk {chunk_id} is not in the corpus")
+            for quote in quotes.get(chunk_id) or []:
+                needle = normalize(str(quote).replace(OPEN_QUOTE, "").replace(CLOSE_QUOTE, ""))
+                if needle and not any(needle in text for text in texts.get(doc_id, ())):
+                    problems.append(f"quote {str(quote)[:80]!r} of {chunk_id} is in no chunk of document {doc_id}")
+        if problems:
+            out[task_id] = problems
+    return out
+
+
+def with_stored_ids(tasks: Sequence[Mapping[str, Any]], chunks: Sequence[Chunk]) -> list[dict[str, Any]]:
+    """The tasks with every gold chunk id that names a merged copy (`metadata.also_in`) replaced by its stored
+    chunk's id (quotes follow), so a retriever that returns the shared chunk is credited for it."""
+    stored = {alias: chunk.chunk_id for chunk in chunks for alias in also_in(chunk)}
+    if not stored:
+        return [dict(task) for task in tasks]
+    out = []
+    for task in tasks:
+        row = dict(task)
+        row["gold_chunk_ids"] = [stored.get(str(c), str(c)) for c in task.get("gold_chunk_ids") or []]
+        provenance = dict(task.get("provenance") or {})
+        if isinstance(provenance.get("quotes"), Mapping):
+            provenance["quotes"] = {stored.get(str(k), str(k)): v for k, v in provenance["quotes"].items()}
+            row["provenance"] = provenance
+        out.append(row)
     return out
 
 

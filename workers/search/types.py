@@ -7,6 +7,10 @@ A corpus dataset version is stored as canonical JSONL, one chunk per line:
 
 `chunk_id` is `<doc_id>#<position>`: stable (the same documents and chunker settings give the same ids), short
 enough for a model to copy into `prune_chunks` and its final answer, and it names its document.
+
+A chunk whose text several documents hold word for word is stored once, under the first document, and lists the
+ids its copies would have had in `metadata["also_in"]` (`["guide/b#3", "guide/c#5"]`): it belongs to each of those
+documents at that position too (`workers.search.corpus.build_corpus`, docs/corpus-chunking.md).
 """
 
 from __future__ import annotations
@@ -48,8 +52,27 @@ class Chunk:
         )
 
 
+ALSO_IN = "also_in"
+
+
 def chunk_id_for(doc_id: str, position: int) -> str:
     return f"{doc_id}#{position}"
+
+
+def doc_of(chunk_id: str) -> str:
+    """The document a chunk id names (doc ids never hold '#')."""
+    return chunk_id.split("#", 1)[0]
+
+
+def also_in(chunk: Chunk) -> list[str]:
+    """The chunk ids this chunk also stands for in other documents (module docstring); [] for most chunks."""
+    value = chunk.metadata.get(ALSO_IN)
+    return [str(item) for item in value] if isinstance(value, list) else []
+
+
+def chunk_doc_ids(chunk: Chunk) -> list[str]:
+    """Every document that holds this chunk's text: its own first, then those it is shared with."""
+    return list(dict.fromkeys([chunk.doc_id, *(doc_of(alias) for alias in also_in(chunk))]))
 
 
 def dump_chunks_jsonl(chunks: Iterable[Chunk]) -> bytes:

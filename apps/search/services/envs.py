@@ -12,7 +12,7 @@ from rest_framework.exceptions import ValidationError
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.search.selectors import ready_index_uri
 from workers.envs.registry import get_environment
-from workers.search.types import iter_chunks_jsonl
+from workers.search.types import also_in, iter_chunks_jsonl
 
 
 def with_index_uri(
@@ -36,8 +36,9 @@ def with_index_uri(
 
 
 def corpus_chunk_ids(corpus_version: DatasetVersion) -> set[str]:
+    """Every chunk id the corpus answers to: stored chunks and the ids of copies merged into a shared chunk."""
     with corpus_version.file.open("rb") as handle:
-        return {chunk.chunk_id for chunk in iter_chunks_jsonl(handle.read())}
+        return {ident for chunk in iter_chunks_jsonl(handle.read()) for ident in (chunk.chunk_id, *also_in(chunk))}
 
 
 def corpus_missing_chunks(

@@ -325,3 +325,27 @@ def test_a_jsonl_document_over_the_cap_names_its_line(client_for, settings) -> N
     assert response.status_code == 400
     assert "line 2: the text is 1,200 bytes, over the 1,000-byte limit for one document" in response.json()["detail"]
     assert DatasetVersion.objects.count() == 0
+
+
+def test_a_section_several_documents_share_is_stored_once_for_each_and_the_report_counts_it(
+    users, client, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    closing = "## Support\n\n" + " ".join(f"Support rule {k} applies to every product in the family." for k in range(8))
+    rows = [
+        {"doc_id": f"product-{i}", "text": f"# Product {i}\n\nThis product {job}.\n\n{closing}"}
+        for i, job in enumerate(("sorts the mail", "paints fences quickly", "tunes old pianos"))
+    ]
+    (tmp_path / "family.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = io.StringIO()
+    admin = users["admin"].username
+    call_command("import_corpus", "family", "--jsonl", str(tmp_path / "family.jsonl"), "--user", admin, stdout=out)
+    assert "3 documents, 4 chunks" in out.getvalue() and "merged 1 chunks shared by 2+ documents" in out.getvalue()
+    version = DatasetVersion.objects.get(dataset__name="family")
+    stored = _stored_chunks(version)
+    assert [(c.chunk_id, c.metadata.get("also_in")) for c in stored] == [
+        ("product-0#0", None), ("product-0#1", ["product-1#1", "product-2#1"]), ("product-1#0", None),
+        ("product-2#0", None),
+    ]  # fmt: skip
+    client.force_login(users["operator"])
+    page = client.get(f"/datasets/{version.dataset.pk}/").content.decode()
+    assert "merged 1 chunk shared by 2+ documents (2 copies stored once, attributed to each document)" in page

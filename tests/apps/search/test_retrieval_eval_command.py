@@ -62,3 +62,36 @@ def test_the_command_prints_every_retriever_per_hop_and_writes_json(users, tmp_p
         call_command("retrieval_eval", str(version.pk), "--config", '{"bm25_k1": -1}', stdout=io.StringIO())
     with pytest.raises(CommandError, match="no such dataset version"):
         call_command("retrieval_eval", "999999", stdout=io.StringIO())
+
+
+def test_the_command_stops_on_a_task_whose_evidence_the_corpus_lost(users, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    owner = users["operator"]
+    chunks, _ = build_corpus(_documents())
+    corpus = dataset_create(name="tools-lost", kind=DatasetKind.CORPUS, owner=owner)
+    version = dataset_version_create(
+        dataset=corpus, data=dump_chunks_jsonl(chunks), filename="c.jsonl", created_by=owner
+    )
+    first = chunks[0]
+    quote = " ".join(first.text.split()[3:11])
+    rows = [
+        {"id": "kept", "prompt": "q", "gold_chunk_ids": [first.chunk_id],
+         "provenance": {"quotes": {first.chunk_id: [quote]}}},
+        # A quote of mod0 filed under mod1's chunk: a chunker that deleted mod1's copy of it leaves this.
+        {"id": "lost", "prompt": "q", "gold_chunk_ids": ["mod1#0"], "provenance": {"quotes": {"mod1#0": [quote]}}},
+    ]  # fmt: skip
+    tasks = dataset_create(name="tools-lost-tasks", kind=DatasetKind.TASKS, owner=owner)
+    tasks_version = dataset_version_create(
+        dataset=tasks, data=b"".join(json.dumps(r).encode() + b"\n" for r in rows), filename="t.jsonl", created_by=owner
+    )
+    err = io.StringIO()
+    with pytest.raises(CommandError, match=r"lost the evidence of 1 task\(s\) \(lost\)"):
+        call_command("retrieval_eval", str(version.pk), "--tasks-version", str(tasks_version.pk), stderr=err)
+    assert "lost: quote" in err.getvalue() and "no chunk of document mod1" in err.getvalue()
+    report = tmp_path / "r.json"
+    out = io.StringIO()
+    call_command(
+        "retrieval_eval", str(version.pk), "--tasks-version", str(tasks_version.pk), "--allow-lost-evidence",
+        "--json", str(report), stdout=out, stderr=io.StringIO(),
+    )  # fmt: skip
+    assert "evidence lost: 1 task(s), lost" in out.getvalue()
+    assert list(json.loads(report.read_text())["evidence_lost"]) == ["lost"]

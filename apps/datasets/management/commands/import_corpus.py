@@ -70,7 +70,8 @@ class Command(BaseCommand):
             self.style.SUCCESS(
                 f"{version}: {report['documents']} documents, {report['chunks']} chunks "
                 f"({report['empty_documents']} blank documents, {report['skipped_files']} skipped files; "
-                f"mean {report['mean_words_per_chunk']} words per chunk, max {report['max_words_per_chunk']})"
+                f"mean {report['mean_words_per_chunk']} words per chunk, max {report['max_words_per_chunk']}; "
+                f"merged {report.get('shared_chunks', 0)} chunks shared by 2+ documents)"
             )
         )
 

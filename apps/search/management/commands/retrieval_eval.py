@@ -12,9 +12,18 @@ from pydantic import ValidationError
 
 from apps.datasets.models import DatasetKind, DatasetVersion
 from workers.search.index import IndexConfig
-from workers.search.retrieval_eval import KS, IndexViews, evaluate, hop_queries, ranked_ids, report
+from workers.search.retrieval_eval import (
+    KS,
+    IndexViews,
+    evaluate,
+    hop_queries,
+    lost_evidence,
+    ranked_ids,
+    report,
+    with_stored_ids,
+)
 from workers.search.synth import SynthCorpus, SynthParams, TemplateGenerator, synthesize
-from workers.search.types import iter_chunks_jsonl
+from workers.search.types import also_in, iter_chunks_jsonl
 
 METRICS = (*(f"recall@{k}" for k in KS), "mrr", "ndcg@10")
 
@@ -37,6 +46,12 @@ class Command(BaseCommand):
             help='an IndexConfig to compare, as JSON (e.g. \'{"stemmer": "english"}\'); repeatable',
         )
         parser.add_argument("--json", type=Path, help="also write the full report here")
+        parser.add_argument(
+            "--allow-lost-evidence",
+            action="store_true",
+            help="evaluate even when the corpus lost some task's evidence (the tasks are listed on stderr, after the "
+            "tables and under evidence_lost in --json); without it the command stops with the list",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         version = self._version(options["corpus_version"], DatasetKind.CORPUS, "corpus_version")
@@ -47,7 +62,7 @@ class Command(BaseCommand):
             tasks_version = self._version(options["tasks_version"], None, "--tasks-version")
             with tasks_version.file.open("rb") as handle:
                 tasks = [json.loads(line) for line in handle.read().splitlines() if line.strip()]
-            known = set(synth.index_of)
+            known = {ident for chunk in chunks for ident in (chunk.chunk_id, *also_in(chunk))}
             missing = sorted({c for t in tasks for c in t.get("gold_chunk_ids", []) if c not in known})
             if missing:
                 raise CommandError(
@@ -57,6 +72,19 @@ class Command(BaseCommand):
         else:
             params = SynthParams(num_tasks=options["tasks"], max_hops=2, seed=0)
             tasks = synthesize(synth, params, TemplateGenerator(synth)).tasks
+        lost = lost_evidence(tasks, chunks)
+        if lost:
+            self.stderr.write(f"{len(lost)} of {len(tasks)} task(s) lost evidence in this corpus:")
+            for task_id, problems in sorted(lost.items()):
+                self.stderr.write(f"  {task_id}: {'; '.join(problems)}")
+            if not options["allow_lost_evidence"]:
+                named = ", ".join(sorted(lost)[:5]) + (", ..." if len(lost) > 5 else "")
+                raise CommandError(
+                    f"corpus version {version.pk} lost the evidence of {len(lost)} task(s) ({named}): "
+                    "no retriever can find it. Re-import the documents (a chunk "
+                    "several documents share is now kept for each), or pass --allow-lost-evidence to evaluate anyway"
+                )
+        tasks = with_stored_ids(tasks, chunks)
         queries = hop_queries(tasks, synth)
         if not queries:
             raise CommandError("no task gave a query (the tasks hold no quotes): use tasks from the generator")
@@ -86,8 +114,12 @@ class Command(BaseCommand):
                     for m in METRICS
                 ]
                 self.stdout.write(f"  {name[:28]:28}" + "".join(f"{c:>20}" for c in cells))
+        if lost:
+            self.stdout.write(f"\nevidence lost: {len(lost)} task(s), {', '.join(sorted(lost))}")
         if options["json"]:
-            options["json"].write_text(json.dumps({"corpus_version": version.pk, "metrics": result}, indent=1))
+            options["json"].write_text(
+                json.dumps({"corpus_version": version.pk, "metrics": result, "evidence_lost": lost}, indent=1)
+            )
 
     def _version(self, pk: int, kind: str | None, flag: str) -> DatasetVersion:
         version = DatasetVersion.objects.select_related("dataset").filter(pk=pk).first()
