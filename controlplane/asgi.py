@@ -7,7 +7,8 @@ from django.core.asgi import get_asgi_application
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 django_asgi_app = get_asgi_application()
 
-# Serves /static/ from the app and STATICFILES_DIRS (vendored htmx, uPlot); a proxy can take over in production.
+# Serves /static/ from the app and STATICFILES_DIRS (vendored htmx, uPlot) with DEBUG on or off (the handler serves
+# whatever DEBUG says; `make run` runs with it off, tests/test_make_run.py); a proxy can take over in production.
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
