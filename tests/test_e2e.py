@@ -1039,8 +1039,11 @@ def test_in_a_browser_a_reviewer_works_a_queue_with_the_keyboard(stack, users):
 
 
 def _stored_repo_task(folder: Path, row: dict) -> dict:  # type: ignore[type-arg]
-    """An inline repository task as an import stores it (repo_task/v1): its files packed by content hash."""
+    """An inline repository task as an import stores it (repo_task/v1): its files packed by content hash, with the
+    reference patch that fixes it (a gate refuses a benchmark of tasks without one: they are unverified)."""
+    from tests.workers.simulator.tasks import GOOD
     from workers.coding.archive import content_hash, pack
+    from workers.coding.patches import make_patch
 
     files = row["repo"]["files"]
     digest = content_hash(files)
@@ -1053,6 +1056,7 @@ def _stored_repo_task(folder: Path, row: dict) -> dict:  # type: ignore[type-arg
         "snapshot": {"sha256": digest, "uri": f"file://{archive}", "file_count": len(files),
                      "size_bytes": archive.stat().st_size},
         "hidden_tests": row["hidden_tests"],
+        "reference_patch": make_patch(files, {**files, "calc/ops.py": GOOD}),
         "family": "repair",
         "prompt": row["prompt"],
         "answer": None,
