@@ -52,18 +52,20 @@ _BREAK = re.compile(r"<br\s*/?>", re.IGNORECASE)
 _LINK = re.compile(r"\[([^\]\n]*)\]\([^)\n]*\)")
 _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.DOTALL)
 _EMPHASIS = re.compile(r"(?<![\w*])(\*\*|\*)(?=\S)(.+?)(?<=\S)\1(?![\w*])", re.DOTALL)
+_ESCAPE = re.compile(r"\\([!-/:-@\[-`{-~])")
 _OPTION = re.compile(r"^--?[A-Za-z]")
 _SECTION_SUFFIX = re.compile(r"\s*\((?:\d[a-z0-9]*)?\)$", re.IGNORECASE)
 # a run of separators between two letters or digits: underscores or spaces ("a_b", "a b"), a dash ("a-b"), or a
 # spaced dash ("a - b"); never a space before an option's dash ("ls -l" keeps its option)
 _KEY_SEPARATOR = re.compile(r"(?<=[^\W_])(?:[ _]*-[ ]+|[ _]+(?!-)|-)(?=[^\W_])")
 _ITEM_SPLIT = re.compile(r"[,;\n]")
-_EDGE = " \t\"'“”‘’`*"
+_EDGE = " \t\"'“”‘’`"
 
 
 def strip_markup(text: object) -> str:
     """Markdown a model wraps around a value, taken away: NFKC, `<br>` as a line break, a link `[x](y)` as x, code
-    spans as their literal content, and asterisk emphasis (`*x*`, `**x**`, `***x***`) outside code spans.
+    spans as their literal content, and asterisk emphasis (`*x*`, `**x**`, `***x***`) outside code spans; a
+    backslash escape outside code spans is its character (`\\*args` is `*args`).
     Underscores are never read as emphasis: they belong to identifiers (`first_parameter`, `__init__`, `_private`),
     which models write unescaped."""
     value = unicodedata.normalize("NFKC", str(text if text is not None else ""))
@@ -78,10 +80,17 @@ def strip_markup(text: object) -> str:
 
 
 def _strip_emphasis(text: str) -> str:
+    held: list[str] = []
+
+    def hold(match: re.Match[str]) -> str:  # a backslash-escaped character is literal, never emphasis
+        held.append(match.group(1))
+        return f"\x00{len(held) - 1}\x00"
+
+    text = _ESCAPE.sub(hold, text.replace("\x00", ""))
     previous = None
     while previous != text:
         previous, text = text, _EMPHASIS.sub(r"\2", text)
-    return text
+    return re.sub(r"\x00(\d+)\x00", lambda match: held[int(match.group(1))], text)
 
 
 def fold_case(text: str) -> str:
@@ -91,9 +100,9 @@ def fold_case(text: str) -> str:
 
 
 def normalize_cell(text: object, *, case_sensitive: bool = False) -> str:
-    """A cell's comparable form: `strip_markup`, whitespace collapsed, surrounding quotes, backticks and asterisks
-    stripped, trailing `.,;:` stripped, then `fold_case` (skipped for a `case_sensitive` column).
-    "`Os.Path.Join`." and "os.path.join" compare equal; "-I" and "-i" do not."""
+    """A cell's comparable form: `strip_markup`, whitespace collapsed, surrounding quotes and stray backticks
+    stripped (an asterisk stays: `*args`), trailing `.,;:` stripped, then `fold_case` (skipped for a
+    `case_sensitive` column). "`Os.Path.Join`." and "os.path.join" compare equal; "-I" and "-i" do not."""
     value = " ".join(strip_markup(text).split()).strip(_EDGE)
     value = value.rstrip(".,;:").strip(_EDGE)
     return value if case_sensitive else fold_case(value)

@@ -160,6 +160,9 @@ def test_a_task_key_alias_scores() -> None:
 def test_key_normalisers() -> None:
     assert strip_markup("**[ls](man:ls)** and `__init__`") == "ls and __init__"
     assert strip_markup("a<br/>b") == "a\nb"
+    assert normalize_cell("\\*args, \\*\\*kw") == normalize_cell("*args, **kw") == "*args, **kw"
+    assert normalize_cell("*args") != normalize_cell("args")
+    assert normalize_cell("`\\*x`") == "\\*x"  # a code span is literal
     assert strip_section_suffix("printf(3p)") == "printf" and strip_section_suffix("ls ()") == "ls"
     assert strip_section_suffix("open(path)") == "open(path)"
     assert join_separators("a b") == join_separators("a-b") == join_separators("a_b") == join_separators("a - b")
