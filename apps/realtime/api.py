@@ -3,7 +3,8 @@ launches of the serve, simulate and sessiontrain kinds (`POST /api/v1/runs/ {"ki
 
 GET  /api/v1/sessions/                       sessions, newest last turn first; filters below          (viewer)
 GET  /api/v1/sessions/<id>/                  one session with its turns and feedback                   (viewer)
-POST /api/v1/sessions/<client session id>/feedback/   one typed signal: 201 new, 200 a repeated event_id
+POST /api/v1/sessions/<client session id>/feedback/   one typed signal: 201 new, 200 a repeated event_id (409
+                                             if it repeats with another signal; 400 for a turn it does not have)
                                              (serve scope, a signed-in user, or a simulate run's token)
 GET  /api/v1/serving/                        serving runs with their endpoint URLs                     (viewer)
 GET  /api/v1/serving/<run id>/               one serving run, its endpoint and its current target      (viewer)
@@ -46,7 +47,12 @@ from apps.realtime.services.serving import (
     serve_endpoint_url,
     serve_split_update,
 )
-from apps.realtime.services.sessions import FeedbackOutsideWindow, feedback_create
+from apps.realtime.services.sessions import (
+    FeedbackConflict,
+    FeedbackOutsideWindow,
+    FeedbackTurnUnknown,
+    feedback_create,
+)
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run
 from workers.realtime.records import EVENT_ID_MAX, SESSION_ID_MAX, FeedbackIn
@@ -232,15 +238,23 @@ class FeedbackView(APIView):
             201: FeedbackPostedSerializer,
             200: OpenApiResponse(FeedbackPostedSerializer, description="A repeated event_id: nothing was added"),
             404: OpenApiResponse(ErrorSerializer, description="No session of yours has this id (yet)"),
-            409: OpenApiResponse(ErrorSerializer, description="The session's feedback window has closed"),
+            400: OpenApiResponse(
+                ErrorSerializer, description="A malformed body, or a turn_index the session has no turn for"
+            ),
+            409: OpenApiResponse(
+                ErrorSerializer,
+                description="The session's feedback window has closed, or this event_id was posted before with "
+                "another signal or content",
+            ),
         },
     )
     def post(self, request: Request, session_id: str) -> Response:
         """Feedback about a session: edit_kept, edit_reverted, dissatisfied_followup, accepted, rejected, thumbs
         (value +1 or -1), tests_passed / tests_failed (value: optional fraction), text. 201 when stored, 200 with
-        the stored row when this event_id was posted before (nothing added), 404 for a session id none of your
-        sessions has (turns are recorded in batches: retry for a few seconds), 409 after the window
-        (CRUCIBLE_FEEDBACK_WINDOW_HOURS after the session's last turn)."""
+        the stored row when this event_id was posted before with the same body (nothing added), 400 for a malformed
+        body or a turn_index the session has no turn for, 404 for a session id none of your sessions has (turns
+        are recorded in batches: retry for a few seconds), 409 after the window (CRUCIBLE_FEEDBACK_WINDOW_HOURS
+        after the session's last turn) or when this event_id was posted before with another signal or content."""
         try:
             body = FeedbackIn.model_validate(request.data)
         except PydanticError as exc:
@@ -261,8 +275,16 @@ class FeedbackView(APIView):
             return response
         try:
             result = feedback_create(session=session, body=body, user=user, run=credential.run if credential else None)
-        except FeedbackOutsideWindow as exc:
+        except (FeedbackOutsideWindow, FeedbackConflict) as exc:
             return Response({"detail": str(exc)}, status=status.HTTP_409_CONFLICT)
+        except FeedbackTurnUnknown as exc:
+            # Retry-After: turns are recorded a moment after they are served, so a client posting about the turn it
+            # was just served may be early; a turn that never comes stays a 400.
+            return Response(
+                {"detail": f"turn_index: {exc}", "fields": {"turn_index": [str(exc)]}},
+                status=status.HTTP_400_BAD_REQUEST,
+                headers={"Retry-After": "2"},
+            )
         result.feedback.duplicate = not result.created  # type: ignore[attr-defined]
         return Response(
             FeedbackPostedSerializer(result.feedback).data,

@@ -24,7 +24,8 @@ class FeedbackRefused(RuntimeError):
 
 
 class FeedbackFailed(RuntimeError):
-    """One event could not be posted (a 400 or 409, or still failing after `wait_seconds`)."""
+    """One event could not be posted (a 400 or 409, or still failing after `wait_seconds`; a 4xx that carries
+    Retry-After is retried until then)."""
 
 
 _RETRIED = frozenset({404, 408, 425, 429})
@@ -70,7 +71,9 @@ class FeedbackPoster:
                         "for the serving run it targets"
                     )
                 problem = f"{status}: {_detail(response)}"
-                if status < 500 and status not in _RETRIED:
+                # A 4xx with Retry-After is worth repeating: a turn the simulator was just served is recorded a
+                # moment later, and feedback naming it before then is a 400 on turn_index that says so.
+                if status < 500 and status not in _RETRIED and "retry-after" not in response.headers:
                     raise FeedbackFailed(f"feedback {event.signal.value} for session {session_id} refused: {problem}")
             if time.monotonic() + delay > deadline:
                 raise FeedbackFailed(

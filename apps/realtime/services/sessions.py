@@ -8,7 +8,8 @@ and deployment of the first turn, first and last time) are recomputed from their
 out of order still leave the right first and last.
 
 `feedback_create` stores one typed signal (workers.realtime.records.FeedbackIn) about a session, once per
-(session, event id), within `CRUCIBLE_FEEDBACK_WINDOW_HOURS` of the session's last turn.
+(session, event id), within `CRUCIBLE_FEEDBACK_WINDOW_HOURS` of the session's last turn, about one of its turns
+(or the whole session). An event id repeated with other content is a conflict, never silently dropped.
 """
 
 from __future__ import annotations
@@ -190,6 +191,50 @@ class FeedbackOutsideWindow(Exception):
     """Feedback for a session whose window has closed (the API answers 409)."""
 
 
+class FeedbackConflict(Exception):
+    """An event id posted before with a different signal or content (the API answers 409; nothing is changed)."""
+
+
+class FeedbackTurnUnknown(Exception):
+    """Feedback about a turn the session does not have (the API answers 400 on `turn_index`)."""
+
+
+def _feedback_content(signal: str, value: float | None, turn_index: int | None, text: str) -> dict[str, Any]:
+    return {"signal": signal, "value": value, "turn_index": turn_index, "text": text}
+
+
+def _conflict_message(existing: Feedback, body: FeedbackIn) -> str:
+    stored = _feedback_content(existing.signal, existing.value, existing.turn_index, existing.text)
+    posted = _feedback_content(body.signal.value, body.value, body.turn_index, body.text)
+    differs = [name for name in stored if name != "signal" and stored[name] != posted[name]]
+    detail = "; ".join(f"{name} {stored[name]!r} stored, {posted[name]!r} posted" for name in differs)
+    return (
+        f"event_id {existing.event_id!r} was already posted on this session as signal {existing.signal!r}; this "
+        f"post says signal {body.signal.value!r}"
+        + (f" ({detail})" if detail else "")
+        + ". Nothing was changed: an event id names one event (repeat it only to retry the same body); post a "
+        "different signal under a new event_id."
+    )
+
+
+def _turn_problem(session: Session, turn_index: int) -> str | None:
+    """None when the session has a turn `turn_index`; else why not, with the turns it has."""
+    indices = sorted(set(SessionTurn.objects.filter(session=session).values_list("turn_index", flat=True)))
+    if turn_index in indices:
+        return None
+    if not indices:
+        have = "has no turns recorded"
+    elif indices == list(range(len(indices))):
+        have = f"has {len(indices)} turn{'s' if len(indices) != 1 else ''} (turn_index 0 to {indices[-1]})"
+    else:
+        listed = ", ".join(map(str, indices[:20])) + (", ..." if len(indices) > 20 else "")
+        have = f"has {len(indices)} turns (turn_index {listed})"
+    return (
+        f"session {session.client_session_id!r} {have}; it has no turn {turn_index}. Leave turn_index out for "
+        "feedback about the whole session (turns are recorded a few seconds after they are served)."
+    )
+
+
 @dataclass(frozen=True)
 class FeedbackResult:
     feedback: Feedback
@@ -203,15 +248,23 @@ def feedback_window() -> timedelta:
 def feedback_create(
     *, session: Session, body: FeedbackIn, user: User | None = None, run: Run | None = None
 ) -> FeedbackResult:
-    """Store `body` about `session` once per event id: a repeat returns the stored row (created=False) and adds
-    nothing, whenever it comes. New feedback is accepted until CRUCIBLE_FEEDBACK_WINDOW_HOURS after the session's
-    last turn; later it raises FeedbackOutsideWindow. `user` is who posted it (empty for a simulate run's token,
-    then `run` is that run). The session's `feedback_counts` are kept in the same transaction."""
+    """Store `body` about `session` once per event id: an identical repeat returns the stored row (created=False)
+    and adds nothing, whenever it comes; a repeat with another signal, value, turn_index or text raises
+    FeedbackConflict and changes nothing. A `turn_index` the session has no turn for raises FeedbackTurnUnknown.
+    New feedback is accepted until CRUCIBLE_FEEDBACK_WINDOW_HOURS after the session's last turn; later it raises
+    FeedbackOutsideWindow. `user` is who posted it (empty for a simulate run's token, then `run` is that run). The
+    session's `feedback_counts` are kept in the same transaction."""
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
         existing = Feedback.objects.filter(session=locked, event_id=body.event_id).first()
         if existing is not None:
+            if _feedback_content(existing.signal, existing.value, existing.turn_index, existing.text) != (
+                _feedback_content(body.signal.value, body.value, body.turn_index, body.text)
+            ):
+                raise FeedbackConflict(_conflict_message(existing, body))
             return FeedbackResult(feedback=existing, created=False)
+        if body.turn_index is not None and (problem := _turn_problem(locked, body.turn_index)):
+            raise FeedbackTurnUnknown(problem)
         closes = locked.last_turn_at + feedback_window()
         if timezone.now() > closes:
             raise FeedbackOutsideWindow(

@@ -57,7 +57,7 @@ def test_feedback_is_stored_once_per_event_id_and_counted_on_the_session(served)
     assert first.status_code == 201, first.content
     assert first.json()["duplicate"] is False and first.json()["session"] == served["session"].pk
     assert first.json()["session_id"] == "s-1" and first.json()["signal"] == "edit_kept"
-    repeat = post(client, "s-1", event_id="e1", signal="edit_reverted")  # same event id: nothing added
+    repeat = post(client, "s-1", event_id="e1", signal="edit_kept", turn_index=1)  # same event: nothing added
     assert repeat.status_code == 200 and repeat.json()["duplicate"] is True
     assert repeat.json()["signal"] == "edit_kept" and repeat.json()["id"] == first.json()["id"]
     assert post(client, "s-1", event_id="e2", signal="thumbs", value=-1).status_code == 201
@@ -68,6 +68,40 @@ def test_feedback_is_stored_once_per_event_id_and_counted_on_the_session(served)
     assert Feedback.objects.filter(session=session).count() == 4
     stored = Feedback.objects.get(event_id="e2")
     assert stored.value == -1.0 and stored.user == served["session"].user and stored.run is None
+
+
+def test_an_event_id_repeated_with_another_signal_is_a_409_naming_both_and_changes_nothing(served):
+    client = served["client"]
+    assert post(client, "s-1", event_id="e1", signal="edit_kept", turn_index=1).status_code == 201
+    conflict = post(client, "s-1", event_id="e1", signal="edit_reverted", turn_index=1)
+    assert conflict.status_code == 409, conflict.content
+    detail = conflict.json()["detail"]
+    assert "'e1'" in detail and "'edit_kept'" in detail and "'edit_reverted'" in detail, detail
+    other_value = post(client, "s-1", event_id="e2", signal="thumbs", value=1)
+    assert other_value.status_code == 201
+    flipped = post(client, "s-1", event_id="e2", signal="thumbs", value=-1)
+    assert flipped.status_code == 409 and "value 1.0 stored, -1.0 posted" in flipped.json()["detail"]
+    assert list(Feedback.objects.order_by("id").values_list("event_id", "signal", "value")) == [
+        ("e1", "edit_kept", None),
+        ("e2", "thumbs", 1.0),
+    ]
+    assert Session.objects.get(pk=served["session"].pk).feedback_counts == {"edit_kept": 1, "thumbs": 1}
+    again = post(client, "s-1", event_id="e1", signal="edit_kept", turn_index=1)
+    assert again.status_code == 200 and again.json()["duplicate"] is True
+
+
+def test_feedback_about_a_turn_the_session_does_not_have_is_a_400_naming_the_field_and_its_turns(served):
+    client = served["client"]
+    response = post(client, "s-1", event_id="e1", signal="edit_kept", turn_index=99)
+    assert response.status_code == 400, response.content
+    message = str(response.json()["fields"]["turn_index"])
+    assert "has 2 turns (turn_index 0 to 1)" in message and "no turn 99" in message, message
+    assert response["Retry-After"] == "2"  # a turn just served is recorded a moment later
+    assert post(client, "s-1", event_id="e2", signal="edit_kept", turn_index=2).status_code == 400
+    assert not Feedback.objects.exists()
+    assert Session.objects.get(pk=served["session"].pk).feedback_counts == {}
+    assert post(client, "s-1", event_id="e3", signal="edit_kept", turn_index=1).status_code == 201
+    assert post(client, "s-1", event_id="e4", signal="edit_kept").status_code == 201  # the whole session
 
 
 def test_an_unknown_session_is_a_404_and_another_callers_session_is_unknown_too(served, users):

@@ -153,6 +153,24 @@ def test_feedback_posts_are_idempotent_and_refusals_are_told_apart() -> None:
         poster.post("s-denied", event)
 
 
+def test_a_feedback_refusal_carrying_retry_after_is_retried_until_it_passes() -> None:
+    """The control plane answers 400 on turn_index, with Retry-After, for a turn it has not recorded yet: the
+    simulator, which was just served that turn, asks again instead of giving up."""
+    answers = [400, 400, 201]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        status = answers.pop(0)
+        if status == 400:
+            return httpx.Response(400, json={"detail": "turn_index: not yet"}, headers={"Retry-After": "2"})
+        return httpx.Response(status, json={})
+
+    poster = FeedbackPoster(
+        "http://cp/api/v1", "cri_x", wait_seconds=5, client=httpx.Client(transport=httpx.MockTransport(handler))
+    )
+    assert poster.post("s1", FeedbackIn(event_id="e1", signal=Signal.EDIT_KEPT, turn_index=1)) == "created"
+    assert answers == []
+
+
 def test_the_serving_endpoint_renders_the_environments_own_conversation() -> None:
     """Against the serving side's renderer (workers.serving, built beside this package): a session's next request,
     rendered by the server, is the environment's conversation, text for text."""
