@@ -28,7 +28,15 @@ from apps.training.rft import MAX_PER_TASK, rft_dataset_create
 class TrainingLaunchSerializer(serializers.Serializer):
     kind = serializers.ChoiceField(choices=[RunKind.TRAIN, RunKind.SFT, RunKind.RESCORE])
     dataset_version = serializers.PrimaryKeyRelatedField(queryset=DatasetVersion.objects.select_related("dataset"))
-    reward_version = serializers.PrimaryKeyRelatedField(queryset=RewardConfigVersion.objects.all())
+    reward_version = serializers.PrimaryKeyRelatedField(
+        queryset=RewardConfigVersion.objects.all(),
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Required for sft and rescore. kind=train: left out or null, the environment's recipe reward "
+        "(search: Context-1's X2-X5, swarm: Kimi K2.5's PARL), kept as reward config recipe-<environment>; an "
+        "environment without one needs a reward version",
+    )
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
     config = serializers.JSONField(
@@ -78,6 +86,8 @@ def launch_from_api(user: User, data: dict[str, Any]) -> Run:
         "tags": data["tags"],
     }
     start = data["init_checkpoint"]
+    if data["reward_version"] is None and data["kind"] != RunKind.TRAIN:
+        raise ValidationError({"reward_version": [f"{data['kind']} runs need a reward config version: name its id"]})
     if data["kind"] == RunKind.RESCORE:
         if start is not None:
             raise ValidationError({"init_checkpoint": ["only training and SFT runs start from a checkpoint"]})

@@ -23,7 +23,7 @@ from apps.runs.models import Run, TrajectorySummary
 from apps.training import services
 from apps.training.launch_form import reward_environments, run_time_rates, training_checkpoints, with_fits
 from apps.training.rft import rft_dataset_create
-from workers.envs.registry import environment_choices
+from workers.envs.registry import ENVIRONMENTS, environment_choices
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
 from workers.rewards.schema import RewardSpecError
@@ -67,11 +67,31 @@ def rescore_new(request: HttpRequest) -> HttpResponse:
 ALGORITHM_DEFAULTED = ("scale_rewards", "drop_equal_groups", "dynamic_sampling", "overlong_penalty")
 """Form fields whose empty choice keeps the algorithm's own default."""
 
+
+def _recipe_label(what: str, values: dict[str, Any], otherwise: str) -> str:
+    """'(the environment's recipe default: kimi on swarm, ...; grpo otherwise)' from the environments' own values."""
+    listed = ", ".join(f"{value} on {name}" for name, value in sorted(values.items()) if value is not None)
+    return f"(the environment's recipe {what}: {listed}; {otherwise})" if listed else f"({otherwise})"
+
+
 EMPTY_CHOICE_LABELS = {
-    "algorithm": "(the environment's default; grpo when it has none)",
+    "algorithm": _recipe_label(
+        "default", {name: cls.default_algorithm for name, cls in ENVIRONMENTS.items()}, "grpo otherwise"
+    ),
     **{name: "(the algorithm's default)" for name in ALGORITHM_DEFAULTED},
 }
 """What the empty choice of a select means, per field."""
+
+SUBSTEPS_LABEL = "substeps " + _recipe_label(
+    "default", {name: cls.default_substeps for name, cls in ENVIRONMENTS.items()}, "1 otherwise"
+).replace("(the", "(empty: the", 1)
+"""The substeps field's label: empty takes the environment's recipe value (Environment.default_substeps)."""
+
+
+def recipe_reward_environments() -> list[str]:
+    """The environments that bring a recipe reward (Environment.default_reward): a launch on them may name none."""
+    return [name for name, cls in sorted(ENVIRONMENTS.items()) if cls.default_reward() is not None]
+
 
 # The form's fields, in the order shown; help text and defaults come from TrainConfig's own Field descriptions.
 TRAIN_FORM_FIELDS = [
@@ -130,12 +150,15 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
             # Empty means "the environment's" (Environment.default_algorithm, resolved by TrainConfig): a run that
             # names no algorithm on coding_agent gets composer; the run page says where it came from.
             choices, default = ["", *choices], None
+        label = path.replace("_", " ").replace(".", ": ")
+        if leaf == "substeps":
+            # Empty means the environment's (Environment.default_substeps: search's 4), else 1.
+            default, label = None, SUBSTEPS_LABEL
         if leaf == "base_model":
             choices = [*BUILTINS, *fine_tuned_models()]
         if leaf == "environment":
             choices = [name for name, _ in environment_choices()]
         kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")
-        label = path.replace("_", " ").replace(".", ": ")
         if path == "lora.rank":
             label, default = "LoRA rank (empty: full parameters)", ""
         fields.append(
@@ -200,7 +223,9 @@ def train_new(request: HttpRequest) -> HttpResponse:
         init = training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
         try:
             dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
-            reward_version = rewards.get(pk=int(request.POST.get("reward_version", "0")))
+            reward_id = request.POST.get("reward_version", "")
+            # Empty: the environment's recipe reward (services.run_launch_train refuses an environment without one).
+            reward_version = rewards.get(pk=int(reward_id)) if reward_id else None
         except (ValueError, DatasetVersion.DoesNotExist, RewardConfigVersion.DoesNotExist):
             errors.append("pick a tasks dataset version and a reward config version")
         else:
@@ -230,6 +255,12 @@ def train_new(request: HttpRequest) -> HttpResponse:
         {
             "versions": versions,
             "rewards": [with_fits(r, fits) for r in rewards],
+            "recipe_reward_envs": " ".join(recipe_reward_environments()),
+            "recipe_reward_label": _recipe_label(
+                "reward",
+                {name: RECIPE_REWARD_NAMES.get(name, "its own") for name in recipe_reward_environments()},
+                "none otherwise: pick one",
+            ),
             "corpora": corpora,
             "checkpoints": training_checkpoints()[:50],
             "run_time_rates": run_time_rates(),
@@ -240,6 +271,10 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "per_engine": values.get("compute.per_engine", ""),
         },
     )
+
+
+RECIPE_REWARD_NAMES = {"search": "Context-1's X2-X5", "swarm": "Kimi K2.5's PARL (K1)"}
+"""How the launch form names each environment's recipe reward (Environment.default_reward)."""
 
 
 def fine_tuned_models(limit: int = 20) -> list[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.db import transaction
 from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
@@ -15,7 +16,8 @@ from apps.benchmarks.services import eval_auto
 from apps.common.errors import pydantic_problems
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.review.services import flags_record
-from apps.rewards.models import RewardConfigVersion
+from apps.rewards.models import RewardConfig, RewardConfigVersion
+from apps.rewards.services import reward_spec_validate, reward_version_create
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.selectors import metric_series
 from apps.runs.services import metric_series_replace, run_create
@@ -28,9 +30,11 @@ from apps.training.guards import (
     with_corpus_index,
 )
 from workers.detectors.registry import DetectorConfig, run_run_detectors
-from workers.envs.registry import get_environment
+from workers.envs.registry import ENVIRONMENTS, get_environment
 from workers.jobs.specs import SFTConfig
 from workers.models.registry import model_name_problems
+from workers.rewards.schema import spec_hash, with_anneal_horizon
+from workers.rl.config import TrainConfig
 
 SCRIPTED_TEACHERS = {"scripted-search": "search", "scripted-coding": "coding_agent", "scripted-swarm": "swarm"}
 RECORDS_TEACHER = "records"
@@ -52,10 +56,13 @@ def rescore_job(run: Run) -> dict[str, Any]:
 def train_job(run: Run) -> dict[str, Any]:
     assert run.dataset_version is not None and run.reward_version is not None
     resume = run.spec.get("resume_from")
+    steps = run.spec["config"].get("steps")
+    reward = run.reward_version.spec
     return {
         "config": run.spec["config"],
         "input_uri": file_uri(run.dataset_version.file),
-        "reward": run.reward_version.spec,
+        # An annealed term with an empty horizon (PARL's λ1, λ2 by default) anneals over this run's steps.
+        "reward": with_anneal_horizon(reward, steps) if isinstance(steps, int) else reward,
         "output_prefix": storage_uri(f"runs/{run.pk}"),
         "resume_from": resume["uri"] if resume else None,
         "exclude_task_ids": list(run.spec.get("excluded_tasks") or []),
@@ -64,6 +71,63 @@ def train_job(run: Run) -> dict[str, Any]:
 
 def sft_job(run: Run) -> dict[str, Any]:
     return {key: value for key, value in train_job(run).items() if key != "resume_from"}
+
+
+# --- an environment's recipe reward ------------------------------------------------------------------------
+RECIPE_REWARD_PREFIX = "recipe-"
+"""Reward config `recipe-<environment>` keeps the recipe reward (`Environment.default_reward`) runs defaulted to."""
+
+
+def recipe_reward_version(*, environment: str, user: User) -> RewardConfigVersion | None:
+    """The reward config version holding `environment`'s recipe reward (`Environment.default_reward`): a version of
+    reward config `recipe-<environment>`, made (owned by `user`) the first time a launch needs it and again only
+    when the recipe changes; None for an unknown environment or one without a recipe reward."""
+    try:
+        spec = get_environment(environment).default_reward()
+    except ValueError:
+        return None
+    if spec is None:
+        return None
+    digest = spec_hash(reward_spec_validate(spec))
+    with transaction.atomic():
+        config, _ = RewardConfig.objects.get_or_create(
+            name=f"{RECIPE_REWARD_PREFIX}{environment}",
+            defaults={
+                "owner": user,
+                "description": f"The recipe reward of environment {environment} (Environment.default_reward): "
+                "what a training launch on it that names no reward config trains with.",
+            },
+        )
+        RewardConfig.objects.select_for_update().get(pk=config.pk)
+        version = config.versions.filter(content_hash=digest).order_by("-number").first()
+        if version is None:
+            version = reward_version_create(
+                config=config, spec=spec, created_by=user, notes=f"{environment}'s default_reward()"
+            )
+    return version
+
+
+def _reward_or_recipe(
+    reward_version: RewardConfigVersion | None, config: Any, user: User
+) -> tuple[RewardConfigVersion, str | None]:
+    """The launch's reward config version, or, when it names none, its environment's recipe reward and the
+    environment's name (recorded as `reward_default_of`). A 400 naming reward_version when there is none."""
+    if reward_version is not None:
+        return reward_version, None
+    environment = config.get("environment") if isinstance(config, dict) else None
+    environment = environment or TrainConfig.model_fields["environment"].default
+    recipe = recipe_reward_version(environment=environment, user=user) if isinstance(environment, str) else None
+    if recipe is None:
+        with_recipe = ", ".join(name for name, cls in ENVIRONMENTS.items() if cls.default_reward() is not None)
+        raise ValidationError(
+            {
+                "reward_version": [
+                    f"environment {environment!r} has no recipe reward: name a reward config version (only "
+                    f"{with_recipe or 'no environment'} bring{'s' if ',' not in with_recipe else ''} their own)"
+                ]
+            }
+        )
+    return recipe, environment
 
 
 # --- launches ----------------------------------------------------------------------------------------------
@@ -134,7 +198,7 @@ def run_launch_train(
     *,
     created_by: User,
     dataset_version: DatasetVersion,
-    reward_version: RewardConfigVersion,
+    reward_version: RewardConfigVersion | None,
     config: dict[str, Any],
     name: str = "",
     tags: Sequence[str] = (),
@@ -145,12 +209,17 @@ def run_launch_train(
     allow_contamination: bool = False,
     auto_eval: Sequence[BenchmarkVersion] = (),
     allow_excluded: bool = False,
+    reward_default_of: str | None = None,
 ) -> Run:
     """A training run. `init_checkpoint`: start from that checkpoint's policy (another training run's) with a fresh
-    optimizer and step counter; the run is linked to the checkpoint's run as its child."""
+    optimizer and step counter; the run is linked to the checkpoint's run as its child. No `reward_version`: the
+    environment's recipe reward (`recipe_reward_version`), recorded as `reward_default_of` in the run's spec
+    (`reward_default_of` itself: a resume carrying its parent's)."""
     if init_checkpoint is not None:
         config = from_checkpoint(config, init_checkpoint)
         parent = parent or init_checkpoint.run
+    if reward_version is None:
+        reward_version, reward_default_of = _reward_or_recipe(reward_version, config, created_by)
     parsed = train_config_check(
         config=config, dataset_version=dataset_version, reward_version=reward_version, corpus_version=corpus_version
     )
@@ -163,6 +232,8 @@ def run_launch_train(
         "reward_version": reward_version.pk,
         **carried,
     }
+    if reward_default_of is not None:
+        spec["reward_default_of"] = reward_default_of
     if auto_eval:
         spec["auto_eval"] = [version.pk for version in auto_eval]
     if corpus_version is not None and get_environment(parsed.environment).needs_corpus_index:
@@ -309,6 +380,7 @@ def run_resume(*, run: Run, user: User) -> Run:
         resume_from=checkpoint,
         allow_contamination=bool(run.spec.get("contamination")),
         allow_excluded=True,  # a resume trains on what is still allowed: excluded tasks are left out, not refused
+        reward_default_of=run.spec.get("reward_default_of"),
         auto_eval=list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or [])),
         corpus_version=DatasetVersion.objects.filter(pk=corpus_id).first() if corpus_id else None,
     )

@@ -454,8 +454,8 @@ class Anneal(BaseModel):
     """A weight annealed to zero over training (K1: "λ1 and λ2 are annealed to zero over the course of training";
     the source gives no schedule). At 0-based step t the weight is multiplied by 1 − t/steps ("linear") or
     ½(1 + cos(π·t/steps)) ("cosine"), and by 0 from `steps` on. Outside training (evaluation, re-scoring: no step)
-    the factor is 1. `steps` left empty is the training run's own number of steps (`with_anneal_horizon`, applied
-    to the reward a training job receives), so the weights reach 0 by the run's last step whatever its length."""
+    the factor is 1. `steps` left empty anneals over the training run's own steps (`with_anneal_horizon`, applied
+    to the reward a training job receives), so the weights reach 0 at the run's last step whatever its length."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -886,19 +886,21 @@ def parl_spec(
 
 
 def with_anneal_horizon(spec: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The reward spec (JSON) `spec` with every annealed term whose `anneal.steps` is empty (or left out) set to
-    `steps`, the training run's own number of steps: what a training job scores with. An explicit horizon is kept;
-    anything that is not a spec's shape is returned as it is (the spec's own validation names it)."""
+    """The reward spec (JSON) `spec` with every annealed term whose `anneal.steps` is empty (or left out) annealed
+    over a training run of `steps` steps: full weight at step 0, weight 0 at the run's last step (0-based step
+    `steps` − 1, the horizon it gets; 1 for a one-step run). What a training job scores with. An explicit horizon is
+    kept; anything that is not a spec's shape is returned as it is (the spec's own validation names it)."""
     terms = spec.get("terms") if isinstance(spec, dict) else None
     if not isinstance(terms, list):
         return spec
+    horizon = max(1, steps - 1)
     resolved = []
     for term in terms:
         anneal = term.get("anneal") if isinstance(term, dict) else None
         if isinstance(term, dict) and "anneal" not in term and term.get("type") in ANNEALED_TERM_TYPES:
             anneal = {}  # left out: the term's default, Anneal() with an empty horizon
         if isinstance(anneal, dict) and anneal.get("steps") is None:
-            term = {**term, "anneal": {**anneal, "steps": steps}}
+            term = {**term, "anneal": {**anneal, "steps": horizon}}
         resolved.append(term)
     return {**spec, "terms": resolved}
 

@@ -86,7 +86,7 @@ def test_an_environment_without_a_default_trains_with_grpo(launch):
 def test_the_launch_form_leaves_the_algorithm_to_the_environment_unless_one_is_picked(world, client):
     client.force_login(world["tasks"].created_by)
     page = client.get("/runs/new/train/").content.decode()
-    assert "(the environment&#x27;s default; grpo when it has none)" in page
+    assert "(the environment&#x27;s recipe default: composer on coding_agent" in page and "; grpo otherwise)" in page
     form = {
         "dataset_version": world["tasks"].pk,
         "reward_version": world["reward"].pk,

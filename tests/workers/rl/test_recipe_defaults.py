@@ -91,18 +91,24 @@ def test_the_recipe_rewards_are_the_recipes() -> None:
 
 
 def test_parl_anneals_over_the_runs_steps_unless_a_horizon_is_given() -> None:
-    resolved = validate_reward_spec(with_anneal_horizon(parl_spec(0.2, 0.1).model_dump(mode="json"), 20))
+    # A 21-step run: steps 0..20, full weight at step 0, zero at its last step.
+    resolved = validate_reward_spec(with_anneal_horizon(parl_spec(0.2, 0.1).model_dump(mode="json"), 21))
     assert anneal_horizons(resolved) == {"parallel_instantiation": 20, "subagent_finish": 20}
+    assert annealed_weights(resolved, 0) == pytest.approx(
+        {"reward/lambda/parallel_instantiation": 0.2, "reward/lambda/subagent_finish": 0.1}
+    )
     assert annealed_weights(resolved, 10) == pytest.approx(
         {"reward/lambda/parallel_instantiation": 0.1, "reward/lambda/subagent_finish": 0.05}
     )
     assert annealed_weights(resolved, 20) == {
         "reward/lambda/parallel_instantiation": 0.0,
         "reward/lambda/subagent_finish": 0.0,
-    }  # zero by the run's last step
+    }  # zero at the run's last step
+    one_step = with_anneal_horizon(parl_spec().model_dump(mode="json"), 1)
+    assert set(anneal_horizons(validate_reward_spec(one_step)).values()) == {1}
     explicit = with_anneal_horizon(parl_spec(anneal_steps=100).model_dump(mode="json"), 20)
     assert anneal_horizons(validate_reward_spec(explicit)) == {"parallel_instantiation": 100, "subagent_finish": 100}
-    left_out = with_anneal_horizon({"terms": [{"type": "subagent_finish"}, {"type": "exact_match"}]}, 7)
+    left_out = with_anneal_horizon({"terms": [{"type": "subagent_finish"}, {"type": "exact_match"}]}, 8)
     assert anneal_horizons(validate_reward_spec(left_out)) == {"subagent_finish": 7}
 
 
@@ -125,4 +131,4 @@ def test_the_training_job_anneals_over_its_own_steps() -> None:
         }
     )
     assert spec.config.algorithm == "kimi"
-    assert anneal_horizons(validate_reward_spec(spec.reward)) == {"parallel_instantiation": 12, "subagent_finish": 12}
+    assert anneal_horizons(validate_reward_spec(spec.reward)) == {"parallel_instantiation": 11, "subagent_finish": 11}
