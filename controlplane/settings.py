@@ -198,6 +198,9 @@ WEBHOOK_ALLOWED_NETWORKS = env_networks("CRUCIBLE_WEBHOOK_ALLOWED_NETWORKS", [])
 
 INGEST_MAX_EVENTS = env_int("CRUCIBLE_INGEST_MAX_EVENTS", 10_000)
 INGEST_MAX_BYTES = env_int("CRUCIBLE_INGEST_MAX_BYTES", 8 * 1024 * 1024)
+# A run's ingest token takes new events this long after the run ended (its job's last reports, in flight); later
+# only events made before then (a replayed spool) land, and the rest is refused with a 409 (apps.runs.services.ingest).
+INGEST_GRACE_SECONDS = env_int("CRUCIBLE_INGEST_GRACE_SECONDS", 60)
 # Feedback on a served session is accepted until this many hours after its last turn (apps.realtime).
 FEEDBACK_WINDOW_HOURS = env_int("CRUCIBLE_FEEDBACK_WINDOW_HOURS", 72)
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(INGEST_MAX_BYTES, 64 * 1024 * 1024)

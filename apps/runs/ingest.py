@@ -98,6 +98,8 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
         result = await database_sync_to_async(services.ingest_batch, thread_sensitive=False)(
             run_id=run_id, events=batch.events, publish=False
         )
+    except services.RunEnded as exc:
+        return _error(409, str(exc))
     except Run.DoesNotExist:  # authorized from the nonce cache, but the run is gone
         _NONCES.pop(run_id, None)
         return _error(404, f"run {run_id} does not exist")

@@ -3,7 +3,14 @@ cancel, hooks), `ingest` (worker events), `metrics` (points and roll-ups), `toke
 The names below are the app's public service API."""
 
 from apps.runs.services.create import job_envelope, job_problems, run_create, worker_spec
-from apps.runs.services.ingest import IngestContext, IngestResult, ingest_batch, register_event_store
+from apps.runs.services.ingest import (
+    IngestContext,
+    IngestResult,
+    RunEnded,
+    ingest_batch,
+    ingest_cutoff,
+    register_event_store,
+)
 from apps.runs.services.lifecycle import (
     run_admit_queued,
     run_cancel,
@@ -20,7 +27,9 @@ from apps.runs.services.tokens import ingest_token_for, ingest_token_valid
 __all__ = [
     "IngestContext",
     "IngestResult",
+    "RunEnded",
     "ingest_batch",
+    "ingest_cutoff",
     "ingest_token_for",
     "ingest_token_valid",
     "job_envelope",

@@ -12,9 +12,10 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, get_args
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -80,14 +81,51 @@ def _ts(event: Any, default: datetime) -> datetime:
     return datetime.fromtimestamp(event.time, tz=timezone.get_current_timezone())
 
 
+class RunEnded(Exception):
+    """A batch for a run that ended more than CRUCIBLE_INGEST_GRACE_SECONDS ago, with events made after that: its
+    token no longer ingests (the endpoint answers 409; nothing is stored)."""
+
+
+def ingest_cutoff(run: Run) -> datetime | None:
+    """When the run's ingest token stops taking new events: its end plus the grace (None while it runs, and for an
+    ended row without an end time, which is treated as just ended)."""
+    if not run.is_terminal or run.finished_at is None:
+        return None
+    return run.finished_at + timedelta(seconds=settings.INGEST_GRACE_SECONDS)
+
+
+def _refuse_after_the_end(run: Run, events: list[Any], now: datetime) -> None:
+    """After the grace only events made before its end (a spool a dead driver left, replayed later, an outage the
+    job waited out) still land; a batch with any event made later, or carrying no time, is refused whole."""
+    cutoff = ingest_cutoff(run)
+    if cutoff is None or now <= cutoff:
+        return
+    limit = cutoff.timestamp()
+    later = sum(1 for event in events if event.time is None or event.time > limit)
+    if not later:
+        return
+    raise RunEnded(
+        f"run {run.pk} ended ({run.status}) at {run.finished_at:%Y-%m-%d %H:%M:%S} UTC: its ingest token took new "
+        f"events for {settings.INGEST_GRACE_SECONDS} s more (CRUCIBLE_INGEST_GRACE_SECONDS), until "
+        f"{cutoff:%H:%M:%S}, and takes only events made before then since (a replayed spool). {later} of these "
+        f"{len(events)} events were made later or carry no time: nothing was stored. Stop the job that still "
+        "reports, or launch a new run."
+    )
+
+
 def ingest_batch(*, run_id: int, events: list[Any], publish: bool = True) -> IngestResult:
     """Store a batch of worker events exactly once per (run, seq), then publish the new ones to the run's group.
+
+    A run that has ended takes events for CRUCIBLE_INGEST_GRACE_SECONDS more (those in flight: the job's last
+    reports, a flush that raced the reconcile), and after that only events made before the cutoff (a spool
+    replayed by the next job on the node); both are counted as late. Anything else raises RunEnded.
 
     With publish=False the caller publishes `payloads` itself after this returns (the transaction has committed):
     the async ingest view does, so the publish reuses the server's event loop and Redis connection."""
     now = timezone.now()
     with transaction.atomic():
         run = Run.objects.select_for_update().get(pk=run_id)
+        _refuse_after_the_end(run, events, now)
         unique: dict[int, Any] = {}
         for event in events:
             unique.setdefault(event.seq, event)

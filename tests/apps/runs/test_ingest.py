@@ -256,3 +256,63 @@ def test_a_step_past_64_bits_is_a_400_and_stores_nothing(run):
     assert not MetricPoint.objects.filter(run=run).exists()
     run.refresh_from_db()
     assert run.last_seq == 0
+
+
+# --- after the run has ended ---------------------------------------------------------------------------------------
+
+
+def _end(run: Run, seconds_ago: float, status: str = "stopped") -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    Run.objects.filter(pk=run.pk).update(status=status, finished_at=timezone.now() - timedelta(seconds=seconds_ago))
+
+
+def _log(seq: int, line: str, made: float | None) -> dict:  # type: ignore[type-arg]
+    return {"seq": seq, "kind": "log", "lines": [line], **({"time": made} if made is not None else {})}
+
+
+def test_a_run_stopped_long_ago_refuses_its_token_with_a_409_and_stores_nothing(run, settings):
+    import time
+
+    settings.INGEST_GRACE_SECONDS = 60
+    assert _post(run, [_log(1, "while running", time.time())]).status_code == 200
+    _end(run, seconds_ago=3600)
+    refused = _post(run, [_log(2, "after the end", time.time())])
+    assert refused.status_code == 409, refused.content
+    detail = refused.json()["detail"]
+    assert "ended (stopped)" in detail and "CRUCIBLE_INGEST_GRACE_SECONDS" in detail and "nothing was stored" in detail
+    untimed = _post(run, [_log(2, "no time", None)])
+    assert untimed.status_code == 409 and "carry no time" in untimed.json()["detail"]
+    run.refresh_from_db()
+    assert run.log_tail == "while running" and run.late_events == 0 and run.last_seq == 1
+    assert RunEvent.objects.filter(run=run).count() == 1
+
+
+def test_within_the_grace_a_run_that_ended_takes_its_last_events_and_counts_them_late(run, settings):
+    import time
+
+    settings.INGEST_GRACE_SECONDS = 60
+    _end(run, seconds_ago=5, status="succeeded")
+    final = [_log(1, "final checkpoint written", time.time()), {"seq": 2, "kind": "end", "outcome": "succeeded"}]
+    response = _post(run, final)
+    assert response.status_code == 200 and response.json()["accepted"] == 2
+    run.refresh_from_db()
+    assert run.late_events == 2 and run.reported_outcome == "succeeded" and run.status == "succeeded"
+
+
+def test_after_the_grace_a_replayed_spool_of_events_made_before_the_end_still_lands(run, settings):
+    """A driver killed before its events were sent leaves a spool; the next job on the node replays it, maybe long
+    after the run failed: events made while the run lived are stored and counted late, never refused."""
+    import time
+
+    settings.INGEST_GRACE_SECONDS = 60
+    made = time.time() - 7200
+    _end(run, seconds_ago=3600, status="failed")
+    replay = _post(run, [_log(1, "spooled", made), _log(2, "spooled too", made + 1)])
+    assert replay.status_code == 200 and replay.json()["accepted"] == 2
+    mixed = _post(run, [_log(3, "old", made + 2), _log(4, "new", time.time())])  # refused whole
+    assert mixed.status_code == 409 and "1 of these 2 events" in mixed.json()["detail"]
+    run.refresh_from_db()
+    assert run.late_events == 2 and run.last_seq == 2
