@@ -288,5 +288,6 @@ def traceback(process: JobProcess, *, address: str | None = None, timeout: float
         timeout=timeout,
     )
     if response.status_code != 200:
-        raise RayUnavailable(f"the dashboard answered {response.status_code}: {response.text.strip()[:300]}")
+        # Whole: the dashboard's answer carries py-spy's error on the node, and a cut one hides why.
+        raise RayUnavailable(f"the dashboard answered {response.status_code}: {response.text.strip()}")
     return str(response.text)

@@ -137,13 +137,22 @@ def stack_dump(process: ray_jobs.JobProcess, *, address: str | None = None) -> s
 
 
 def py_spy_dump(pid: int) -> str:
-    """`py-spy dump --pid <pid>` (the Python stack of every thread)."""
+    """`py-spy dump --nonblocking --pid <pid>` (the Python stack of every thread). Without suspending the process:
+    py-spy cannot suspend one that is stopped (SIGSTOP, a debugger, a job paused by its supervisor); a stack read
+    while a process runs on can be a little inconsistent, which a stall report can live with. A failure raises
+    RuntimeError with py-spy's whole message (its error and every cause, without the Rust backtrace that pushed
+    them out of view)."""
     binary = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not os.path.exists(binary):
         raise RuntimeError("py-spy is not installed")
     done = subprocess.run(
-        [binary, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=DUMP_TIMEOUT, check=False
+        [binary, "dump", "--nonblocking", "--pid", str(pid)],
+        capture_output=True,
+        text=True,
+        timeout=DUMP_TIMEOUT,
+        check=False,
+        env={**os.environ, "RUST_BACKTRACE": "0"},
     )
     if done.returncode != 0:
-        raise RuntimeError((done.stderr or done.stdout).strip()[-500:] or f"exit code {done.returncode}")
+        raise RuntimeError((done.stderr or done.stdout).strip() or f"exit code {done.returncode}")
     return done.stdout

@@ -3,6 +3,7 @@ ones never are, a run that talks again recovers; the API, the list filter, the w
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -88,6 +89,57 @@ def test_the_dump_of_a_hanging_local_process_names_the_function_it_hangs_in():
         proc.wait()
     gone = stall.stack_dump(ray_jobs.JobProcess("driver", proc.pid, "", "127.0.0.1"), address="http://127.0.0.1:1")
     assert gone.startswith("no dump:") and f"no process {proc.pid}" in gone
+
+
+def test_a_stopped_process_is_dumped_without_suspending_it():
+    """py-spy suspends the process it reads unless told not to, and cannot suspend one that is already stopped
+    (SIGSTOP, a debugger): the dump must still name where it stopped."""
+    import signal
+
+    program = "import time\ndef stopped_in_here():\n    while True:\n        time.sleep(0.2)\nstopped_in_here()\n"
+    proc = subprocess.Popen([sys.executable, "-c", program])
+    try:
+        time.sleep(1.0)
+        os.kill(proc.pid, signal.SIGSTOP)
+        time.sleep(0.2)
+        dump = stall.stack_dump(ray_jobs.JobProcess("driver", proc.pid, "", "127.0.0.1"), address="http://127.0.0.1:1")
+        assert "stopped_in_here" in dump, dump
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_failed_dump_keeps_py_spys_whole_message(tmp_path, monkeypatch):
+    """The message's head (the error) and tail (its causes) both reach the report, however long it is."""
+    head = "Error: Failed to get stack traces"
+    tail = "1: the last cause, which names the real problem"
+    fake = tmp_path / "py-spy"
+    fake.write_text(
+        f"#!/bin/sh\necho '{head}' >&2\nprintf 'x%.0s' $(seq 1 800) >&2\necho >&2\necho '{tail}' >&2\nexit 1\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    with pytest.raises(RuntimeError) as failed:
+        stall.py_spy_dump(os.getpid())
+    message = str(failed.value)
+    assert message.startswith(head) and message.endswith(tail) and len(message) > 800, message
+
+
+def test_the_dashboards_refusal_is_kept_whole(monkeypatch):
+    long = "py-spy on the node: " + "y" * 600 + " the end of the reason"
+
+    class Answer:
+        status_code = 500
+        text = long
+
+    class Client:
+        def _do_request(self, method: str, path: str) -> Answer:
+            return Answer()
+
+    monkeypatch.setattr(ray_jobs, "_client", lambda address: Client())
+    with pytest.raises(ray_jobs.RayUnavailable) as refused:
+        ray_jobs.traceback(ray_jobs.JobProcess("driver", 1, "n", ""), address="http://127.0.0.1:1")
+    assert str(refused.value).endswith("the end of the reason")
 
 
 def test_the_limit_is_the_phase_the_job_said_it_is_in(run, settings):
