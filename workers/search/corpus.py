@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from workers.search import dedup
 from workers.search.formats import plain_text_to_markdown, python_to_markdown, rst_to_markdown
-from workers.search.types import ALSO_IN, Chunk, also_in, chunk_doc_ids, chunk_id_for
+from workers.search.types import ALSO_IN, BOILERPLATE, Chunk, also_in, chunk_doc_ids, chunk_id_for
 
 MAX_ERRORS = 50
 
@@ -418,11 +418,25 @@ def build_corpus(
     documents_with_text = 0
     paragraphs_removed = 0
     for document in documents:
-        text, removed = dedup.strip_paragraphs(document.text, boilerplate)
-        paragraphs_removed += removed
+        text, removed = dedup.split_paragraphs(document.text, boilerplate)
+        paragraphs_removed += len(removed)
         if removed:
             document = Document(document.doc_id, text, document.title, document.metadata)
         produced = chunk_document(document, config)
+        # Boilerplate is set apart, never deleted: each paragraph becomes a chunk of its own after the document's
+        # text, which the merge below stores once and attributes to every document that holds it word for word.
+        for paragraph in removed:
+            position = len(produced)
+            produced.append(
+                Chunk(
+                    chunk_id_for(document.doc_id, position),
+                    document.doc_id,
+                    position,
+                    paragraph,
+                    document.title,
+                    {**document.metadata, BOILERPLATE: True},
+                )
+            )
         if produced:
             documents_with_text += 1
             chunks.extend(produced)
@@ -459,7 +473,9 @@ def build_corpus(
         "rejected_files": len(rejected_files),
         "rejected_file_reasons": [m if m.isprintable() else ascii(m) for m in rejected_files[:MAX_ERRORS]],
         "boilerplate_paragraphs": len(boilerplate),
+        # Paragraphs set apart from the documents' text, each kept as a chunk of its own (stored once when shared).
         "boilerplate_paragraphs_removed": paragraphs_removed,
+        "boilerplate_chunks": sum(1 for c in chunks if c.metadata.get(BOILERPLATE)),
         # Within a document: a copy of a chunk the document already holds.
         "near_duplicate_chunks_dropped": len(merge.dropped),
         # Across documents: text held word for word by 2+ documents, stored once and attributed to each of them.

@@ -2,7 +2,10 @@
 
 - **Boilerplate paragraphs**: a paragraph of at most `BOILERPLATE_MAX_WORDS` words that appears, after
   normalisation (lower case, digits as 0, whitespace collapsed), in at least `max(3, 5%)` of the documents: page
-  footers, copyright lines, navigation left in a page. It is removed from every document before chunking.
+  footers, copyright lines, navigation left in a page, but also an option block a family of documents shares.
+  It is set apart before chunking so it does not pad every chunk of the document, and is never deleted:
+  `build_corpus` stores it as a chunk of its own (`metadata["boilerplate"]`), which the merge below stores once
+  and attributes to every document that holds it word for word.
   Headings never count (`## Parameters` in every API page is structure, not boilerplate).
 - **Near-duplicate chunks**: a chunk whose word-trigram set (lower case, digits kept) has a Jaccard
   similarity of at least `threshold` (0.9) with an earlier chunk's is a copy of it. Candidates come from MinHash
@@ -55,15 +58,18 @@ def boilerplate_paragraphs(texts: Sequence[str]) -> set[str]:
     return {p for p, n in seen.items() if n >= floor}
 
 
-def strip_paragraphs(text: str, drop: set[str]) -> tuple[str, int]:
-    """`text` without the paragraphs whose normalised form is in `drop`; (text, paragraphs removed)."""
+def split_paragraphs(text: str, drop: set[str]) -> tuple[str, list[str]]:
+    """`text` without the paragraphs whose normalised form is in `drop`, and those paragraphs as written (each
+    once, in order): (text, paragraphs set apart). The caller keeps them findable (`build_corpus` stores each as a
+    chunk of its own, attributed to every document that holds it)."""
     if not drop:
-        return text, 0
+        return text, []
     kept: list[str] = []
-    removed = 0
+    removed: list[str] = []
     for paragraph in _PARAGRAPH_BREAK.split(text):
         if paragraph.strip() and normalise(paragraph) in drop:
-            removed += 1
+            if not any(same_text(paragraph, earlier) for earlier in removed):
+                removed.append(paragraph.strip())
         else:
             kept.append(paragraph)
     return "\n\n".join(kept), removed

@@ -53,6 +53,8 @@ class Chunk:
 
 
 ALSO_IN = "also_in"
+BOILERPLATE = "boilerplate"
+"""Metadata flag of a chunk that holds a boilerplate paragraph set apart from its document (`build_corpus`)."""
 
 
 def chunk_id_for(doc_id: str, position: int) -> str:

@@ -122,7 +122,7 @@ def test_rst_documents_become_chunks_with_named_sections_the_generator_reads() -
     assert {"broker_url", "connect"} <= set(corpus.names)
 
 
-def test_boilerplate_paragraphs_are_dropped_and_repeated_chunks_merged_and_counted() -> None:
+def test_boilerplate_paragraphs_are_set_apart_and_repeated_chunks_merged_and_counted() -> None:
     from workers.search.corpus import Document
 
     footer = "Copyright 2024 Example Corp. All rights reserved."
@@ -134,15 +134,20 @@ def test_boilerplate_paragraphs_are_dropped_and_repeated_chunks_merged_and_count
     docs.append(Document("copy-a", body))
     docs.append(Document("copy-b", body.replace("idle.", "idle!", 1)))  # a near copy
     chunks, report = build_corpus(docs)
-    assert all("Copyright" not in c.text for c in chunks)
+    # The footer is set apart from every page's text and kept once, as a chunk of its own attributed to each page.
+    footers = [c for c in chunks if "Copyright" in c.text]
+    assert [c.text for c in footers] == [footer] and footers[0].metadata["boilerplate"] is True
+    assert footers[0].metadata["also_in"] == ["page1#1", "page2#1", "page3#1"]
     assert report["boilerplate_paragraphs"] == 1 and report["boilerplate_paragraphs_removed"] == 4
+    assert report["boilerplate_chunks"] == 1
     # The near copy is in another document and differs ("idle!"): it is kept, so copy-b keeps its own text.
     assert report["near_duplicate_chunks_dropped"] == 0 and report["near_duplicates_kept_across_documents"] == 1
     assert [c.doc_id for c in chunks if c.doc_id.startswith("copy")] == ["copy-a", "copy-b"]
     docs.append(Document("copy-c", body))  # word for word copy-a's: stored once, attributed to both
     chunks, report = build_corpus(docs)
     assert [c.doc_id for c in chunks if c.doc_id.startswith("copy")] == ["copy-a", "copy-b"]
-    assert report["shared_chunks"] == 1 and report["shared_chunk_copies_merged"] == 1
+    # Two shared chunks: the footer (3 copies) and copy-a's body (1 copy).
+    assert report["shared_chunks"] == 2 and report["shared_chunk_copies_merged"] == 4
     assert [c.metadata.get("also_in") for c in chunks if c.doc_id == "copy-a"] == [["copy-c#0"]]
     kept, plain = build_corpus(docs, ChunkerConfig(drop_boilerplate=False, drop_near_duplicates=False))
     assert plain["near_duplicate_chunks_dropped"] == 0 and any("Copyright" in c.text for c in kept)

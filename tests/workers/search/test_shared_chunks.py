@@ -185,3 +185,25 @@ def test_the_harness_names_every_task_whose_evidence_the_corpus_lost() -> None:
     assert set(lost_evidence(tasks[:2], deleted)) == {"kept-shared"}
     [shared] = with_stored_ids([tasks[1]], chunks)
     assert shared["gold_chunk_ids"] == ["cmd-upload#1"] and list(shared["provenance"]["quotes"]) == ["cmd-upload#1"]
+
+
+def test_an_option_block_a_family_of_documents_shares_is_boilerplate_but_stays_findable_in_each() -> None:
+    """Issue 36 §4: the boilerplate filter deleted short paragraphs repeated across documents (an option block of a
+    family of commands, a closing line), so a quote of them was in no chunk. They are set apart, never deleted."""
+    options = "-v, --verbose  print each file as it is copied"
+    closing = "See also: the sync family of commands."
+    docs = [
+        Document(f"cmd-{name}", f"# {name}\n\nThe {name} command {what}.\n\n{options}\n\n{closing}")
+        for name, what in [("push", "sends files"), ("pull", "fetches files"), ("mirror", "copies trees")]
+    ]
+    chunks, report = build_corpus(docs, ChunkerConfig(max_words=200))
+    assert report["boilerplate_paragraphs_removed"] == 6 and report["boilerplate_chunks"] == 2
+    for doc in docs:
+        held = [c.text for c in chunks if doc.doc_id in chunk_doc_ids(c)]
+        for quote in (options, closing, doc.text.split("\n\n")[1]):
+            assert any(quote in text for text in held), (doc.doc_id, quote)
+    index = SearchIndex.build(chunks, IndexConfig(dense=False))
+    for doc in docs:
+        assert any(options in c.text for c in index.document(doc.doc_id))
+    task = {"id": "t", "gold_chunk_ids": ["cmd-mirror#1"], "provenance": {"quotes": {"cmd-mirror#1": [options]}}}
+    assert lost_evidence([task], chunks) == {}
