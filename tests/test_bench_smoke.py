@@ -31,7 +31,7 @@ SLOW_QUICK = {
     "serving.py": "~60 s: serving engines, checkpoints and the recorder",
     "swarm.py": "~40 s: a BM25 index of the stdlib corpus and a local Ray",
     "swarm_learning_check.py": "minutes: SFT and PARL steps with the tiny model",
-    "trainer_vs_trl.py": "~1.5 min: converts SmolLM2-135M on first use, one GRPO step of ours and of TRL",
+    "trainer_vs_trl.py": "1.5-4 min: converts SmolLM2-135M on first use, GRPO steps of ours and of TRL",
 }
 
 
