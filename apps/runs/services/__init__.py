@@ -8,7 +8,6 @@ from apps.runs.services.ingest import (
     IngestResult,
     RunEnded,
     ingest_batch,
-    ingest_cutoff,
     register_event_store,
 )
 from apps.runs.services.lifecycle import (
@@ -29,7 +28,6 @@ __all__ = [
     "IngestResult",
     "RunEnded",
     "ingest_batch",
-    "ingest_cutoff",
     "ingest_token_for",
     "ingest_token_valid",
     "job_envelope",
