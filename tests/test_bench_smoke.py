@@ -3,9 +3,9 @@ the `--quick` mode of each benchmark that has one (issue 36: `trainer_vs_trl.py`
 load guard added a second `--max-load`, and nothing noticed until `make bench` failed at its second command).
 
 The quick modes run in a scratch copy of `bench/` (the rest of the tree linked in), so the result files they write
-land there and never in the repository. Every quick mode measured so far takes from 40 s to minutes on 2 cores
-(a local Ray, a model, a training step), so each is marked `slow` (`make test-slow`) with its measured time; a
-benchmark that gains a `--quick` mode runs in the default suite until it is listed here."""
+land there and never in the repository. Every quick mode takes from 30 s to 4 minutes on 2 cores (a local Ray, a
+model, a training step), so each is marked `slow` (`make test-slow`) with its measured time; a benchmark that gains
+a `--quick` mode runs in the default suite until it is listed here."""
 
 from __future__ import annotations
 
@@ -24,13 +24,14 @@ QUICK = [name for name in SCRIPTS if '"--quick"' in (BENCH / name).read_text()]
 # Measured on the 2-core development machine, one at a time (why each is not in the default suite).
 SLOW_QUICK = {
     "async_modes.py": "~70 s: three trainer runs, each on its own local Ray",
-    "coding_learning_check.py": "minutes: task generation, SFT and RL steps with the tiny model",
-    "ingest_vs_mlflow.py": "minutes: creates MLflow's own virtualenv on first use, uvicorn and PostgreSQL databases",
+    "coding_learning_check.py": "~40 s: task generation, SFT and RL steps with the tiny model",
+    "ingest_vs_mlflow.py": "not timed here: installs MLflow into its own virtualenv on first use (from the package "
+    "index), then starts uvicorn and mlflow servers on fresh databases crucible_bench and mlflow_bench",
     "learner_ranks.py": "~150 s: learner ranks and weight broadcasts on a local Ray",
-    "search_learning_check.py": "minutes: builds an index, SFT and CISPO steps with the tiny model",
+    "search_learning_check.py": "~30 s: builds an index, SFT and CISPO steps with the tiny model",
     "serving.py": "~60 s: serving engines, checkpoints and the recorder",
     "swarm.py": "~40 s: a BM25 index of the stdlib corpus and a local Ray",
-    "swarm_learning_check.py": "minutes: SFT and PARL steps with the tiny model",
+    "swarm_learning_check.py": "~40 s: SFT and PARL steps with the tiny model",
     "trainer_vs_trl.py": "1.5-4 min: converts SmolLM2-135M on first use, GRPO steps of ours and of TRL",
 }
 
