@@ -39,7 +39,7 @@ elif LOOPBACK_ONLY:
 else:
     raise SettingError(
         f"DJANGO_SECRET_KEY is not set, and this site answers to {','.join(ALLOWED_HOSTS)} (DJANGO_ALLOWED_HOSTS): "
-        "set DJANGO_SECRET_KEY to 50+ random characters (python3 -c \"import secrets; "
+        'set DJANGO_SECRET_KEY to 50+ random characters (python3 -c "import secrets; '
         'print(secrets.token_urlsafe(50))"), the same for web, worker and beat, or DJANGO_SECRET_KEY_FILE to a '
         "file holding them"
     )

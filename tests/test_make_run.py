@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from asgiref.testing import ApplicationCommunicator
 from django.conf import settings as django_settings
 
 from controlplane import devstack
+from tests.asgi_request import asgi_get
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVICES = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:5432/crucible", "REDIS_URL": "redis://127.0.0.1:6379/0"}
@@ -71,47 +71,20 @@ def test_debugging_and_an_explicit_secret_are_the_callers_choice(tmp_path):
 
 
 # --- the ASGI app with DEBUG off ---------------------------------------------------------------------------------
-async def _get(path: str) -> tuple[int, dict[bytes, bytes], bytes]:
-    from controlplane.asgi import application
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"testserver")],
-        "server": ("testserver", 80),
-        "client": ("127.0.0.1", 5000),
-    }
-    communicator = ApplicationCommunicator(application, scope)
-    await communicator.send_input({"type": "http.request", "body": b"", "more_body": False})
-    start = await communicator.receive_output(10)
-    body = b""
-    while True:
-        message = await communicator.receive_output(10)
-        body += message.get("body", b"")
-        if not message.get("more_body"):
-            break
-    return start["status"], {bytes(k).lower(): v for k, v in start["headers"]}, body
 
 
 def test_the_asgi_app_serves_static_files_with_debug_off(settings):
     settings.DEBUG = False
-    status, headers, body = asyncio.run(_get("/static/css/app.css"))
+    status, headers, body = asyncio.run(asgi_get("/static/css/app.css"))
     assert status == 200 and headers[b"content-type"].startswith(b"text/css")
     assert body == (ROOT / "static" / "css" / "app.css").read_bytes()
-    assert asyncio.run(_get("/static/vendor/htmx.min.js"))[0] == 200
-    assert asyncio.run(_get("/static/no-such-file.js"))[0] == 404
+    assert asyncio.run(asgi_get("/static/vendor/htmx.min.js"))[0] == 200
+    assert asyncio.run(asgi_get("/static/no-such-file.js"))[0] == 404
 
 
 def test_a_missing_page_is_the_apps_404_page(settings):
     settings.DEBUG = False
-    status, headers, body = asyncio.run(_get("/no-such-page/"))
+    status, headers, body = asyncio.run(asgi_get("/no-such-page/"))
     page = body.decode()
     assert status == 404 and headers[b"content-type"].startswith(b"text/html")
     assert 'id="not-found"' in page and "/no-such-page/" in page and "css/app.css" in page
