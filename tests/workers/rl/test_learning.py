@@ -15,9 +15,9 @@ import statistics
 
 import pytest
 
+from tests.learning_task import shaped_tiny_model
 from workers.envs.registry import arithmetic_tasks
 from workers.models import make_backend
-from workers.models.registry import TINY_LLAMA, resolve_base_model
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.rollout import RolloutWorker
@@ -30,27 +30,8 @@ TARGET = CANDIDATES[0]
 
 @pytest.fixture(scope="module")
 def toy_model(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """The tiny model with a constant direction in its residual stream (dimension 0 of every embedding) that the
-    LM head maps to a +14 logit for the candidate tokens only."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from workers.models.registry import load_tokenizer
-
-    source = resolve_base_model(TINY_LLAMA)
-    model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32, local_files_only=True)
-    # Untie the LM head from the embeddings so the two can be shaped apart.
-    model.config.tie_word_embeddings = False
-    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
-    with torch.no_grad():
-        model.get_input_embeddings().weight[:, 0] = 50.0
-        head = model.lm_head.weight
-        head[:, 0] = 0.0
-        head[CANDIDATES, 0] = 2.8  # h[0] is about 5: a logit of about +14
-    target = tmp_path_factory.mktemp("toy-model")
-    model.save_pretrained(target)
-    load_tokenizer(source).save_pretrained(target)
-    return target
+    """The tiny model shaped to prefer the four candidate tokens (tests/learning_task.py)."""
+    return shaped_tiny_model(tmp_path_factory.mktemp("toy-model"), CANDIDATES)
 
 
 def _train(path, algorithm: str, learning_rate: float) -> list[float]:  # type: ignore[no-untyped-def]
