@@ -34,12 +34,15 @@ class AdvantageResult:
         keep: bool tensor ``[N]``; False for every completion of a dropped (all-equal) group.
         dropped_groups: how many of the ``num_groups`` groups were dropped.
         num_groups: ``N // group_size``.
+        signal_groups: how many of the ``num_groups`` groups carry a signal (rewards not all equal), counted
+            whether or not ``drop_equal_groups`` is on: the run's "share of groups with signal".
     """
 
     advantages: Tensor
     keep: Tensor
     dropped_groups: int
     num_groups: int
+    signal_groups: int
 
 
 def group_advantages(
@@ -110,7 +113,13 @@ def group_advantages(
     else:
         keep = torch.ones(num_rewards, dtype=torch.bool, device=values.device)
         dropped = 0
-    return AdvantageResult(advantages=advantages, keep=keep, dropped_groups=dropped, num_groups=num_groups)
+    return AdvantageResult(
+        advantages=advantages,
+        keep=keep,
+        dropped_groups=dropped,
+        num_groups=num_groups,
+        signal_groups=num_groups - int(constant.sum().item()),
+    )
 
 
 def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:

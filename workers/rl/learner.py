@@ -121,7 +121,7 @@ def _given_advantages(advantages: Sequence[float] | Tensor, samples: int) -> Adv
     if not bool(torch.isfinite(values).all()):
         raise ValueError("advantages must all be finite; found NaN or inf")
     keep = torch.ones(samples, dtype=torch.bool)
-    return AdvantageResult(advantages=values, keep=keep, dropped_groups=0, num_groups=0)
+    return AdvantageResult(advantages=values, keep=keep, dropped_groups=0, num_groups=0, signal_groups=0)
 
 
 class Learner:
@@ -257,6 +257,7 @@ class Learner:
                 "advantage_abs_mean": float(adv.advantages[adv.keep].abs().mean()) if bool(adv.keep.any()) else 0.0,
                 "dropped_groups": float(adv.dropped_groups),
                 "groups": float(adv.num_groups),
+                "signal_groups": float(adv.signal_groups),
                 "empty_completions": float(sum(1 for s in samples if s.sampled_tokens == 0)),
                 "mismatch/provenance_mismatched_samples": float(sum(1 for s in samples if s.provenance_mismatch)),
                 "response_length": float(np.mean([s.sampled_tokens for s in samples])) if len(samples) else 0.0,

@@ -48,7 +48,7 @@ def test_groups_whose_rewards_are_all_equal_are_dropped_and_counted() -> None:
     result = group_advantages(rewards, group_size=2)
 
     assert result.keep.tolist() == [False, False, True, True, False, False, False, False]
-    assert (result.num_groups, result.dropped_groups) == (4, 3)
+    assert (result.num_groups, result.dropped_groups, result.signal_groups) == (4, 3, 1)
     assert result.advantages.tolist() == [0.0, 0.0, -0.5, 0.5, 0.0, 0.0, 0.0, 0.0]
 
 
@@ -59,6 +59,7 @@ def test_equal_groups_are_kept_when_dropping_is_turned_off() -> None:
 
     assert result.keep.tolist() == [True, True, True, True]
     assert result.dropped_groups == 0
+    assert result.signal_groups == 1  # counted whether or not equal groups are dropped
     assert result.advantages.tolist() == [0.0, 0.0, -0.5, 0.5]
 
 

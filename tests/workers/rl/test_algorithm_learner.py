@@ -100,6 +100,7 @@ def test_grpo_with_a_dropped_equal_group_still_divides_by_every_sequence_of_the_
         for i, sign in ((2, -1.0), (3, 1.0))
     ]
     assert metrics["dropped_groups"] == 1 and metrics["trained_samples"] == 2
+    assert (metrics["groups"], metrics["signal_groups"]) == (2, 1)
     assert metrics["loss"] == pytest.approx(-sum(per_sequence) / 4, abs=2e-6)
 
 
@@ -214,6 +215,8 @@ def test_kimi_keeps_equal_groups_subtracts_the_group_mean_and_divides_by_the_bat
     metrics = learner.train_step(samples)
 
     assert metrics["dropped_groups"] == 0
+    # Nothing is dropped, yet the all-equal group is still counted as one without signal (the run's signal share).
+    assert (metrics["groups"], metrics["signal_groups"]) == (2, 1)
     adv = {0: 0.0, 1: 0.0, 2: -0.5, 3: 0.5}
     token_sum = sum(
         math.exp(d) * adv[i] - 0.1 * d * d for i in range(4) for d in DELTAS.get(i, [0.0] * 8)[: lengths[i]]
