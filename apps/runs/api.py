@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.db import transaction
 from django.db.models import QuerySet
 from django.urls import path
-from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema
+from drf_spectacular.utils import PolymorphicProxySerializer, extend_schema, extend_schema_field
 from rest_framework import serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
@@ -16,18 +16,85 @@ from apps.accounts.permissions import request_user
 from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
-from apps.runs.health import HEALTH_STATUSES, run_health
+from apps.runs.health import HEALTH_STATUSES, learning_view, run_health, run_learning
 from apps.runs.ingest import ingest_view
 from apps.runs.models import Run, RunStatus, TrajectorySummary
+from apps.runs.selectors import LEARNING_EVAL, LEARNING_FILTERS, LEARNING_REWARD, learning_filter
+
+
+class LearningRewardSerializer(serializers.Serializer):
+    steps = serializers.IntegerField(help_text="Points fitted (steps; bucket means past 1,000 steps)")
+    verdict = serializers.ChoiceField(choices=[*LEARNING_REWARD, "unknown"], help_text="improving: the CI is above 0")
+    slope = serializers.FloatField(allow_null=True, help_text="reward_mean per step, least squares")
+    ci = serializers.ListField(
+        child=serializers.FloatField(), allow_null=True, help_text="The slope's 95% interval (Student's t)"
+    )
+    start = serializers.FloatField(required=False, help_text="The fitted line at the first step")
+    end = serializers.FloatField(required=False, help_text="The fitted line at the last step")
+    first_mean = serializers.FloatField(required=False, help_text="Mean reward of the first `window` points")
+    last_mean = serializers.FloatField(required=False, help_text="Mean reward of the last `window` points")
+    window = serializers.IntegerField(required=False)
+
+
+class LearningSignalSerializer(serializers.Serializer):
+    share = serializers.FloatField(allow_null=True, help_text="Share of groups whose rewards were not all equal")
+    groups = serializers.IntegerField(help_text="Groups counted over the run")
+    basis = serializers.ChoiceField(
+        choices=["learner", "dynamic_sampling", "not recorded"],
+        help_text="learner: signal_groups / groups; dynamic_sampling: 1 - filtered / generated groups",
+    )
+
+
+class LearningSideSerializer(serializers.Serializer):
+    eval = serializers.IntegerField()
+    score = serializers.FloatField(help_text="Mean task score over the paired tasks")
+    model = serializers.CharField(required=False)
+    step = serializers.IntegerField(required=False)
+
+
+class LearningEvalSerializer(serializers.Serializer):
+    verdict = serializers.ChoiceField(choices=LEARNING_EVAL, help_text="At alpha, from the paired test's p-value")
+    benchmark_version = serializers.IntegerField()
+    benchmark = serializers.CharField()
+    metric = serializers.CharField()
+    n = serializers.IntegerField(help_text="Tasks paired")
+    base = LearningSideSerializer(help_text="The eval of what the run starts from")
+    checkpoint = LearningSideSerializer(help_text="The eval of its last evaluated checkpoint")
+    diff = serializers.FloatField(help_text="Mean paired difference, checkpoint - base")
+    ci = serializers.ListField(child=serializers.FloatField(), help_text="Its 95% paired-bootstrap interval")
+    p_value = serializers.FloatField(help_text="Two-sided: exact McNemar (0/1 scores) or sign test")
+    test = serializers.CharField()
+    alpha = serializers.FloatField()
+
+
+class LearningSerializer(serializers.Serializer):
+    """Did it learn? (docs/did-it-learn.md)"""
+
+    line = serializers.CharField(help_text="The whole answer in one line, as the run page heads with it")
+    reward = LearningRewardSerializer(allow_null=True, help_text="The reward trend; null before the first step")
+    signal = LearningSignalSerializer()
+    eval = LearningEvalSerializer(allow_null=True, help_text="The first benchmark's verdict; null until both evals")
+    evals = LearningEvalSerializer(many=True, help_text="A verdict per benchmark version evaluated")
+    eval_pending = serializers.CharField(help_text="Why there is no verdict yet ('' when there is)")
 
 
 class RunSerializer(serializers.ModelSerializer):
     created_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
     progress = serializers.FloatField(source="progress_fraction", read_only=True)
     queue_position = serializers.SerializerMethodField(help_text="1 = next to start; null unless queued")
+    learning = serializers.SerializerMethodField(
+        help_text="Did it learn? Live on a single run; as last stored (with health) in lists"
+    )
 
     def get_queue_position(self, run: Run) -> int | None:
         return selectors.queue_position(run)
+
+    @extend_schema_field(LearningSerializer)
+    def get_learning(self, run: Run) -> dict[str, object]:
+        view = self.context.get("view")
+        if getattr(view, "action", None) == "retrieve":
+            return run_learning(run)
+        return learning_view(run.learning or {}, run.learning or {})
 
     class Meta:
         model = Run
@@ -62,6 +129,7 @@ class RunSerializer(serializers.ModelSerializer):
             "stalled_at",
             "health",
             "health_problems",
+            "learning",
             "stall_report",
         ]
 
@@ -100,6 +168,12 @@ class RunFilters(serializers.Serializer):
     )
     health = serializers.ChoiceField(
         choices=HEALTH_STATUSES, required=False, help_text="Only runs whose health panel is at this status"
+    )
+    learning = serializers.ChoiceField(
+        choices=LEARNING_FILTERS,
+        required=False,
+        help_text="Only runs whose reward trend (improving, flat, worsening) or held-out verdict (better, "
+        "no_difference, worse) is this, as last stored",
     )
 
     def validate_kind(self, value: str) -> str:
@@ -194,7 +268,10 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
         if self.action == "list":
             filters = query_params(self.request, RunFilters)
             stalled = filters.pop("stalled", None)
+            learning = filters.pop("learning", None)
             qs = qs.filter(**filters)
+            if learning:
+                qs = qs.filter(**learning_filter(learning))
             if stalled is not None:
                 qs = qs.filter(stalled_at__isnull=not stalled)
         return qs

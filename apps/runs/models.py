@@ -97,6 +97,12 @@ class Run(models.Model):
     )
     health_problems = models.JSONField(default=list, blank=True, help_text="Titles of the signals at warn or bad")
     health_at = models.DateTimeField(null=True, blank=True, help_text="When `health` was last computed")
+    learning = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text="Did it learn? The reward trend and signal share (stored with `health`) and the last evaluated "
+        "checkpoint against the run's base (stored when an eval finishes): docs/did-it-learn.md",
+    )
     phase = models.CharField(
         max_length=40,
         blank=True,
@@ -115,6 +121,8 @@ class Run(models.Model):
             models.Index(fields=["kind", "-created_at", "-id"], name="run_kind_recent_idx"),
             models.Index(fields=["created_by", "-created_at", "-id"], name="run_owner_recent_idx"),
             GinIndex(fields=["tags"], opclasses=["jsonb_path_ops"], name="run_tags_idx"),
+            # The list's `learning=` filter (learning @> {"eval": {"verdict": "better"}}).
+            GinIndex(fields=["learning"], opclasses=["jsonb_path_ops"], name="run_learning_idx"),
             # The name search (icontains: UPPER(name) LIKE '%Q%') uses run_name_trgm_idx, a trigram index on
             # UPPER(name) created by raw SQL in migration 0007: OpClass() in Meta needs django.contrib.postgres
             # in INSTALLED_APPS.

@@ -28,7 +28,7 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
-from apps.runs.health import HEALTH_STATUSES, run_health
+from apps.runs.health import HEALTH_STATUSES, run_health, run_learning
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
 from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
@@ -95,6 +95,7 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         "column_suggestions": COLUMN_SUGGESTIONS,
         "statuses": RunStatus.values,
         "health_statuses": HEALTH_STATUSES,
+        "learning_choices": [("Reward", selectors.LEARNING_REWARD), ("Held-out eval", selectors.LEARNING_EVAL)],
         "kinds": [handler.kind for handler in kinds.handlers()],
         "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
     }
@@ -105,6 +106,7 @@ def runs_index(request: HttpRequest) -> HttpResponse:
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(selectors.run_list(), pk=run_id)
     histogram = run.events.filter(kind="histogram").order_by("-seq").values_list("data", flat=True).first()
+    health = run_health(run)
     return render(
         request,
         "runs/detail.html",
@@ -118,7 +120,9 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "parent_diff": _parent_diff(run),
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
-            "health": run_health(run),
+            "health": health,
+            # Training runs (and any run reporting a reward) head with "did it learn?" (docs/did-it-learn.md).
+            "learning": run_learning(run, health["trend"]) if run.kind == "train" or health["trend"]["steps"] else None,
         },
     )
 

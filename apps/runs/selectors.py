@@ -104,6 +104,7 @@ class RunListFilters:
     status: str = ""
     kind: str = ""
     health: str = ""
+    learning: str = ""
     tag: str = ""
     owner: str = ""
     q: str = ""
@@ -166,6 +167,21 @@ def _column_expr(source: str, path: str, *, text: bool = True) -> Any:
     return KeyTextTransform(keys[-1], inner) if text else KeyTransform(keys[-1], inner)
 
 
+LEARNING_REWARD = ("improving", "flat", "worsening")
+LEARNING_EVAL = ("better", "no_difference", "worse")
+LEARNING_FILTERS = (*LEARNING_REWARD, *LEARNING_EVAL)
+"""What the runs list's `learning=` filter takes: the reward trend's verdict or the held-out eval's."""
+
+
+def learning_filter(value: str) -> dict[str, Any]:
+    """The containment a `learning=` filter value asks of `Run.learning` (served by its GIN index run_learning_idx)."""
+    if value in LEARNING_REWARD:
+        return {"learning__contains": {"reward": {"verdict": value}}}
+    if value in LEARNING_EVAL:
+        return {"learning__contains": {"eval": {"verdict": value}}}
+    raise ValueError(f"learning must be one of {', '.join(LEARNING_FILTERS)} (got {value!r})")
+
+
 def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PER_PAGE) -> Page:
     """One page of the runs list, newest first (or by `filters.sort`), with each run's reward sparkline as
     `run.sparkline` ([(step, value), ...]) and the chosen columns as `run.columns` (text, "" where absent). Three
@@ -191,6 +207,11 @@ def run_list_page(*, filters: RunListFilters, page: Any, per_page: int = RUNS_PE
         runs = runs.filter(kind=filters.kind)
     if filters.health:
         runs = runs.filter(health=filters.health)
+    if filters.learning:
+        if filters.learning in LEARNING_FILTERS:  # an unknown value filters nothing, as an unknown status matches none
+            runs = runs.filter(**learning_filter(filters.learning))
+        else:
+            runs = runs.none()
     if filters.tag:
         runs = runs.filter(tags__contains=[filters.tag])  # jsonb @> ['tag'], served by the GIN index on tags
     if filters.owner:

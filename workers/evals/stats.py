@@ -570,9 +570,9 @@ class Trend:
     ``confidence`` from Student's t with ``n - 2`` degrees of freedom (the classical OLS interval: residuals
     assumed independent with equal variance, which step-to-step reward noise roughly is). ``start`` / ``end`` are
     the fitted line at the first and last x. ``first_mean`` / ``last_mean`` are the plain means of the first and
-    last ``window`` points (they may overlap on short series). ``verdict``: ``"improving"`` when the whole interval
-    is above 0, ``"worsening"`` when below, else ``"flat"``; a perfect fit (zero residuals) has a zero-width
-    interval at the slope.
+    last ``window`` points (fewer on a short series: at most half of them each, so the two never overlap).
+    ``verdict``: ``"improving"`` when the whole interval is above 0, ``"worsening"`` when below, else ``"flat"``;
+    a perfect fit (zero residuals) has a zero-width interval at the slope.
     """
 
     n: int
@@ -627,7 +627,7 @@ def linear_trend(x: Sequence[float], y: Sequence[float], *, confidence: float = 
     verdict: TrendVerdict = "improving" if low > 0 else "worsening" if high < 0 else "flat"
     if half == 0.0:  # a perfect fit: the slope's sign is the answer
         verdict = "improving" if slope > 0 else "worsening" if slope < 0 else "flat"
-    size = min(window, n)
+    size = max(1, min(window, n // 2))  # at most half the points each: the two windows never overlap
     return Trend(
         n=n,
         slope=slope,

@@ -17,6 +17,7 @@ from apps.accounts.models import User
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.benchmarks.selectors import eval_metrics_for
 from apps.benchmarks.services.benchmarks import canonical_json
+from apps.benchmarks.services.learning import run_start
 from apps.common.errors import pydantic_problems
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.services import run_create
@@ -177,7 +178,13 @@ def eval_finalize(*, run_id: int) -> None:
 
 def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
     """Auto-eval: each new checkpoint of a run is evaluated on every benchmark version its spec's `auto_eval`
-    names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing)."""
+    names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing).
+
+    With them, once per version, the model the run starts from (its base model, or the checkpoint it resumed from
+    or was initialised from) is evaluated with the same settings, so the run's held-out verdict (last checkpoint
+    against its start, docs/did-it-learn.md) needs nobody to ask for it. It is its own eval run, started beside the
+    first checkpoint's: the training job never waits for it, and an identical eval (another run of the same base
+    model on the same version) is reused, not run again. Returns how many evals started."""
     run = Run.objects.select_related("created_by").get(pk=run_id)
     versions = list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or []).select_related("benchmark"))
     if not versions:
@@ -192,10 +199,24 @@ def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
                 errors.append(f"step {checkpoint.step} on {version}: {exc.detail}")
                 continue
             started += int(created)
+    start, base_model = run_start(run)
+    for version in versions:
+        try:
+            _, created = eval_launch(
+                benchmark_version=version,
+                checkpoint=start,
+                base_model="" if start else base_model,
+                created_by=run.created_by,
+            )
+        except ValidationError as exc:
+            errors.append(f"the base eval ({start or base_model}) on {version}: {exc.detail}")
+            continue
+        started += int(created)
     if errors:
         with transaction.atomic():
             locked = Run.objects.select_for_update().get(pk=run.pk)
             previous = locked.summary.get("auto_eval_errors", [])
-            locked.summary = {**locked.summary, "auto_eval_errors": [*previous, *errors]}
+            fresh = [e for e in errors if e not in previous]  # a base eval that cannot start fails on every call
+            locked.summary = {**locked.summary, "auto_eval_errors": [*previous, *fresh]}
             locked.save(update_fields=["summary"])
     return started

@@ -109,9 +109,10 @@ def test_new_checkpoints_of_a_run_are_evaluated_on_its_auto_eval_benchmarks_once
     path.write_bytes(b"x")  # the eval launch checks the checkpoint file exists
     events = EVENTS_LIST.validate_python([{"seq": 1, "kind": "checkpoint", "step": 1, "uri": f"file://{path}"}])
     ingest_batch(run_id=run.pk, events=events, publish=False)  # queues the TRAIN checkpoints hook (auto-eval) on commit
-    assert eval_auto(run_id=run.pk, steps=[1]) == 1
+    assert eval_auto(run_id=run.pk, steps=[1]) == 2  # the checkpoint's eval and its base model's (did it learn?)
     assert eval_auto(run_id=run.pk, steps=[1]) == 0  # a retried task starts nothing new
-    evaluation = Eval.objects.get()
+    evaluation = Eval.objects.get(checkpoint__isnull=False)
+    assert Eval.objects.get(checkpoint__isnull=True).base_model == TINY["base_model"]
     assert evaluation.checkpoint.step == 1 and evaluation.benchmark_version_id == other.pk
     finish_eval(evaluation, {row["id"]: (1, 1) for row in CODING_ROWS[:3]})
     client.force_login(users["viewer"])
@@ -173,7 +174,7 @@ def test_an_auto_eval_that_cannot_start_is_recorded_on_the_run(client_for, gated
     reply = _launch(client_for, gated, gated["clean"], auto_eval=[gated["version"].pk])
     run = Run.objects.get(pk=reply.json()["id"])
     Checkpoint.objects.create(run=run, step=1, uri=f"file://{tmp_path}/not-written-yet.pt")
-    assert eval_auto(run_id=run.pk, steps=[1]) == 0
+    assert eval_auto(run_id=run.pk, steps=[1]) == 1  # only the base model's eval: the checkpoint's cannot start
     run.refresh_from_db()
     assert "does not exist" in run.summary["auto_eval_errors"][0]
 

@@ -35,6 +35,8 @@ def test_linear_trend_calls_a_steady_rise_improving() -> None:
     assert trend.verdict == "improving" and trend.ci_low > 0
     falling = linear_trend([0, 10, 20, 30, 40], [-v for v in (0, 1.1, 1.9, 3.1, 3.9)])
     assert falling is not None and falling.verdict == "worsening"
+    # The default window of 10 shrinks to half the points (2 of 5) so the first and last windows never overlap.
+    assert (trend.window, trend.first_mean, trend.last_mean) == pytest.approx((2, 0.55, 3.5))
 
 
 def test_linear_trend_perfect_fit_and_too_little_data() -> None:
