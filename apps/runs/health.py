@@ -91,6 +91,7 @@ NAMES = [
     "mismatch/provenance_mismatched_samples",
     "dropped_groups",
     "groups",
+    "signal_groups",
     "empty_completions",
     "clip_fraction",
     "entropy",
@@ -365,7 +366,11 @@ def run_health(run: Run) -> dict[str, Any]:
         signals.append(_signal("provenance", "Token provenance", None))
 
     dropped, groups = recent.get("dropped_groups", []), dict(recent.get("groups", []))
-    shares = [d / groups[s] for s, d in dropped if groups.get(s)]
+    signal = recent.get("signal_groups", [])
+    if signal:  # counted whether or not equal groups are dropped (a learner without drop_equal_groups reports 0 drops)
+        shares = [(groups[s] - n) / groups[s] for s, n in signal if groups.get(s)]
+    else:  # a learner from before signal_groups
+        shares = [d / groups[s] for s, d in dropped if groups.get(s)]
     share = sum(shares) / len(shares) if shares else None
     signals.append(
         _signal("dropped_groups", "Groups without signal", share, f"{share:.0%}" if share is not None else "")

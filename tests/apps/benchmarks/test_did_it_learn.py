@@ -197,3 +197,17 @@ def test_the_runs_list_filters_by_learning_from_what_is_stored(learned, users, c
     page = browser.get("/?learning=better").content.decode()
     assert f"/runs/{run.pk}/" in page and f"/runs/{flat.pk}/" not in page
     assert 'name="learning"' in page
+
+
+def test_the_health_panel_counts_groups_without_signal_even_when_none_are_dropped(users) -> None:
+    """Kimi and Dr. GRPO keep equal groups (drop_equal_groups off): dropped_groups is 0 however many groups carry no
+    signal, so the health signal reads signal_groups where the learner reports it."""
+    from apps.runs.health import run_health
+    from workers.events import EventBatch
+
+    run = Run.objects.create(kind="train", spec={"config": {}}, created_by=users["operator"])
+    values = {"reward_mean": 0.5, "groups": 4.0, "signal_groups": 1.0, "dropped_groups": 0.0}
+    events = [{"seq": i, "kind": "metric", "step": i, "values": values} for i in range(1, 4)]
+    ingest_batch(run_id=run.pk, events=EventBatch.model_validate({"events": events}).events, publish=False)
+    signal = next(s for s in run_health(run)["signals"] if s["key"] == "dropped_groups")
+    assert signal["shown"] == "75%" and signal["status"] == "warn"
