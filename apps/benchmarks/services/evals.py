@@ -27,6 +27,9 @@ from workers.jobs.specs import EvalConfig
 from workers.models.registry import model_name_problems
 from workers.rewards.schema import validate_reward_spec
 
+DEFAULT_EVAL_TOKENS = 384
+"""An eval's completion budget per turn when its caller names none."""
+
 
 def _checkpoint_exists(uri: str) -> bool:
     try:
@@ -113,7 +116,7 @@ def eval_launch(
     base_model: str = "",
     k: int = 1,
     temperature: float | None = None,
-    max_new_tokens: int = 384,
+    max_new_tokens: int = DEFAULT_EVAL_TOKENS,
     reuse: bool = True,
 ) -> tuple[Eval, bool]:
     """Start an eval of `checkpoint` (on its run's base model) or of `base_model` on `benchmark_version`; returns
@@ -176,6 +179,15 @@ def eval_finalize(*, run_id: int) -> None:
     evaluation.save(update_fields=["metrics"])
 
 
+def auto_eval_max_new_tokens(run: Run) -> int:
+    """The completion budget of a run's auto-evals: the run's own `sampling.max_new_tokens` (the budget its policy
+    was trained to answer within; base and checkpoints are evaluated alike, so the verdict pairs them), else the
+    eval default."""
+    sampling = (run.spec.get("config") or {}).get("sampling") or {}
+    value = sampling.get("max_new_tokens")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else DEFAULT_EVAL_TOKENS
+
+
 def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
     """Auto-eval: each new checkpoint of a run is evaluated on every benchmark version its spec's `auto_eval`
     names (an existing eval of the same checkpoint and settings is reused, so a retried call starts nothing).
@@ -191,10 +203,13 @@ def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
         return 0
     started = 0
     errors: list[str] = []
+    tokens = auto_eval_max_new_tokens(run)
     for checkpoint in Checkpoint.objects.filter(run=run, step__in=list(steps)).select_related("run"):
         for version in versions:
             try:
-                _, created = eval_launch(benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by)
+                _, created = eval_launch(
+                    benchmark_version=version, checkpoint=checkpoint, created_by=run.created_by, max_new_tokens=tokens
+                )
             except ValidationError as exc:  # one bad version must not skip the others: record it on the run
                 errors.append(f"step {checkpoint.step} on {version}: {exc.detail}")
                 continue
@@ -207,6 +222,7 @@ def eval_auto(*, run_id: int, steps: Sequence[int]) -> int:
                 checkpoint=start,
                 base_model="" if start else base_model,
                 created_by=run.created_by,
+                max_new_tokens=tokens,
             )
         except ValidationError as exc:
             errors.append(f"the base eval ({start or base_model}) on {version}: {exc.detail}")

@@ -90,6 +90,22 @@ def test_auto_eval_queues_one_eval_of_the_base_model_with_the_checkpoints_settin
     assert Eval.objects.filter(checkpoint__isnull=True).count() == 1
 
 
+def test_auto_evals_answer_within_the_runs_own_completion_budget(users, tmp_path) -> None:
+    """A policy trained to answer in 24 tokens is evaluated in 24, and its base alike (not the eval default 384,
+    in which a rambling base model would finish sentences the trained one learned to skip)."""
+    version = coding_version(owner=users["admin"], rows=ROWS)
+    run = _train_run(
+        users["operator"], version, extra={"config": {"base_model": TINY, "sampling": {"max_new_tokens": 24}}}
+    )
+    _checkpoint(run, tmp_path, 5)
+    assert eval_auto(run_id=run.pk, steps=[5]) == 2
+    assert sorted(e.run.spec["job"]["config"]["max_new_tokens"] for e in Eval.objects.all()) == [24, 24]
+    plain = _train_run(users["operator"], version)  # no budget named: the eval default
+    _checkpoint(plain, tmp_path, 5)
+    eval_auto(run_id=plain.pk, steps=[5])
+    assert Eval.objects.get(checkpoint__run=plain).run.spec["job"]["config"]["max_new_tokens"] == 384
+
+
 def test_a_run_started_from_a_checkpoint_is_judged_against_that_checkpoint(users, tmp_path) -> None:
     version = coding_version(owner=users["admin"], rows=ROWS)
     parent = _train_run(users["operator"], version)
