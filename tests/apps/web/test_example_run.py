@@ -8,7 +8,7 @@ import pytest
 from apps.benchmarks.models import BenchmarkVersion
 from apps.gates.models import Gate
 from apps.runs.models import Run
-from apps.web.example import EXAMPLE_BENCHMARK, EXAMPLE_GATE, start_example_run
+from apps.web.example import EXAMPLE_BENCHMARK, EXAMPLE_GATE, EXAMPLE_HELDOUT_TASKS, start_example_run
 from tests.factories import exact_answer_version, tasks_version
 from workers.envs.registry import arithmetic_tasks
 
@@ -31,7 +31,7 @@ def test_the_example_run_is_launched_once_with_its_benchmark_and_gate(
     assert f"run {run.pk}" in said and queued == [run.pk]
     assert run.kind == "train" and run.spec["config"]["base_model"] == "smollm2-135m-instruct"
     version = BenchmarkVersion.objects.get(benchmark__name=EXAMPLE_BENCHMARK)
-    assert run.spec["auto_eval"] == [version.pk] and version.task_count == 32
+    assert run.spec["auto_eval"] == [version.pk] and version.task_count == EXAMPLE_HELDOUT_TASKS
     assert Gate.objects.filter(name=EXAMPLE_GATE).exists()
     assert start_example_run() == f"example run: run {run.pk} ({run.status})"  # idempotent
     assert Run.objects.count() == 1
