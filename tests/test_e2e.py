@@ -977,10 +977,10 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
 
 def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(stack, users, make_user):
     """Playwright: for someone who has not launched a run yet, with the example run listed (`apps.web.example` tags
-    it; the slow test_the_example_run_of_a_fresh_installation_trains_and_is_evaluated trains the real one; this one
-    is a row with a few metric points), the home page's "start here" panel links to launching a run, the review
-    queue and the API docs, the example run is listed with its tag, and its page opens with charts drawn; no
-    console errors."""
+    it; the slow test_the_example_run_of_a_fresh_installation_learns_and_beats_its_base_on_held_out_tasks trains
+    the real one; this one is a row with a few metric points), the home page's "start here" panel links to launching
+    a run, the review queue and the API docs, the example run is listed with its tag, and its page opens with charts
+    drawn; no console errors."""
     from django.utils import timezone
 
     from apps.runs.models import MetricPoint, Run, RunStatus

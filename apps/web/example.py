@@ -6,10 +6,14 @@ check the last checkpoint against. The slow e2e test measures how long it takes;
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 from apps.accounts.models import Role, User
 from apps.benchmarks.models import Benchmark, BenchmarkVersion
 from apps.benchmarks.services import benchmark_create, benchmark_rows_from_dataset, benchmark_version_create
-from apps.datasets.models import DatasetVersion
+from apps.datasets.models import Dataset, DatasetKind, DatasetVersion
+from apps.datasets.services import dataset_create, dataset_version_create
 from apps.gates.models import Gate
 from apps.gates.services import gate_create
 from apps.rewards.models import RewardConfigVersion
@@ -29,19 +33,53 @@ EXAMPLE_CONFIG = {
     "group_size": 8,
     "learning_rate": 1e-3,
     "lora": {"rank": 16, "alpha": 32},
-    "checkpoint_every": 6,
+    "checkpoint_every": 12,
     "sampling": {"max_new_tokens": 24},
     "env_params": {"answer_format": "last_number"},
 }
 """Chosen so that a newcomer sees learning on 2 cores (measured in process, 2026-11-28, seed 0): SmolLM2-135M
 sampled at temperature 1 gets about a fifth of the one-digit sums right, rambling past the 24-token budget; groups
-of 8 hold right and wrong answers from the first step, and LoRA at 1e-3 takes the step reward from 0.19 to 0.8-0.97
-within 10 steps by answering briefly ("9 + 0 = 9"). On 128 held-out sums and differences up to 20 (greedy, 24
-tokens) the last checkpoint answered 0.45 against the base model's 0.34 (29 tasks gained, 14 lost, McNemar p =
-0.03). LoRA keeps the optimizer state small; the learning rate is LoRA's usual range, not full fine-tuning's."""
+of 8 hold right and wrong answers from the first step, and LoRA at 1e-3 takes the step reward on one-digit sums from
+0.19 to 0.8-0.97 within 10 steps by answering briefly ("9 + 0 = 9"). Trained on sums and differences up to 20 alone
+the curve is noisy (0.03-0.34 in steps 1-3, 0.25-0.28 in steps 10-12) but 128 held-out ones of the same kind went
+from 0.31 to 0.45 (30 tasks gained, 13 lost, McNemar p = 0.014); trained on one-digit sums alone, a held-out gain on
+the harder kind was 0.34 -> 0.45 (p = 0.03) in process and nothing (0.30 -> 0.28) through the stack. So the example
+trains on both kinds (`example_split`) and holds out 128 of the harder. LoRA keeps the optimizer state small; the
+learning rate is LoRA's usual range, not full fine-tuning's. One checkpoint, at the end: its eval and the base
+model's run after training instead of slowing it."""
 
+EXAMPLE_DATASET = "example-arithmetic"
 EXAMPLE_HELDOUT_TASKS = 128
 """Held-out tasks: enough for a paired test to see a gain of about a tenth (32 could not: p = 0.1 at 64)."""
+
+
+def example_split() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(training rows, held-out rows): sums and differences up to 20, each once, the first `EXAMPLE_HELDOUT_TASKS`
+    held out and the rest trained on beside 128 one-digit sums (the same rows every time)."""
+    easy = arithmetic_tasks(128, seed=0, difficulty=1)
+    known = {row["prompt"] for row in easy}
+    harder = arithmetic_tasks(400, seed=101, difficulty=2)
+    pool = list({row["prompt"]: row for row in harder if row["prompt"] not in known}.values())
+    held_out = [{**row, "id": f"heldout-{row['id']}"} for row in pool[:EXAMPLE_HELDOUT_TASKS]]
+    return easy + pool[EXAMPLE_HELDOUT_TASKS:], held_out
+
+
+def _training(admin: User) -> DatasetVersion:
+    existing = DatasetVersion.objects.filter(dataset__name=EXAMPLE_DATASET).order_by("-number").first()
+    if existing is not None:
+        return existing
+    dataset = Dataset.objects.filter(name=EXAMPLE_DATASET).first() or dataset_create(
+        name=EXAMPLE_DATASET,
+        kind=DatasetKind.TASKS,
+        owner=admin,
+        description="The example run's training tasks: one-digit sums, and sums and differences up to 20 that "
+        f"{EXAMPLE_BENCHMARK} does not hold",
+    )
+    rows, _ = example_split()
+    data = "".join(json.dumps(row) + "\n" for row in rows).encode()
+    return dataset_version_create(
+        dataset=dataset, data=data, filename="tasks.jsonl", created_by=admin, notes="made by apps.web.example"
+    )
 
 
 def _benchmark(admin: User, training: DatasetVersion) -> BenchmarkVersion:
@@ -49,19 +87,17 @@ def _benchmark(admin: User, training: DatasetVersion) -> BenchmarkVersion:
         name=EXAMPLE_BENCHMARK,
         environment="exact_answer",
         owner=admin,
-        description=f"{EXAMPLE_HELDOUT_TASKS} sums and differences up to 20 that demo-arithmetic does not hold: the "
+        description=f"{EXAMPLE_HELDOUT_TASKS} sums and differences up to 20 that {EXAMPLE_DATASET} does not hold: the "
         "example run's held-out check (the contamination guard refuses a training run whose tasks a gating benchmark "
         "shares)",
     )
     version = BenchmarkVersion.objects.filter(benchmark=benchmark).order_by("-number").first()
     if version is None:
         seen = {row.get("prompt") for row in benchmark_rows_from_dataset(training)}
-        fresh = [row for row in arithmetic_tasks(400, seed=101, difficulty=2) if row["prompt"] not in seen]
-        unique = {row["prompt"]: {**row, "id": f"heldout-{row['id']}"} for row in fresh}
-        tasks = list(unique.values())[:EXAMPLE_HELDOUT_TASKS]
+        _, held_out = example_split()
         version, _ = benchmark_version_create(
             benchmark=benchmark,
-            tasks=tasks,
+            tasks=[row for row in held_out if row["prompt"] not in seen],
             created_by=admin,
             env_params={"answer_format": "last_number"},
             notes="made by the example run (apps.web.example)",
@@ -78,10 +114,10 @@ def start_example_run() -> str:
     existing = Run.objects.filter(tags__contains=[EXAMPLE_TAG], kind="train").order_by("pk").first()
     if existing is not None:
         return f"example run: run {existing.pk} ({existing.status})"
-    tasks = DatasetVersion.objects.filter(dataset__name="demo-arithmetic").order_by("-number").first()
     reward = RewardConfigVersion.objects.filter(config__name="exact-answer").order_by("-number").first()
-    if tasks is None or reward is None:
+    if reward is None:
         return "example run: the demo data is missing (run crucible_demo first)"
+    tasks = _training(admin)
     version = _benchmark(admin, tasks)
     if not Gate.objects.filter(name=EXAMPLE_GATE).exists():
         gate_create(
@@ -99,7 +135,7 @@ def start_example_run() -> str:
         dataset_version=tasks,
         reward_version=reward,
         config=dict(EXAMPLE_CONFIG),
-        name="Example: GRPO of SmolLM2-135M on one-digit sums",
+        name="Example: GRPO of SmolLM2-135M on sums and differences",
         tags=[EXAMPLE_TAG],
         auto_eval=[version],
     )
