@@ -54,10 +54,13 @@ EXAMPLE_HELDOUT_TASKS = 128
 
 
 def example_split() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(training rows, held-out rows): sums and differences up to 20, each once, the first `EXAMPLE_HELDOUT_TASKS`
-    held out and the rest trained on beside 128 one-digit sums (the same rows every time)."""
+    """(training rows, held-out rows): sums and differences up to 20 that `demo-arithmetic` does not hold, each once,
+    the first `EXAMPLE_HELDOUT_TASKS` held out and the rest trained on beside 128 one-digit sums (the same rows every
+    time)."""
     easy = arithmetic_tasks(128, seed=0, difficulty=1)
-    known = {row["prompt"] for row in easy}
+    # Nothing `demo-arithmetic` holds (crucible_demo's 256 one-digit sums) is held out either, so a run a user
+    # launches on it passes the contamination guard of the example's gate.
+    known = {row["prompt"] for row in arithmetic_tasks(256, seed=0, difficulty=1)}
     harder = arithmetic_tasks(400, seed=101, difficulty=2)
     pool = list({row["prompt"]: row for row in harder if row["prompt"] not in known}.values())
     held_out = [{**row, "id": f"heldout-{row['id']}"} for row in pool[:EXAMPLE_HELDOUT_TASKS]]

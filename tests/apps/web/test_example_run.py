@@ -37,3 +37,14 @@ def test_the_example_run_is_launched_once_with_its_benchmark_and_gate(
     assert Run.objects.count() == 1
     client.force_login(users["viewer"])
     assert "Example: GRPO of SmolLM2-135M" in client.get("/").content.decode()  # on the first screen
+
+
+def test_the_example_holds_out_tasks_that_neither_its_training_set_nor_demo_arithmetic_holds() -> None:
+    from apps.web.example import example_split
+
+    training, held_out = example_split()
+    prompts = {row["prompt"] for row in held_out}
+    assert len(prompts) == len(held_out) == EXAMPLE_HELDOUT_TASKS
+    assert not prompts & {row["prompt"] for row in training}
+    assert not prompts & {row["prompt"] for row in arithmetic_tasks(256, seed=0, difficulty=1)}  # demo-arithmetic
+    assert example_split() == (training, held_out)  # the same rows every time
