@@ -10,7 +10,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -115,14 +114,7 @@ def make_run_web(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     argv = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "controlplane.asgi:application"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "daphne did not start"
-                time.sleep(0.2)
+        devstack.wait_for_port("127.0.0.1", port, timeout=60)
         yield f"http://127.0.0.1:{port}"
     finally:
         proc.terminate()
