@@ -16,8 +16,9 @@ from apps.accounts.permissions import request_user
 from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
-from apps.runs.health import HEALTH_STATUSES, learning_view, run_health, run_learning
+from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.ingest import ingest_view
+from apps.runs.learning import learning_view, run_learning
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import LEARNING_EVAL, LEARNING_FILTERS, LEARNING_REWARD, learning_filter
 

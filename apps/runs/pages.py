@@ -28,7 +28,8 @@ from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
-from apps.runs.health import HEALTH_STATUSES, run_health, run_learning
+from apps.runs.health import HEALTH_STATUSES, run_health
+from apps.runs.learning import run_learning
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors import find_record
 from workers.rewards.judge import JudgeUnavailable, stored_judgements_only

@@ -12,7 +12,7 @@ from django.db.models import Q, QuerySet
 
 from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.benchmarks.selectors import eval_compare
-from apps.runs.health import learning_merge
+from apps.runs.learning import learning_merge
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from workers.evals.stats import eval_verdict
 

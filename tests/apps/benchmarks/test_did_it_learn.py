@@ -9,7 +9,8 @@ from django.test import Client
 
 from apps.benchmarks.models import Eval
 from apps.benchmarks.services import eval_auto
-from apps.runs.health import health_refresh, run_signal_share
+from apps.runs.health import health_refresh
+from apps.runs.learning import run_signal_share
 from apps.runs.models import Checkpoint, Run
 from apps.runs.services import ingest_batch
 from tests.factories import CODING_ROWS, coding_version, finish_eval
