@@ -249,6 +249,7 @@ def mark_runs_stopped_with_stack(env: Mapping[str, str], ray_address: str) -> No
 class RayHead:
     address: str
     proc: subprocess.Popen[bytes]
+    gcs_address: str = ""
 
     @property
     def pid(self) -> int:
@@ -278,7 +279,50 @@ def start_ray_head(
     env: Mapping[str, str] | None = None,
     timeout: float = 90.0,
 ) -> RayHead:
-    """`ray start --head --block` in its own session; returns once the Jobs API answers."""
+    """`ray start --head --block` in its own session; returns once the Jobs API answers.
+
+    A port of 0 means any free one. Ports picked that way can be taken by another process between the pick and
+    Ray's bind (the tests start several heads and many clients on one machine), so a head whose ports were all
+    picked here is started again, on fresh ports, when `ray start` exits at once; the error after the last try
+    quotes the end of Ray's log."""
+    pick = gcs_port == 0 and dashboard_port == 0
+    attempts = 3 if pick else 1
+    for attempt in range(1, attempts + 1):
+        try:
+            return _start_ray_head_once(
+                var_dir,
+                gcs_port=gcs_port or free_port(),
+                dashboard_port=dashboard_port or free_port(),
+                num_cpus=num_cpus,
+                env=env,
+                timeout=timeout,
+            )
+        except _RayStartExited:
+            if attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
+class _RayStartExited(RuntimeError):
+    pass
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _start_ray_head_once(
+    var_dir: Path,
+    *,
+    gcs_port: int,
+    dashboard_port: int,
+    num_cpus: int | None,
+    env: Mapping[str, str] | None,
+    timeout: float,
+) -> RayHead:
     # Ray's unix sockets need a short path; var_dir may be deep (pytest tmp dirs).
     temp_dir = Path("/tmp") / f"crucible-ray-{os.getpid()}-{gcs_port}"
     argv = [
@@ -312,7 +356,10 @@ def start_ray_head(
     }
     log_dir = var_dir / "log"
     log_dir.mkdir(parents=True, exist_ok=True)
-    with open(log_dir / "ray-head.log", "ab") as log:
+    log_path = log_dir / "ray-head.log"
+    with open(log_path, "ab") as log:
+        log.write(f"\n--- {' '.join(argv)}\n".encode())
+        log.flush()
         proc = subprocess.Popen(
             argv,
             env=child_env,
@@ -322,11 +369,14 @@ def start_ray_head(
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-    head = RayHead(address=f"http://127.0.0.1:{dashboard_port}", proc=proc)
+    head = RayHead(address=f"http://127.0.0.1:{dashboard_port}", proc=proc, gcs_address=f"127.0.0.1:{gcs_port}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"ray start exited with {proc.returncode}; see {log_dir / 'ray-head.log'}")
+            stop_session(proc.pid, timeout=5)  # whatever it started before it gave up
+            raise _RayStartExited(
+                f"ray start exited with {proc.returncode}; the end of {log_path}:\n{_log_tail(log_path)}"
+            )
         if _jobs_api_answers(head.address):
             return head
         time.sleep(0.5)

@@ -35,8 +35,7 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
     db = django_settings.DATABASES["default"]
     # host as a query parameter: it may be a unix socket directory (the embedded server of `make test`)
     database_url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST'] or '127.0.0.1'}&port={db['PORT'] or 5432}"
-    gcs_port = devstack.free_port()
-    head = devstack.start_ray_head(var, gcs_port=gcs_port, dashboard_port=devstack.free_port())
+    head = devstack.start_ray_head(var, gcs_port=0, dashboard_port=0)
     web_port = devstack.free_port()
     env = {
         **os.environ,
@@ -86,7 +85,7 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
         web, ws = f"http://127.0.0.1:{web_port}", f"ws://127.0.0.1:{web_port}"
-        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": f"127.0.0.1:{gcs_port}", "env": env}
+        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": head.gcs_address, "env": env}
     finally:
         procs.stop_all()
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain

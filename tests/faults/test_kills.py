@@ -37,8 +37,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
     spool = var / "spool"
     head = devstack.start_ray_head(
         var,
-        gcs_port=devstack.free_port(),
-        dashboard_port=devstack.free_port(),
+        gcs_port=0,
+        dashboard_port=0,
         env={"CRUCIBLE_SPOOL_DIR": str(spool)},
     )
     web_port = devstack.free_port()
