@@ -255,6 +255,9 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4, help="CISPO learning rate (LoRA)")
     parser.add_argument("--sft-lr", type=float, default=5e-5, help="SFT warm-up learning rate (full parameters)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature of the RL rollouts (evaluation is greedy)"
+    )
     parser.add_argument("--substeps", type=int, default=1, help="optimizer steps per batch (Context-1: 4)")
     parser.add_argument(
         "--curriculum", action="store_true", help="Context-1's easy -> hard draws by hop count (else the data order)"
@@ -370,7 +373,17 @@ def main() -> None:
     rl_evals: list[dict[str, list[dict[str, float]]]] = []
     figures["rl"] = []
     for seed in range(args.seeds):
-        settings = ("steps", "prompts_per_step", "group_size", "lr", "substeps", "curriculum", "sft_epochs", "sft_lr")
+        settings = (
+            "steps",
+            "prompts_per_step",
+            "group_size",
+            "lr",
+            "substeps",
+            "curriculum",
+            "sft_epochs",
+            "sft_lr",
+            "temperature",
+        )
         key = json.dumps(
             {
                 "seed": seed,
@@ -436,7 +449,7 @@ def rl_run(
         lora={"rank": 16, "alpha": 32},
         max_tokens_per_pack=4096,
         beta_schedule={"start": 4.0, "end": 2.0, "epochs": 3},
-        sampling={"temperature": 1.0, "max_new_tokens": 96},
+        sampling={"temperature": args.temperature, "max_new_tokens": 96},
         loss={"kl_coef": 0.0},
         substeps=args.substeps,
         curriculum={"by": "hops"} if args.curriculum else {"by": "off"},
@@ -444,7 +457,7 @@ def rl_run(
     )
     learner = Learner(sft_path, config, threads=args.threads)
     curriculum = Curriculum.from_rows(train, config.curriculum, config.steps, config.seed) if args.curriculum else None
-    rollout = worker_for(sft_path, 1.0, env_params)
+    rollout = worker_for(sft_path, args.temperature, env_params)
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()
     receiver.receive(blob)
@@ -480,6 +493,8 @@ def rl_run(
                 **{k: metrics[k] for k in signal},
                 **env_means,
                 **{f"term/{k}": v for k, v in terms.items()},
+                "generation_seconds": round(result.generation_seconds, 1),
+                "train_seconds": round(metrics["train_seconds"], 1),
             }
         )
         log(

@@ -113,6 +113,22 @@
     return out;
   }
 
+  // The y range of a linear chart. uPlot's tick loop never ends on a range that is flat up to float noise (a
+  // weight-sync time or a KL constant to 1e-9: leeoniya/uPlot#1084, "RangeError: Invalid array length"), and an
+  // all-zero series would get a 0-100 axis. A range narrower than a millionth of its magnitude is drawn as a band
+  // of +-10% around its middle (0..1 for zeros); anything wider gets uPlot's own padded range.
+  function yRange(u, min, max) {
+    if (min == null || max == null || !Number.isFinite(min) || !Number.isFinite(max)) return [0, 1];
+    const mag = Math.max(Math.abs(min), Math.abs(max));
+    if (max - min <= mag * 1e-6) {
+      if (mag === 0) return [0, 1];
+      const mid = (min + max) / 2;
+      const pad = mag * 0.1;
+      return [mid - pad, mid + pad];
+    }
+    return uPlot.rangeNum(min, max, 0.1, true);
+  }
+
   function positive(data) {
     return data.slice(1).every((ys) => ys.every((v) => v == null || v > 0));
   }
@@ -154,7 +170,7 @@
     const log = !!opts.log && positive(data);
     const chart = new uPlot({
       title: opts.title, width: opts.width, height: opts.height || 180,
-      scales: { x: { time: false }, y: { distr: log ? 3 : 1 } },
+      scales: { x: { time: false }, y: log ? { distr: 3 } : { distr: 1, range: yRange } },
       legend: { show: true, live: true },
       cursor: opts.sync ? { sync: { key: opts.sync } } : {},
       axes: [
@@ -277,6 +293,6 @@
 
   global.CrucibleCharts = {
     groupLines, distributionStrip, duration, stepClock,
-    tickLabels, formatValue, stepLabels, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
+    tickLabels, formatValue, stepLabels, yRange, ema, chartData, lineChart, positive, csvOf, exportCsv, exportPng, PALETTE,
   };
 })(window);

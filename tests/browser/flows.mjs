@@ -86,6 +86,15 @@ async function charts(page) {
   check(axes.y.length >= 2 && new Set(axes.y).size === axes.y.length && !axes.y.some((v) => /^-?0(\.0*)?$/.test(v)),
     `small values get distinct, non-zero tick labels: ${axes.y.join(" ")}`);
   check(axes.x.length >= 2 && axes.x.every((v) => /^\d+$/.test(v)), `the step axis shows integers: ${axes.x.join(" ")}`);
+  for (const [metric, top] of [["weight_sync_seconds", 1.1], ["train/clip_fraction", 1]]) {
+    await page.waitForSelector(`.small-chart[data-metric="${metric}"] canvas`, { timeout: 30000 });
+    const flat = await page.evaluate((m) => {
+      const c = window.CrucibleCharts.live.get(m);
+      return { labels: c.axes[1]._values.filter((v) => v), max: c.scales.y.max };
+    }, metric);
+    check(flat.labels.length >= 2 && new Set(flat.labels).size === flat.labels.length && Math.abs(flat.max - top) < 1e-6,
+      `a flat ${metric} gets a readable axis up to ${top}: ${flat.labels.join(" ")} (max ${flat.max})`);
+  }
   await page.waitForSelector('#chart-distributions [data-field="reward"] canvas', { timeout: 30000 });
   const columns = await page.$eval('#chart-distributions [data-field="reward"] canvas', (c) => Number(c.dataset.columns));
   check(columns === 40, `the reward distribution over steps has a column per step: ${columns}`);
