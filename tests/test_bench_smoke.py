@@ -25,6 +25,7 @@ QUICK = [name for name in SCRIPTS if '"--quick"' in (BENCH / name).read_text()]
 SLOW_QUICK = {
     "async_modes.py": "~70 s: three trainer runs, each on its own local Ray",
     "coding_learning_check.py": "~40 s: task generation, SFT and RL steps with the tiny model",
+    "gpu_learning.py": "~45 s: two GRPO steps of the tiny model and its held-out evals, on the CPU",
     "ingest_vs_mlflow.py": "not timed here: installs MLflow into its own virtualenv on first use (from the package "
     "index), then starts uvicorn and mlflow servers on fresh databases crucible_bench and mlflow_bench",
     "learner_ranks.py": "~150 s: learner ranks and weight broadcasts on a local Ray",
