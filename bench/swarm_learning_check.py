@@ -16,6 +16,16 @@ numbers come from the same environment, reward, SFT, learner and rollout code a 
    to 0 over the steps), algorithm `kimi` (K3); evaluated the same way. The finish rate and λ are logged per step.
 Paired per held-out task: item-F1 and critical steps of PARL vs SFT and of swarm vs single, with a paired bootstrap
 95% interval of the difference, a Wilcoxon signed-rank test and a sign test. Results: bench/results/.
+
+Serial collapse and the ablations (issue 37): `--start single` trains PARL from the single-agent SFT model given the
+swarm tools (it never assigns a sub-agent); `--lambda1 0` / `--lambda2 0` drop r_parallel / r_finish. Each run is
+kept under its `--variant` name in the JSON beside the others (the warm-ups and their evaluations are reused from
+the --reuse folder), with sub-agents per task, the share of episodes that spawned any, parallelism, finish rate,
+critical steps and item-F1 per step and held out:
+
+    .venv/bin/python bench/swarm_learning_check.py --start single --reuse DIR                 # PARL
+    .venv/bin/python bench/swarm_learning_check.py --start single --lambda1 0 --reuse DIR     # the ablation
+    .venv/bin/python bench/swarm_learning_check.py --start swarm --lambda2 0 --reuse DIR      # spurious parallelism
 """
 
 from __future__ import annotations
@@ -95,8 +105,24 @@ def main() -> None:
     parser.add_argument("--max-rows", type=int, default=8, help="items per wide task, at most")
     parser.add_argument("--max-parallel", type=int, default=8, help="assign_task calls per reply (environment)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="per orchestrator reply")
+    parser.add_argument(
+        "--start",
+        choices=["swarm", "single"],
+        default="swarm",
+        help="the policy PARL trains from: the swarm SFT model, or the single-agent SFT model given the swarm tools "
+        "(serial collapse: it never assigns sub-agents, the failure PARL's r_parallel exists for)",
+    )
+    parser.add_argument("--lambda1", type=float, default=0.1, help="λ1, r_parallel's weight (0: the ablation)")
+    parser.add_argument("--lambda2", type=float, default=0.1, help="λ2, r_finish's weight (0: the ablation)")
+    parser.add_argument(
+        "--variant",
+        default="",
+        help="the name this PARL run's results are kept under in the JSON (default: start-l1-l2); runs of other "
+        "variants in the same --out are kept, so the ablations add up in one file",
+    )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "swarm_learning_check.json"))
     args = parser.parse_args()
+    args.variant = args.variant or f"{args.start}-l1={args.lambda1:g}-l2={args.lambda2:g}"
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
         args.tasks, args.steps, args.prompts_per_step, args.group_size, args.sft_epochs = 9, 2, 2, 2, 1
@@ -128,7 +154,15 @@ def main() -> None:
         train = train[: args.train_tasks]
     log(f"{len(chunks)} chunks; {len(made.tasks)} wide tasks: {len(train)} train, {len(test)} held out")
     figures.update({"chunks": len(chunks), "train_tasks": len(train), "held_out_tasks": len(test)})
-    reward = parl_spec(lambda_parallel=0.1, lambda_finish=0.1, anneal_steps=args.steps).model_dump(mode="json")
+    reward = parl_spec(lambda_parallel=args.lambda1, lambda_finish=args.lambda2, anneal_steps=args.steps).model_dump(
+        mode="json"
+    )
+    # The warm-ups and their evaluations do not depend on the λs: kept in the work folder for the next variant.
+    stored_path = work / "evaluations.json"
+    stored: dict[str, Any] = json.loads(stored_path.read_text()) if stored_path.exists() else {}
+    if Path(args.out).exists() and not args.quick:  # other variants' results stay in the file
+        earlier = json.loads(Path(args.out).read_text())
+        figures["variants"] = earlier.get("variants", {})
     eval_env = {**env_params, "training": False}
 
     def worker_for(path: str, temperature: float, params: dict[str, Any]) -> RolloutWorker:
@@ -197,14 +231,25 @@ def main() -> None:
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps(figures, indent=2))
 
+    def evaluated(label: str, path: str) -> list[dict[str, float]]:
+        key = json.dumps({"label": label, "tasks": [t["id"] for t in test], "env": env}, sort_keys=True)
+        if key not in stored:
+            stored[key] = evaluate(worker_for(path, 0.0, eval_env), test, label)
+            if not args.quick:
+                stored_path.write_text(json.dumps(stored))
+        else:
+            log(f"{label}: evaluation reused from {stored_path}")
+        rows: list[dict[str, float]] = stored[key]
+        return rows
+
     swarm_sft = warm_up("swarm")
-    sft_eval = evaluate(worker_for(swarm_sft, 0.0, eval_env), test, "swarm SFT")
+    sft_eval = evaluated("swarm SFT", swarm_sft)
     figures.setdefault("eval", {})["swarm_sft"] = sft_eval
     figures["comparisons"] = {}
     save()
-    if not args.skip_single:
+    if not args.skip_single or args.start == "single":
         single_sft = warm_up("single")
-        single_eval = evaluate(worker_for(single_sft, 0.0, eval_env), test, "single-agent SFT")
+        single_eval = evaluated("single-agent SFT", single_sft)
         figures["eval"]["single_sft"] = single_eval
         figures["comparisons"] = {
             "swarm_vs_single item_f1": paired(sft_eval, single_eval, "item_f1"),
@@ -213,8 +258,9 @@ def main() -> None:
         }
         save()
 
+    start_path, start_eval = (single_sft, single_eval) if args.start == "single" else (swarm_sft, sft_eval)
     config = TrainConfig(
-        base_model=swarm_sft,
+        base_model=start_path,
         environment="swarm",
         env_params=env_params,
         algorithm="kimi",
@@ -230,10 +276,10 @@ def main() -> None:
     )
     from workers.rl.config import estimate_memory_gb, shape_from_hf_config
 
-    memory = estimate_memory_gb(config, shape_from_hf_config(json.loads(Path(swarm_sft, "config.json").read_text())))
-    log(f"PARL learner memory estimate: {memory}")
-    learner = Learner(swarm_sft, config, threads=args.threads)
-    rollout = worker_for(swarm_sft, 1.0, env_params)
+    memory = estimate_memory_gb(config, shape_from_hf_config(json.loads(Path(start_path, "config.json").read_text())))
+    log(f"PARL ({args.variant}) from {start_path}; learner memory estimate: {memory}")
+    learner = Learner(start_path, config, threads=args.threads)
+    rollout = worker_for(start_path, 1.0, env_params)
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()
     receiver.receive(blob)
@@ -270,12 +316,22 @@ def main() -> None:
     rl_eval = evaluate(rollout, test, "PARL")
 
     figures["eval"]["parl"] = rl_eval
-    figures["comparisons"].update(
-        {
-            "parl_vs_sft item_f1": paired(rl_eval, sft_eval, "item_f1"),
-            "parl_vs_sft critical_steps": paired(rl_eval, sft_eval, "critical_steps"),
-        }
-    )
+    versus = {
+        f"parl_vs_start {metric}": paired(rl_eval, start_eval, metric)
+        for metric in ("item_f1", "critical_steps", "subagents", "spawned", "parallelism")
+        if all(metric in row for row in rl_eval + start_eval)
+    }
+    figures["comparisons"].update(versus)
+    figures.setdefault("variants", {})[args.variant] = {
+        "start": args.start,
+        "lambda1": args.lambda1,
+        "lambda2": args.lambda2,
+        "command": figures["command"],
+        "history": history,
+        "start_means": mean_metrics(start_eval),
+        "parl_means": mean_metrics(rl_eval),
+        "comparisons": versus,
+    }
     figures["means"] = {name: mean_metrics(rows) for name, rows in figures["eval"].items()}
     figures["seconds"] = round(time.perf_counter() - started)
     print()
