@@ -393,7 +393,8 @@ def main() -> None:
             sort_keys=True,
         )
         if key not in stored:  # an RL seed's history and evaluations, kept for --reuse after an interruption
-            history, config, rollout = rl_run(args, seed, sft_path, env_params, train, worker_for)
+            state = work / f"rl-{hashlib.sha256(key.encode()).hexdigest()[:12]}"  # its steps so far, for --reuse
+            history, config, rollout = rl_run(args, seed, sft_path, env_params, train, worker_for, state)
             rollout.temperature = 0.0
             evals = evaluate_all(rollout, f"cispo seed {seed}", list(held))
             del rollout
@@ -435,8 +436,11 @@ def rl_run(
     env_params: dict[str, Any],
     train: list[dict[str, Any]],
     worker_for: Any,
+    state: Path,
 ) -> tuple[list[dict[str, Any]], TrainConfig, RolloutWorker]:
-    """CISPO from the SFT model with one seed; the per-step signal an analysis of "does RL add" needs."""
+    """CISPO from the SFT model with one seed; the per-step signal an analysis of "does RL add" needs. After every
+    step the learner's state (LoRA weights, optimizer, random generators) and the history so far are written to
+    `state` (.ckpt, .json): a run stopped mid-way resumes at its last finished step under --reuse."""
     config = TrainConfig(
         base_model=sft_path,
         environment="search",
@@ -456,6 +460,12 @@ def rl_run(
         seed=seed,
     )
     learner = Learner(sft_path, config, threads=args.threads)
+    history: list[dict[str, Any]] = []
+    checkpoint, steps_file = state.with_suffix(".ckpt"), state.with_suffix(".json")
+    if checkpoint.exists() and steps_file.exists():
+        learner.load_checkpoint(checkpoint.read_bytes())
+        history = json.loads(steps_file.read_text())
+        log(f"seed {seed}: resumed after step {len(history)} from {checkpoint}")
     curriculum = Curriculum.from_rows(train, config.curriculum, config.steps, config.seed) if args.curriculum else None
     rollout = worker_for(sft_path, args.temperature, env_params)
     receiver = WeightSyncReceiver()
@@ -463,8 +473,7 @@ def rl_run(
     receiver.receive(blob)
     from workers.jobs.train import data_order
 
-    history = []
-    for step in range(config.steps):
+    for step in range(len(history), config.steps):
         if curriculum is not None:
             order, _ = curriculum.draw(step, config.prompts_per_step)
         else:
@@ -497,6 +506,8 @@ def rl_run(
                 "train_seconds": round(metrics["train_seconds"], 1),
             }
         )
+        checkpoint.write_bytes(learner.checkpoint_bytes(data_position=step + 1))
+        steps_file.write_text(json.dumps(history))
         log(
             f"seed {seed} step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, output recall "
             f"{env_means['output_recall']:.3f}, dropped groups {metrics['dropped_groups']:.0f}, "
