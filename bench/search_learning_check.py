@@ -153,7 +153,12 @@ def sft_warm_up(
 
     student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
     sft_started = time.perf_counter()
-    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config)
+
+    def progress(done: int, total: int) -> None:
+        if done % 10 == 0 or done == total:
+            log(f"SFT: {done}/{total} packs ({time.perf_counter() - sft_started:.0f}s)")
+
+    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config, progress)
     student.save_pretrained(sft_path)
     AutoTokenizer.from_pretrained(base_path, local_files_only=True).save_pretrained(sft_path)
     del student
