@@ -407,7 +407,9 @@ def test_killing_its_parent_and_everyone_else_fails(no_leftovers: None) -> None:
                 except OSError as exc:
                     print(name, type(exc).__name__)
             print("still here")
-            """
+            """,
+            # It waits up to 4 s for the poster thread's /proc scan: on a busy machine FAST's 3 s wall ran out first.
+            limits=SandboxLimits(wall_seconds=20.0, cpu_seconds=3, max_processes=16),
         )
         poster.join()
         assert posted, "the launcher was not found"
