@@ -107,10 +107,17 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=512, help="per orchestrator reply")
     parser.add_argument(
         "--start",
-        choices=["swarm", "single"],
+        choices=["swarm", "single", "mixed"],
         default="swarm",
         help="the policy PARL trains from: the swarm SFT model, or the single-agent SFT model given the swarm tools "
-        "(serial collapse: it never assigns sub-agents, the failure PARL's r_parallel exists for)",
+        "(serial collapse: it never assigns sub-agents, the failure PARL's r_parallel exists for), or a warm-up on "
+        "single-agent episodes plus --mixed-swarm swarm episodes (mostly serial: it rarely assigns sub-agents)",
+    )
+    parser.add_argument(
+        "--mixed-swarm",
+        type=int,
+        default=4,
+        help="--start mixed: swarm episodes in the warm-up, beside a single-agent episode per train task",
     )
     parser.add_argument("--lambda1", type=float, default=0.1, help="λ1, r_parallel's weight (0: the ablation)")
     parser.add_argument("--lambda2", type=float, default=0.1, help="λ2, r_finish's weight (0: the ablation)")
@@ -204,18 +211,23 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(base_path, local_files_only=True)
         from workers.models.base import encode_chat
 
-        if mode == "swarm":
-            samples = generate(config, train, reward)
-        else:
-            samples = scripted_rollout(
-                ScriptedOrchestrator("single", max_parallel=env_params["max_parallel"]),
+        def scripted(agent_mode: str, rows: list[dict[str, Any]]) -> list[Any]:
+            return scripted_rollout(
+                ScriptedOrchestrator(agent_mode, max_parallel=env_params["max_parallel"]),  # type: ignore[arg-type]
                 tokenizer,
                 lambda messages: encode_chat(tokenizer, messages),
-                train,
+                rows,
                 environment="swarm",
                 env_params=env_params,
                 reward=reward,
             )
+
+        if mode == "swarm":
+            samples = generate(config, train, reward)
+        elif mode == "single":
+            samples = scripted("single", train)
+        else:  # mixed: single-agent episodes on every train task, swarm episodes on the first --mixed-swarm of them
+            samples = scripted("single", train) + scripted("swarm", train[: args.mixed_swarm])
         kept = [s for s in samples if s.terms.get("item_f1", 0.0) >= 1.0]
         student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
         losses = fine_tune(student, kept, config)
@@ -242,11 +254,13 @@ def main() -> None:
         rows: list[dict[str, float]] = stored[key]
         return rows
 
-    swarm_sft = warm_up("swarm")
-    sft_eval = evaluated("swarm SFT", swarm_sft)
-    figures.setdefault("eval", {})["swarm_sft"] = sft_eval
+    figures.setdefault("eval", {})
     figures["comparisons"] = {}
-    save()
+    if args.start == "swarm" or not args.skip_single:
+        swarm_sft = warm_up("swarm")
+        sft_eval = evaluated("swarm SFT", swarm_sft)
+        figures["eval"]["swarm_sft"] = sft_eval
+        save()
     if not args.skip_single or args.start == "single":
         single_sft = warm_up("single")
         single_eval = evaluated("single-agent SFT", single_sft)
@@ -258,7 +272,15 @@ def main() -> None:
         }
         save()
 
-    start_path, start_eval = (single_sft, single_eval) if args.start == "single" else (swarm_sft, sft_eval)
+    if args.start == "mixed":
+        start_path = warm_up("mixed")
+        start_eval = evaluated(f"mixed SFT ({args.mixed_swarm} swarm episodes)", start_path)
+        figures["eval"]["mixed_sft"] = start_eval
+        save()
+    elif args.start == "single":
+        start_path, start_eval = single_sft, single_eval
+    else:
+        start_path, start_eval = swarm_sft, sft_eval
     config = TrainConfig(
         base_model=start_path,
         environment="swarm",
@@ -299,14 +321,17 @@ def main() -> None:
         if blob is not None:
             rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
         env_means = mean_metrics(s.episode_metrics for s in result.samples)
-        row = {"step": step + 1, "reward_mean": metrics["reward_mean"], **env_means, **annealed_weights(spec, step)}
+        signal = {k: metrics[k] for k in ("reward_std", "signal_groups", "groups", "clip_fraction") if k in metrics}
+        row = {"step": step + 1, "reward_mean": metrics["reward_mean"], **signal, **env_means}
+        row.update(annealed_weights(spec, step))
         history.append(row)
         figures["rl"] = {"history": history}
         save()
         log(
             f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f}, item-F1 "
             f"{env_means.get('item_f1', 0):.3f}, finish rate {env_means.get('finish_rate', float('nan')):.2f}, "
-            f"critical steps {env_means.get('critical_steps', 0):.2f}, λ1 "
+            f"critical steps {env_means.get('critical_steps', 0):.2f}, sub-agents {env_means.get('subagents', 0):.2f}, "
+            f"spawned {env_means.get('spawned', 0):.2f}, λ1 "
             f"{row.get('reward/lambda/parallel_instantiation', 0):.3f} ({result.generation_seconds:.0f}s gen, "
             f"{metrics['train_seconds']:.0f}s train)"
         )
