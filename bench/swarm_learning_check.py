@@ -27,8 +27,8 @@ critical steps and item-F1 per step and held out:
     .venv/bin/python bench/swarm_learning_check.py --start single --lambda1 0 --reuse DIR     # the ablation
     .venv/bin/python bench/swarm_learning_check.py --start swarm --lambda2 0 --reuse DIR      # spurious parallelism
 
-A warm-up on single-agent episodes alone (`--start single`) assigns no sub-agent on held-out tasks, and one with 6
-swarm episodes beside 21 single-agent ones assigned none even at temperature 1 in PARL's 16 training samples
+A warm-up on single-agent episodes alone (`--start single`) assigns no sub-agent on held-out tasks, and one on 6
+swarm episodes beside 24 single-agent ones assigned none even at temperature 1 in PARL's 16 training samples
 (bench/results/swarm_parl_serial-attempt1.txt), so PARL has no parallel episode to reward. `--start mixed
 --mixed-swarm N` warms up on a single-agent episode per train task plus swarm episodes on the first N of them; N
 sets how often the orchestrator spawns (on 24 train tasks: 6 never did, 12 spawned on 14 of 15 held-out tasks
