@@ -233,7 +233,7 @@ def main() -> None:
             samples = generate(config, train, reward)
         elif mode == "single":
             samples = scripted("single", train)
-        else:  # mixed: single-agent episodes on every train task, swarm episodes on the first --mixed-swarm of them
+        else:  # mixed<N>: single-agent episodes on every train task, swarm episodes on the first N of them
             samples = scripted("single", train) + scripted("swarm", train[: args.mixed_swarm])
         kept = [s for s in samples if s.terms.get("item_f1", 0.0) >= 1.0]
         student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
@@ -280,7 +280,7 @@ def main() -> None:
         save()
 
     if args.start == "mixed":
-        start_path = warm_up("mixed")
+        start_path = warm_up(f"mixed{args.mixed_swarm}")  # its own folder per N: --reuse never mixes them up
         start_eval = evaluated(f"mixed SFT ({args.mixed_swarm} swarm episodes)", start_path)
         figures["eval"]["mixed_sft"] = start_eval
         save()
