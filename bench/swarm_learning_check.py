@@ -203,7 +203,7 @@ def main() -> None:
             figures.setdefault("sft", {})[mode] = {"reused": str(work / f"sft-{mode}")}
             return str(work / f"sft-{mode}")
         from workers.search.teacher import scripted_rollout
-        from workers.swarm.scripted import ScriptedOrchestrator
+        from workers.swarm.scripted import Mode, ScriptedOrchestrator
 
         config = SFTConfig(
             teacher_model="scripted-swarm",
@@ -218,9 +218,9 @@ def main() -> None:
         tokenizer = AutoTokenizer.from_pretrained(base_path, local_files_only=True)
         from workers.models.base import encode_chat
 
-        def scripted(agent_mode: str, rows: list[dict[str, Any]]) -> list[Any]:
+        def scripted(agent_mode: Mode, rows: list[dict[str, Any]]) -> list[Any]:
             return scripted_rollout(
-                ScriptedOrchestrator(agent_mode, max_parallel=env_params["max_parallel"]),  # type: ignore[arg-type]
+                ScriptedOrchestrator(agent_mode, max_parallel=env_params["max_parallel"]),
                 tokenizer,
                 lambda messages: encode_chat(tokenizer, messages),
                 rows,
