@@ -55,7 +55,7 @@ from search_learning_check import held_out, log, paired  # noqa: E402  (the same
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rewards.schema import parl_spec  # noqa: E402
-from workers.rl.config import TrainConfig  # noqa: E402
+from workers.rl.config import LoraConfig, TrainConfig  # noqa: E402
 from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
@@ -100,7 +100,10 @@ def main() -> None:
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--sft-epochs", type=int, default=3)
-    parser.add_argument("--lr", type=float, default=2e-6, help="PARL learning rate (full parameters)")
+    parser.add_argument("--lr", type=float, default=2e-6, help="PARL learning rate")
+    parser.add_argument(
+        "--lora", type=int, default=0, help="PARL with LoRA adapters of this rank (0: full parameters, the default)"
+    )
     parser.add_argument("--sft-lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
@@ -301,6 +304,7 @@ def main() -> None:
         # Swarm episodes fill 8192-token packs: without checkpointing the learner needs ~28 GB on SmolLM2 by
         # estimate_memory_gb (a PARL step was OOM-killed at 24 GB on this 24 GB machine); with it, ~16 GB.
         gradient_checkpointing=True,
+        lora=LoraConfig(rank=args.lora, alpha=2 * args.lora) if args.lora else None,
         sampling={"temperature": 1.0, "max_new_tokens": args.max_new_tokens},
     )
     from workers.rl.config import estimate_memory_gb, shape_from_hf_config

@@ -75,6 +75,12 @@ def _generate_params(post: Any) -> dict[str, Any]:
         params["sources"] = sources
     if families := post.getlist("families"):
         params["families"] = families
+    if operators := post.getlist("operators"):
+        params["operators"] = operators
+    if post.get("single_site") == "on":
+        params["single_site"] = True
+    if style := post.get("instruction_style", "").strip():
+        params["instruction_style"] = style
     for name in GENERATE_NUMBERS:
         raw = post.get(name, "").strip()
         if raw:
@@ -94,6 +100,7 @@ def generate_new(request: HttpRequest) -> HttpResponse:
         values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
         values["sources"] = request.POST.getlist("sources")
         values["families"] = request.POST.getlist("families")
+        values["operators"] = request.POST.getlist("operators")
         benchmark: dict[str, Any] | None = None
         if name := request.POST.get("benchmark_name", "").strip():
             raw = request.POST.get("test_fraction", "").strip() or "0.25"
@@ -123,6 +130,8 @@ def generate_new(request: HttpRequest) -> HttpResponse:
     ]
     chosen_sources = values.get("sources") or defaults.sources
     chosen_families = values.get("families") or defaults.families
+    chosen_operators = values.get("operators") or defaults.operators
+    described = CodegenParams.model_fields
     return render(
         request,
         "coding/generate_new.html",
@@ -132,6 +141,12 @@ def generate_new(request: HttpRequest) -> HttpResponse:
             "fields": fields,
             "sources": [(source, source.name in chosen_sources) for source in vendored_sources().values()],
             "families": [(family, family in chosen_families) for family in ("repair", "implement")],
+            "operators": [(operator, operator in chosen_operators) for operator in defaults.operators],
+            "single_site": values.get("single_site") == "on" if values else defaults.single_site,
+            "single_site_help": described["single_site"].description or "",
+            "instruction_styles": ("varied", "pinpoint"),
+            "instruction_style": values.get("instruction_style") or defaults.instruction_style,
+            "instruction_style_help": described["instruction_style"].description or "",
         },
     )
 

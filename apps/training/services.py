@@ -36,7 +36,12 @@ from workers.models.registry import model_name_problems
 from workers.rewards.schema import spec_hash, with_anneal_horizon
 from workers.rl.config import TrainConfig
 
-SCRIPTED_TEACHERS = {"scripted-search": "search", "scripted-coding": "coding_agent", "scripted-swarm": "swarm"}
+SCRIPTED_TEACHERS = {
+    "scripted-search": "search",
+    "scripted-coding": "coding_agent",
+    "scripted-coding-search": "coding_agent",
+    "scripted-swarm": "swarm",
+}
 RECORDS_TEACHER = "records"
 """`teacher_model` of an SFT run on a trajectories dataset (RFT): the stored records are the examples."""
 """Agents written as code that the SFT warm-up takes as its teacher, with the environment each one plays."""

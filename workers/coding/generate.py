@@ -144,6 +144,17 @@ class CodegenParams(BaseModel):
         default=0.15, ge=0.0, le=1.0, description="Share of repair candidates that mutate two functions of a file"
     )
     max_tasks_per_function: int = Field(default=1, ge=1, le=100, description="Kept tasks per function and family")
+    single_site: bool = Field(
+        default=False,
+        description="Repair: only functions that `operators` can mutate in exactly one way, and no two-function "
+        "candidates: the bug is then the one such site of its function, a family a small model can learn to fix "
+        "(with operators ['compare']: the function's only comparison, flipped)",
+    )
+    instruction_style: Literal["varied", "pinpoint"] = Field(
+        default="varied",
+        description="varied: CursorBench-like templates, some naming only a test file or module; pinpoint: every "
+        "instruction names the function and its file, with the failing test's assertion when pytest shows it",
+    )
     max_fail_to_pass: int = Field(
         default=30, ge=1, le=10_000, description="More failing test functions: dropped as too broad"
     )
@@ -463,6 +474,8 @@ def library_candidates(library: Library, params: CodegenParams) -> dict[str, lis
         for function in functions:
             if "repair" in by_family:
                 options = repair_mutations(source, function, params.operators)
+                if params.single_site and len(options) != 1:
+                    continue
                 for mutation in _pick_repairs(options, params.mutations_per_function, rng):
                     singles.append((function, mutation))
                     by_family["repair"].append(
@@ -474,7 +487,7 @@ def library_candidates(library: Library, params: CodegenParams) -> dict[str, lis
                     by_family["implement"].append(
                         Candidate(_candidate_id(name, "implement", gutted), name, "implement", gutted, (function,))
                     )
-        pairs = int(params.multi_function_share * len(singles)) if len(singles) > 1 else 0
+        pairs = int(params.multi_function_share * len(singles)) if len(singles) > 1 and not params.single_site else 0
         for _ in range(pairs):
             both = sorted(rng.sample(singles, 2), key=lambda pair: pair[1].line)
             if both[0][0].qualname == both[1][0].qualname:
@@ -656,7 +669,9 @@ def build_task(
     )
     task = RepoTask(
         id=candidate.id,
-        instruction=write_instruction(facts, seed=params.seed, key=candidate.id, hidden_files=hidden),
+        instruction=write_instruction(
+            facts, seed=params.seed, key=candidate.id, hidden_files=hidden, style=params.instruction_style
+        ),
         snapshot=SnapshotRef(sha256=snapshot.sha256, file_count=len(snapshot), size_bytes=snapshot.size_bytes),
         hidden_tests=HiddenTests(
             files=hidden, command=DEFAULT_TEST_COMMAND, fail_to_pass=failing, pass_to_pass=pass_to_pass

@@ -170,6 +170,16 @@ def _repair_templates() -> list[Template]:
     return [named_with_symptom, test_file_first, terse, regression, docstring_contract]
 
 
+def _pinpoint_templates() -> list[Template]:
+    """Each names the function and its file: the agent can search for the definition instead of exploring."""
+
+    def pinpoint(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
+        tail = rng.choice(["Fix it.", "Please fix it.", "Fix the function, not the tests."])
+        return f"{_callable(f)} in {f.path} is broken: {sym[0]} {sym[1]}{_more(f)}. {tail}"
+
+    return [pinpoint]
+
+
 def _implement_templates() -> list[Template]:
     def implement_summary(f: InstructionFacts, rng: random.Random, sym: Symptom) -> str:
         summary = docstring_summary(f.docstring)
@@ -207,14 +217,24 @@ def _symptom_of(facts: InstructionFacts) -> Symptom | None:
 
 
 def write_instruction(
-    facts: InstructionFacts, *, seed: int, key: str = "", hidden_files: Mapping[str, str] | None = None
+    facts: InstructionFacts,
+    *,
+    seed: int,
+    key: str = "",
+    hidden_files: Mapping[str, str] | None = None,
+    style: str = "varied",
 ) -> str:
     """The instruction for a task: a template chosen by (seed, key), filled from `facts`. Templates whose text would
-    quote a hidden test line, or pass MAX_CHARS, give way to the next; the last resort names no symptom."""
+    quote a hidden test line, or pass MAX_CHARS, give way to the next; the last resort names no symptom. `style`
+    "pinpoint" keeps to templates that name the function and its file (a repair of one function)."""
     if not facts.failing_tests:
         raise ValueError("an instruction needs at least one failing test")
+    if style not in ("varied", "pinpoint"):
+        raise ValueError(f"instruction style must be 'varied' or 'pinpoint', got {style!r}")
     rng = random.Random(f"{seed}:{key or facts.function}:{facts.family}")
     templates = _implement_templates() if facts.family == "implement" else _repair_templates()
+    if style == "pinpoint" and facts.family != "implement" and len(facts.functions) <= 1:
+        templates = _pinpoint_templates()
     if len(facts.functions) > 1:
         # Several functions changed: a template naming one of them would point the agent at half the fix.
         templates = [t for t in templates if t.__name__ in ("test_file_first", "regression")]
@@ -227,6 +247,8 @@ def write_instruction(
             text = _tidy(template(facts, rng, sym))
             if text and len(text) <= MAX_CHARS and not leaked_lines(text, hidden):
                 return text
+    if style == "pinpoint":
+        return _tidy(f"{_callable(facts)} in {facts.path} is broken: {plain[0]} fails. Fix it.")
     return _tidy(f"Some tests in {short_test_file(facts.failing_tests[0])} fail. Fix the code, not the tests.")
 
 

@@ -18,6 +18,17 @@ Its policy, one reply at a time (at most `max_calls_per_reply` calls per reply):
 5. `finish` with a short message.
 Asked for a self-summary (`SUMMARY_PROMPT`), it writes one from its own notes and carries on where it was.
 
+`locate="search"` (teacher `scripted-coding-search`) acts only on what a student could see, so that a small model
+can learn to do what it does: steps 1-2 above read lines whose numbers come from the reference patch, which a
+student never has, so imitating them teaches it to guess. In this mode the agent
+1. searches for the definition the instruction names (`search_code` for `def <name>` and an opening parenthesis in its
+   file; for a method, `class <Class>` as a word too, taking the first definition after the class line);
+2. reads `SEARCH_READ_LINES` lines from that line (a further window while the change lies below what it read);
+3. edits only the changed lines of each hunk (widened upwards with lines it read when the text is not unique);
+4. finishes (no test run: the episode is short and its reward is the hidden tests).
+It needs the row's `source.function` and `source.path` (generated tasks have them) named in its instruction, as
+`instruction_style="pinpoint"` writes them; a row without them is solved the patch's way.
+
     agent = ScriptedCodingAgent.for_row(row)                 # a repo_task/v1 row with a reference_patch
     record = run_episode(env, agent)                         # env: a reset coding_agent environment
     samples = scripted_coding_rollout(tokenizer, encode, rows, env_params=..., reward=...)   # for the SFT job
@@ -41,6 +52,7 @@ from workers.envs.coding_agent import (
     LIST_TOOL,
     READ_TOOL,
     RUN_TOOL,
+    SEARCH_TOOL,
     SUMMARY_PROMPT,
     is_test_path,
 )
@@ -48,6 +60,11 @@ from workers.envs.toolcalls import format_tool_call
 
 SCRIPTED_CODING_TEACHER = "scripted-coding"
 """The SFT job's `teacher_model` value that selects this agent (as "scripted-search" selects the search one)."""
+SCRIPTED_CODING_SEARCH_TEACHER = "scripted-coding-search"
+"""The same agent with `locate="search"`: it finds the code the instruction names as a student would."""
+SCRIPTED_CODING_TEACHERS = {SCRIPTED_CODING_TEACHER: "patch", SCRIPTED_CODING_SEARCH_TEACHER: "search"}
+"""Teacher name -> locate mode."""
+SEARCH_READ_LINES = 40
 
 READ_MARGIN = 6
 """Lines read around each hunk (the unified diff's own 3 lines of context, and a few more to extend a search)."""
@@ -99,23 +116,44 @@ class ScriptedCodingAgent:
 
     name = SCRIPTED_CODING_TEACHER
 
-    def __init__(self, reference_patch: str, *, instruction: str = "", max_calls_per_reply: int = 4) -> None:
+    def __init__(
+        self,
+        reference_patch: str,
+        *,
+        instruction: str = "",
+        max_calls_per_reply: int = 4,
+        target: tuple[str, str] | None = None,
+    ) -> None:
+        """`target` (path, qualname) of the function to find by search (`locate="search"`); None: read what the
+        patch touches."""
         self.files: list[FilePatch] = parse_patch(reference_patch)
         self.instruction = instruction
         self.max_calls = max(1, max_calls_per_reply)
+        self.target = target
         self.notes = _Notes()
         self._script: Generator[str, Observations, None] | None = None
         self._pending: Observations | None = None  # observations that came with a summary request
         self._last = ""
 
     @classmethod
-    def for_row(cls, row: Mapping[str, Any], *, max_calls_per_reply: int = 4) -> ScriptedCodingAgent:
-        """The agent for a task row; ValueError when it has no reference patch to follow."""
+    def for_row(
+        cls, row: Mapping[str, Any], *, max_calls_per_reply: int = 4, locate: str = "patch"
+    ) -> ScriptedCodingAgent:
+        """The agent for a task row; ValueError when it has no reference patch to follow. `locate` "search" finds
+        the function by search when the row's `source` names it (function and path) and so does its instruction;
+        otherwise, and with "patch", it reads what the patch touches."""
         patch = row.get("reference_patch")
         if not isinstance(patch, str) or not patch.strip():
             raise ValueError(f"task {row.get('id')!r} has no reference_patch; the scripted agent needs one")
+        if locate not in ("patch", "search"):
+            raise ValueError(f"locate must be 'patch' or 'search', got {locate!r}")
         instruction = str(row.get("instruction") or row.get("prompt") or "")
-        return cls(patch, instruction=instruction, max_calls_per_reply=max_calls_per_reply)
+        return cls(
+            patch,
+            instruction=instruction,
+            max_calls_per_reply=max_calls_per_reply,
+            target=_named_target(row, instruction) if locate == "search" else None,
+        )
 
     # --- the conversation --------------------------------------------------------------------------------------
 
@@ -159,6 +197,10 @@ class ScriptedCodingAgent:
     # --- the plan --------------------------------------------------------------------------------------------------
 
     def _plan(self) -> Generator[str, Observations, None]:
+        if self.target is not None:
+            found = yield from self._search_plan(self.target)
+            if found:
+                return
         notes = self.notes
         observations = yield "Let me look at the repository layout first.\n" + call(LIST_TOOL)
         for text in observations:
@@ -183,6 +225,50 @@ class ScriptedCodingAgent:
         output = observations[0] if observations else ""
         notes.check_passed = _command_passed(output)
         yield call(FINISH_TOOL, message=self._finish_message())
+
+    def _search_plan(self, target: tuple[str, str]) -> Generator[str, Observations, bool]:
+        """locate="search": find the definition, read from it, make the minimal edits, finish. False (nothing
+        edited yet) when the search does not find the definition or the change is not in what was read: the
+        caller then solves it the patch's way."""
+        path, qualname = target
+        owner, _, name = qualname.rpartition(".")
+        calls = [call(SEARCH_TOOL, pattern=f"class {owner}\\b", path=path)] if owner else []
+        calls.append(call(SEARCH_TOOL, pattern=f"def {name}\\(", path=path))
+        observations = yield f"Let me find `{qualname}` in {path}.\n" + "\n".join(calls)
+        lines = [_search_lines(text, path) for text in observations]
+        defs = lines[-1] if lines else []
+        after = lines[0][0] if owner and lines and lines[0] else 0
+        start = next((number for number in defs if number > after), None)
+        if start is None:
+            return False
+        changed = [
+            hunk.old_start + _leading_context(hunk)
+            for file_patch in self.files
+            if file_patch.old_path == path
+            for hunk in file_patch.hunks
+        ]
+        if not changed or len(self.files) != 1 or min(changed) < start:
+            return False
+        first = start
+        while True:
+            observations = yield f"I'll read `{qualname}`.\n" + call(
+                READ_TOOL, path=path, start_line=first, end_line=first + SEARCH_READ_LINES - 1
+            )
+            for text in observations:
+                self._learn(text)
+            read = self.notes.known.get(path, {})
+            last = max(read, default=0)
+            if max(changed) <= last - 2 or not observations or observations[0].startswith("error"):
+                break
+            if last < first + SEARCH_READ_LINES - 1:  # the file ended, or the read was cut
+                break
+            first = last + 1
+        if not all(number in self.notes.known.get(path, {}) for number in changed):
+            return False
+        self.notes.names[path] = [qualname]
+        yield from self._edit_replies(minimal=True)
+        yield call(FINISH_TOOL, message=self._finish_message())
+        return True
 
     def _reads(self) -> list[tuple[str, int, int]]:
         """(path, first, last) windows to read: every modified file's hunks with READ_MARGIN lines around them,
@@ -231,8 +317,9 @@ class ScriptedCodingAgent:
                         break
             self.notes.names[file_patch.path] = names
 
-    def _edit_replies(self) -> Generator[str, Observations, None]:
-        """Replies that carry out the patch; a failed edit (ambiguous search text) is retried with more context."""
+    def _edit_replies(self, *, minimal: bool = False) -> Generator[str, Observations, None]:
+        """Replies that carry out the patch; a failed edit (ambiguous search text) is retried with more context.
+        `minimal`: each hunk's edit holds only its changed lines, not its context (widened when not unique)."""
         queue: list[str | _Edit] = []
         for file_patch in self.files:
             old, new = file_patch.old_path, file_patch.new_path
@@ -250,7 +337,11 @@ class ScriptedCodingAgent:
                     f"{shlex.quote(new)}"
                 )
             for hunk in sorted(file_patch.hunks, key=lambda h: h.old_start, reverse=True):
-                edit = _Edit(new, "".join(hunk.old), "".join(hunk.new), hunk.old_start)
+                edit = (
+                    _minimal_edit(new, hunk)
+                    if minimal
+                    else _Edit(new, "".join(hunk.old), "".join(hunk.new), hunk.old_start)
+                )
                 if not edit.search.strip():
                     self._widen(edit, old)  # a pure insertion: anchor it on the lines above
                 queue.append(edit)
@@ -360,6 +451,45 @@ def _listed_paths(observation: str) -> list[str]:
     return [prefix + line.strip() for line in lines[1:] if line.strip() and not line.startswith("[")]
 
 
+def _search_lines(observation: str, path: str) -> list[int]:
+    """The line numbers of a search_code result's matches in `path`, in order."""
+    prefix = f"{path}:"
+    out: list[int] = []
+    for line in observation.splitlines():
+        if line.startswith(prefix):
+            number = line[len(prefix) :].split(":", 1)[0]
+            if number.isdigit():
+                out.append(int(number))
+    return out
+
+
+def _named_target(row: Mapping[str, Any], instruction: str) -> tuple[str, str] | None:
+    """(path, qualname) of the function a generated row's `source` names, when its instruction names it too."""
+    source = row.get("source")
+    if not isinstance(source, Mapping):
+        return None
+    path, function = source.get("path"), source.get("function")
+    if not isinstance(path, str) or not isinstance(function, str) or not path or not function:
+        return None
+    if path not in instruction or function.rpartition(".")[2] not in instruction:
+        return None
+    return path, function
+
+
+def _minimal_edit(path: str, hunk: Any) -> _Edit:
+    """The hunk's edit without its unchanged leading and trailing context lines."""
+    old, new = list(hunk.old), list(hunk.new)
+    head = 0
+    while head < min(len(old), len(new)) and old[head] == new[head]:
+        head += 1
+    tail = 0
+    while tail < min(len(old), len(new)) - head and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
+        tail += 1
+    return _Edit(
+        path, "".join(old[head : len(old) - tail]), "".join(new[head : len(new) - tail]), hunk.old_start + head
+    )
+
+
 def _command_passed(observation: str) -> bool:
     head = observation.lower()
     return bool(re.search(r"exit (?:code|status)[: ]+0\b", head)) or (
@@ -412,6 +542,7 @@ def scripted_coding_rollout(
     env_params: Mapping[str, Any],
     reward: Mapping[str, Any] | Any,
     bind: Callable[[Environment], None] | None = None,
+    locate: str = "patch",
 ) -> list[Any]:
     """One scripted episode per task row, as token-level samples (`workers.rl.rollout.Sample`) in the student's
     tokenizer, laid out exactly as a rollout of the student would be: the agent's replies (each closed with
@@ -436,7 +567,9 @@ def scripted_coding_rollout(
         if counter is not None:
             counter(lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
         env.reset(env.validate_task_row(dict(row)))
-        agent = ScriptedCodingAgent.for_row(row, max_calls_per_reply=int(getattr(env, "max_calls_per_turn", 4)))
+        agent = ScriptedCodingAgent.for_row(
+            row, max_calls_per_reply=int(getattr(env, "max_calls_per_turn", 4)), locate=locate
+        )
         ids: list[int] = list(encode_chat(env.messages))
         start = len(ids)
         mask: list[int] = []

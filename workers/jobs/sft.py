@@ -145,7 +145,7 @@ def generate(
 ) -> list[Any]:
     """Phase 1: the teacher's episodes on `rows` (`rollouts_per_task` each), as samples in the student's tokens.
     `progress(tasks_done)` after each batch; `bind(env)` prepares scripted-teacher environments."""
-    from workers.coding.scripted import SCRIPTED_CODING_TEACHER, scripted_coding_rollout
+    from workers.coding.scripted import SCRIPTED_CODING_TEACHERS, scripted_coding_rollout
     from workers.models import make_backend
     from workers.models.registry import resolve_base_model
     from workers.rl.rollout import RolloutWorker
@@ -153,7 +153,7 @@ def generate(
     from workers.swarm.scripted import SCRIPTED_SWARM_TEACHER, ScriptedOrchestrator
 
     samples: list[Any] = []
-    if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_CODING_TEACHER, SCRIPTED_SWARM_TEACHER):
+    if config.teacher_model in (SCRIPTED_TEACHER, *SCRIPTED_CODING_TEACHERS, SCRIPTED_SWARM_TEACHER):
         from transformers import AutoTokenizer
 
         from workers.models.base import encode_chat
@@ -186,6 +186,7 @@ def generate(
                     env_params=config.env_params,
                     reward=reward,
                     bind=bind,
+                    locate=SCRIPTED_CODING_TEACHERS[config.teacher_model],
                 )
             if progress is not None:
                 progress(len(rows))

@@ -97,7 +97,8 @@ class SFTConfig(BaseModel):
         min_length=1,
         description=(
             "Generates the trajectories: a model, or a scripted agent: 'scripted-search' (workers.search.teacher) "
-            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent, 'scripted-swarm' "
+            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent ('scripted-coding-search': the "
+            "same agent finding the function the instruction names by search, as a student can), 'scripted-swarm' "
             "(workers.swarm.scripted, the orchestrator that fans items out to sub-agents) for swarm"
         ),
     )

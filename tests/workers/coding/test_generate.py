@@ -114,6 +114,21 @@ def test_the_candidate_queue_is_seeded_and_spreads_over_families() -> None:
     assert only and all(c.family == "implement" and c.functions[0].docstring for c in only)
 
 
+def test_single_site_keeps_functions_with_one_mutation_and_no_pairs() -> None:
+    library = load_library("webcolors")
+    params = CodegenParams(sources=["webcolors"], families=["repair"], operators=["compare"], single_site=True)
+    queue = candidate_queue([library], params)
+    assert queue and all(len(c.functions) == 1 and c.mutation.operator == "compare" for c in queue)
+    for candidate in queue:
+        path = candidate.mutation.path
+        [info] = [f for f in find_functions(path, library.text(path)) if f.qualname == candidate.mutation.function]
+        assert len(repair_mutations(library.text(path), info, ["compare"])) == 1
+    wider = candidate_queue([library], params.model_copy(update={"single_site": False, "multi_function_share": 0.5}))
+    assert len(wider) > len(queue) and any(len(c.functions) == 2 for c in wider)
+    with pytest.raises(ValueError, match="instruction_style"):
+        CodegenParams(instruction_style="exact")  # type: ignore[arg-type]
+
+
 def test_related_tests_are_the_modules_own_test_file() -> None:
     library = load_library("toolz")
     [candidate] = [

@@ -113,3 +113,18 @@ def test_helpers_read_node_ids_and_docstrings() -> None:
     assert docstring_summary(None) == ""
     with pytest.raises(ValueError, match="at least one failing test"):
         write_instruction(_facts(failing_tests=[]), seed=0)
+
+
+def test_a_pinpoint_instruction_always_names_the_function_and_its_file() -> None:
+    shown = ("assert [(1, 2, 3), (2, 3, 4)] == [(1, 2), (2, 3), (3, 4)]",)
+    for seed in range(20):
+        text = write_instruction(_facts(messages=shown), seed=seed, key="k", style="pinpoint")
+        assert text.startswith("sliding_window() in toolz/itertoolz.py is broken: test_sliding_window fails with `")
+        # a message that quotes a hidden test line falls back to the plain symptom, still naming the place
+        quiet = write_instruction(_facts(messages=shown), seed=seed, key="k", style="pinpoint", hidden_files=HIDDEN)
+        assert "sliding_window() in toolz/itertoolz.py" in quiet and not leaked_lines(quiet, HIDDEN)
+    # two functions changed: no template names one of them, pinpoint or not
+    two = _facts(functions=("sliding_window", "partition"))
+    assert "sliding_window()" not in write_instruction(two, seed=0, style="pinpoint")
+    with pytest.raises(ValueError, match="'varied' or 'pinpoint'"):
+        write_instruction(_facts(), seed=0, style="exact")

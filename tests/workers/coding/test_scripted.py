@@ -162,3 +162,67 @@ def test_the_rollout_for_the_sft_job_gives_trained_samples_of_the_agent_replies(
     assert len(sample.loss_mask) == len(sample.token_ids) - sample.completion_start
     assert sum(sample.loss_mask) > 0 and 0 in sample.loss_mask  # replies trained, observations not
     assert sample.num_turns == 5
+
+
+def _located(row: dict[str, Any], function: str, path: str = "calc/ops.py") -> dict[str, Any]:
+    return {
+        **row,
+        "prompt": f"{function}() in {path} is broken: test_add fails. Fix it.",
+        "source": {"path": path, "function": function},
+    }
+
+
+def _play_searching(row: dict[str, Any], **params: Any) -> dict[str, Any]:
+    env = make_env("coding_agent", **{"summary_threshold_tokens": 0, **params})
+    assert isinstance(env, CodingAgentEnv)
+    env.reset(env.validate_task_row(row))
+    return run_episode(env, ScriptedCodingAgent.for_row(row, locate="search"))
+
+
+def test_locating_by_search_uses_only_what_a_student_sees_and_edits_the_changed_line() -> None:
+    """`scripted-coding-search`: search for the definition the instruction names, read from its line, edit the
+    changed line alone (widened with lines it read when not unique), finish: no line number from the patch."""
+    row = _located(_row(REPO, {"calc/ops.py": OPS.replace("return a - b", "return a + b", 1)}, HIDDEN), "add")
+    record = _play_searching(row)
+    assert record["hidden_tests"]["resolved"] is True, record["hidden_tests"]
+    assert _tools(record) == ["search_code", "read_file", "edit_file", "edit_file", "finish"]
+    calls = [t for t in record["turns"] if t["role"] == "assistant" and t.get("tool")]
+    assert calls[0]["args"] == {"pattern": "def add\\(", "path": "calc/ops.py"}
+    assert calls[1]["args"] == {"path": "calc/ops.py", "start_line": 1, "end_line": 40}  # the search's line
+    # "return a - b" is in both functions: the one-line edit is refused, then widened with the def line above it
+    assert calls[2]["args"]["search"] == "    return a - b\n" and calls[2]["args"]["replace"] == "    return a + b\n"
+    assert calls[3]["args"]["search"] == "def add(a, b):\n    return a - b\n"
+    assert record["counts"]["malformed_tool_calls"] == 0
+
+
+def test_locating_a_method_by_search_takes_the_definition_after_its_class() -> None:
+    shapes = (
+        "class Square:\n    def area(self, side):\n        return side * side\n\n\n"
+        "class Rect:\n    def area(self, w, h):\n        return w + h\n"
+    )
+    repo = {"shapes.py": shapes}
+    hidden = {
+        "files": {
+            "test_shapes.py": "from shapes import Rect\n\n\ndef test_area():\n    assert Rect().area(2, 3) == 6\n"
+        },
+        "fail_to_pass": ["test_shapes.py::test_area"],
+    }
+    row = _located(_row(repo, {"shapes.py": shapes.replace("w + h", "w * h")}, hidden), "Rect.area", "shapes.py")
+    record = _play_searching(row)
+    assert record["hidden_tests"]["resolved"] is True
+    calls = [t for t in record["turns"] if t["role"] == "assistant" and t.get("tool")]
+    assert [c["args"]["pattern"] for c in calls[:2]] == ["class Rect\\b", "def area\\("]
+    assert calls[2]["args"]["start_line"] == 7  # Rect.area, not Square.area on line 2
+    assert calls[3]["args"]["search"] == "        return w + h\n"
+
+
+def test_locating_by_search_falls_back_to_the_patch_when_it_cannot_see_the_function() -> None:
+    fixed = {"calc/ops.py": OPS.replace("return a - b", "return a + b", 1)}
+    row = _row(REPO, fixed, HIDDEN)
+    # the instruction does not name the function: nothing to search for, the patch's way from the start
+    assert _tools(_play_searching({**row, "source": {"path": "calc/ops.py", "function": "add"}}))[0] == "list_files"
+    # the instruction names a function the file does not define: one search, then the patch's way
+    record = _play_searching(_located(row, "plus"))
+    assert _tools(record)[:2] == ["search_code", "list_files"] and record["hidden_tests"]["resolved"] is True
+    with pytest.raises(ValueError, match="locate must be"):
+        ScriptedCodingAgent.for_row(row, locate="guess")
