@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT))
 from scipy import stats as scipy_stats  # noqa: E402
 
 from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, generate_tasks  # noqa: E402
-from workers.coding.scripted import SCRIPTED_CODING_TEACHER  # noqa: E402
+from workers.coding.scripted import SCRIPTED_CODING_TEACHER, SCRIPTED_CODING_TEACHERS  # noqa: E402
 from workers.envs.coding_agent import CodingAgentEnv  # noqa: E402
 from workers.evals.stats import mcnemar_exact, paired_bootstrap, sign_test  # noqa: E402
 from workers.models import make_backend  # noqa: E402
@@ -220,6 +220,20 @@ def main() -> None:
     parser.add_argument("--sources", default=",".join(DEFAULT_SOURCES), help="vendored libraries to mutate")
     parser.add_argument("--gen-seed", type=int, default=0, help="task generator seed")
     parser.add_argument("--held-out-percent", type=int, default=20, help="tasks held out, by task-id hash")
+    parser.add_argument("--operators", default="", help="repair operators, comma-separated (default: all)")
+    parser.add_argument("--families", default="repair,implement", help="task families, comma-separated")
+    parser.add_argument(
+        "--single-site",
+        action="store_true",
+        help="only functions the operators mutate in exactly one way (CodegenParams.single_site)",
+    )
+    parser.add_argument("--instruction-style", choices=["varied", "pinpoint"], default="varied")
+    parser.add_argument(
+        "--teacher",
+        choices=sorted(SCRIPTED_CODING_TEACHERS),
+        default=SCRIPTED_CODING_TEACHER,
+        help="scripted-coding-search finds the function the instruction names by search, as a student can",
+    )
     parser.add_argument("--max-turns", type=int, default=6, help="coding_agent max_turns")
     parser.add_argument("--max-calls-per-turn", type=int, default=2, help="coding_agent max_calls_per_turn")
     parser.add_argument("--max-output-chars", type=int, default=1500, help="coding_agent tool-output limit")
@@ -276,7 +290,14 @@ def main() -> None:
     # 1. Tasks.
     phase = time.perf_counter()
     params = CodegenParams(
-        sources=args.sources.split(","), max_tasks=args.tasks, max_candidates=10 * args.tasks, seed=args.gen_seed
+        sources=args.sources.split(","),
+        families=args.families.split(","),
+        operators=args.operators.split(",") if args.operators else CodegenParams().operators,
+        single_site=args.single_site,
+        instruction_style=args.instruction_style,
+        max_tasks=args.tasks,
+        max_candidates=10 * args.tasks,
+        seed=args.gen_seed,
     )
     rows, generation = cached_tasks(params, args.cache)
     train = [row for row in rows if not held_out(row["id"], args.held_out_percent)]
@@ -330,7 +351,7 @@ def main() -> None:
 
     phase = time.perf_counter()
     sft_config = SFTConfig(
-        teacher_model=SCRIPTED_CODING_TEACHER,
+        teacher_model=args.teacher,
         base_model=base_path,
         environment="coding_agent",
         env_params=env_params,

@@ -146,9 +146,9 @@ class CodegenParams(BaseModel):
     max_tasks_per_function: int = Field(default=1, ge=1, le=100, description="Kept tasks per function and family")
     single_site: bool = Field(
         default=False,
-        description="Repair: only functions that `operators` can mutate in exactly one way, and no two-function "
-        "candidates: the bug is then the one such site of its function, a family a small model can learn to fix "
-        "(with operators ['compare']: the function's only comparison, flipped)",
+        description="Repair: an operator mutates a function only where it has exactly one site there (its only "
+        "comparison, its only condition), and no two-function candidates: a family a small model can learn to "
+        "fix (with operators ['compare']: the function's one comparison, flipped back)",
     )
     instruction_style: Literal["varied", "pinpoint"] = Field(
         default="varied",
@@ -474,8 +474,9 @@ def library_candidates(library: Library, params: CodegenParams) -> dict[str, lis
         for function in functions:
             if "repair" in by_family:
                 options = repair_mutations(source, function, params.operators)
-                if params.single_site and len(options) != 1:
-                    continue
+                if params.single_site:  # an operator's mutation only where it is that operator's one site here
+                    per_operator = Counter(mutation.operator for mutation in options)
+                    options = [mutation for mutation in options if per_operator[mutation.operator] == 1]
                 for mutation in _pick_repairs(options, params.mutations_per_function, rng):
                     singles.append((function, mutation))
                     by_family["repair"].append(

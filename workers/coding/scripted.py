@@ -23,7 +23,8 @@ can learn to do what it does: steps 1-2 above read lines whose numbers come from
 student never has, so imitating them teaches it to guess. In this mode the agent
 1. searches for the definition the instruction names (`search_code` for `def <name>` and an opening parenthesis in its
    file; for a method, `class <Class>` as a word too, taking the first definition after the class line);
-2. reads `SEARCH_READ_LINES` lines from that line (a further window while the change lies below what it read);
+2. reads from that line (no end line: as much as the tool shows), and on from the line after the last one shown
+   while the change lies below (at most `SEARCH_MAX_READS` reads);
 3. edits only the changed lines of each hunk (widened upwards with lines it read when the text is not unique);
 4. finishes (no test run: the episode is short and its reward is the hidden tests).
 It needs the row's `source.function` and `source.path` (generated tasks have them) named in its instruction, as
@@ -64,7 +65,8 @@ SCRIPTED_CODING_SEARCH_TEACHER = "scripted-coding-search"
 """The same agent with `locate="search"`: it finds the code the instruction names as a student would."""
 SCRIPTED_CODING_TEACHERS = {SCRIPTED_CODING_TEACHER: "patch", SCRIPTED_CODING_SEARCH_TEACHER: "search"}
 """Teacher name -> locate mode."""
-SEARCH_READ_LINES = 40
+SEARCH_MAX_READS = 4
+"""locate="search": reads from the definition on, each from the line after the last one shown, at most this many."""
 
 READ_MARGIN = 6
 """Lines read around each hunk (the unified diff's own 3 lines of context, and a few more to extend a search)."""
@@ -250,17 +252,16 @@ class ScriptedCodingAgent:
         if not changed or len(self.files) != 1 or min(changed) < start:
             return False
         first = start
-        while True:
-            observations = yield f"I'll read `{qualname}`.\n" + call(
-                READ_TOOL, path=path, start_line=first, end_line=first + SEARCH_READ_LINES - 1
-            )
+        for _ in range(SEARCH_MAX_READS):
+            # No end_line: the tool shows what fits its output limit, and a student need not add line numbers.
+            observations = yield f"I'll read `{qualname}`.\n" + call(READ_TOOL, path=path, start_line=first)
             for text in observations:
                 self._learn(text)
             read = self.notes.known.get(path, {})
-            last = max(read, default=0)
-            if max(changed) <= last - 2 or not observations or observations[0].startswith("error"):
+            if all(number in read for number in changed):
                 break
-            if last < first + SEARCH_READ_LINES - 1:  # the file ended, or the read was cut
+            last = max(read, default=0)
+            if last < first or not observations or observations[0].startswith("error"):
                 break
             first = last + 1
         if not all(number in self.notes.known.get(path, {}) for number in changed):

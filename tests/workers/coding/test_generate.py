@@ -116,13 +116,14 @@ def test_the_candidate_queue_is_seeded_and_spreads_over_families() -> None:
 
 def test_single_site_keeps_functions_with_one_mutation_and_no_pairs() -> None:
     library = load_library("webcolors")
-    params = CodegenParams(sources=["webcolors"], families=["repair"], operators=["compare"], single_site=True)
+    operators = ["compare", "negate"]
+    params = CodegenParams(sources=["webcolors"], families=["repair"], operators=operators, single_site=True)
     queue = candidate_queue([library], params)
-    assert queue and all(len(c.functions) == 1 and c.mutation.operator == "compare" for c in queue)
-    for candidate in queue:
+    assert queue and all(len(c.functions) == 1 and c.mutation.operator in operators for c in queue)
+    for candidate in queue:  # the one site of its operator in its function
         path = candidate.mutation.path
         [info] = [f for f in find_functions(path, library.text(path)) if f.qualname == candidate.mutation.function]
-        assert len(repair_mutations(library.text(path), info, ["compare"])) == 1
+        assert len(repair_mutations(library.text(path), info, [candidate.mutation.operator])) == 1
     wider = candidate_queue([library], params.model_copy(update={"single_site": False, "multi_function_share": 0.5}))
     assert len(wider) > len(queue) and any(len(c.functions) == 2 for c in wider)
     with pytest.raises(ValueError, match="instruction_style"):

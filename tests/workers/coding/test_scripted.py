@@ -188,7 +188,7 @@ def test_locating_by_search_uses_only_what_a_student_sees_and_edits_the_changed_
     assert _tools(record) == ["search_code", "read_file", "edit_file", "edit_file", "finish"]
     calls = [t for t in record["turns"] if t["role"] == "assistant" and t.get("tool")]
     assert calls[0]["args"] == {"pattern": "def add\\(", "path": "calc/ops.py"}
-    assert calls[1]["args"] == {"path": "calc/ops.py", "start_line": 1, "end_line": 40}  # the search's line
+    assert calls[1]["args"] == {"path": "calc/ops.py", "start_line": 1}  # the search's line, as much as it shows
     # "return a - b" is in both functions: the one-line edit is refused, then widened with the def line above it
     assert calls[2]["args"]["search"] == "    return a - b\n" and calls[2]["args"]["replace"] == "    return a + b\n"
     assert calls[3]["args"]["search"] == "def add(a, b):\n    return a - b\n"
@@ -226,3 +226,22 @@ def test_locating_by_search_falls_back_to_the_patch_when_it_cannot_see_the_funct
     assert _tools(record)[:2] == ["search_code", "list_files"] and record["hidden_tests"]["resolved"] is True
     with pytest.raises(ValueError, match="locate must be"):
         ScriptedCodingAgent.for_row(row, locate="guess")
+
+
+def test_locating_by_search_reads_on_from_the_last_line_shown_until_it_sees_the_change() -> None:
+    body = "".join(f"    v{i} = {i}\n" for i in range(40))
+    long = f"def total():\n{body}    return v0 - v1\n"
+    hidden = {
+        "files": {"test_long.py": "from long import total\n\n\ndef test_total():\n    assert total() == 1\n"},
+        "fail_to_pass": ["test_long.py::test_total"],
+    }
+    row = _located(_row({"long.py": long}, {"long.py": long.replace("v0 - v1", "v0 + v1")}, hidden), "total", "long.py")
+    record = _play_searching(row, max_output_chars=400)
+    assert record["hidden_tests"]["resolved"] is True
+    reads = [
+        t["args"]["start_line"] for t in record["turns"] if t["role"] == "assistant" and t.get("tool") == "read_file"
+    ]
+    assert len(reads) >= 2 and reads[0] == 1 and reads == sorted(reads)
+    shown = [t["content"] for t in record["turns"] if t["role"] == "tool" and t.get("tool") == "read_file"]
+    last_shown = max(int(line.split("|")[0]) for line in shown[0].splitlines()[1:] if "|" in line)
+    assert reads[1] == last_shown + 1
