@@ -210,6 +210,92 @@ def paired(after: dict[str, Any], before: dict[str, Any], metric: str) -> dict[s
     return out
 
 
+def warm_up(
+    args: argparse.Namespace,
+    base_path: str,
+    env_params: dict[str, Any],
+    train: list[dict[str, Any]],
+    reward: dict[str, Any],
+    sft_path: str,
+    end_phase: Any,
+    phases: dict[str, float],
+) -> dict[str, Any]:
+    """SFT warm-up from the scripted coding agent, filtered by the environment's own rule (solved episodes); the
+    model is saved to `sft_path`; returns its figures."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from workers.jobs.sft import SFTConfig, fine_tune, generate
+
+    phase = time.perf_counter()
+    sft_config = SFTConfig(
+        teacher_model=args.teacher,
+        base_model=base_path,
+        environment="coding_agent",
+        env_params=env_params,
+        rollouts_per_task=1,
+        epochs=args.sft_epochs,
+        learning_rate=args.sft_lr,
+        max_tokens_per_pack=4096,
+    )
+    teacher_samples = generate(sft_config, train, reward)
+    kept, report = CodingAgentEnv.select_for_sft([s.trajectory for s in teacher_samples])
+    tokenizer = AutoTokenizer.from_pretrained(base_path, local_files_only=True)
+    reply_tokens = [
+        len(tokenizer.encode(turn["content"] + "<|im_end|>", add_special_tokens=False))
+        for s in teacher_samples
+        for turn in s.trajectory["turns"]
+        if turn["role"] == "assistant"
+    ]
+    report["teacher"] = {
+        "seconds": round(time.perf_counter() - phase, 1),
+        "resolved": sum(1 for s in teacher_samples if (s.trajectory.get("hidden_tests") or {}).get("resolved")),
+        "reward_mean": statistics.fmean(s.reward for s in teacher_samples) if teacher_samples else 0.0,
+        "turns_mean": statistics.fmean(s.num_turns for s in teacher_samples) if teacher_samples else 0.0,
+        "summaries": sum(len(s.trajectory.get("summaries") or []) for s in teacher_samples),
+        "episode_tokens_median": statistics.median(s.total_tokens for s in teacher_samples) if teacher_samples else 0,
+        "episode_tokens_max": max((s.total_tokens for s in teacher_samples), default=0),
+        "reply_tokens_max": max(reply_tokens, default=0),
+        "replies_over_max_new_tokens": sum(1 for n in reply_tokens if n > args.max_new_tokens),
+        "replies": len(reply_tokens),
+    }
+    end_phase("sft_teacher", phase)
+    log(f"teacher: {report}")
+    phase = time.perf_counter()
+    student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
+    if args.sft_lora_rank:  # adapters on every linear layer of the blocks, merged into the weights afterwards
+        from peft import LoraConfig, get_peft_model
+
+        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+        lora = LoraConfig(r=args.sft_lora_rank, lora_alpha=2 * args.sft_lora_rank, target_modules=targets)
+        student = get_peft_model(student, lora)
+    # The first --sft-examples kept episodes in the train tasks' order (the generator interleaves sources and
+    # families, so a prefix keeps both).
+    used = kept[: args.sft_examples] if args.sft_examples else kept
+    kept_samples = [teacher_samples[i] for i in used]
+    losses = fine_tune(student, kept_samples, sft_config)
+    if args.sft_lora_rank:
+        student = student.merge_and_unload()
+    student.save_pretrained(sft_path)
+    tokenizer.save_pretrained(sft_path)
+    del student
+    end_phase("sft_fine_tune", phase)
+    log(
+        f"SFT on {len(used)} of {len(kept)} kept trajectories ({sum(s.total_tokens for s in kept_samples)} tokens, "
+        f"{sum(s.sampled_tokens for s in kept_samples)} trained): loss {losses} ({phases['sft_fine_tune']:.0f}s)"
+    )
+    return {
+        "filter": report,
+        "loss_per_epoch": losses,
+        "examples": len(used),
+        "example_tasks": [s.task_id for s in kept_samples],
+        "lora_rank": args.sft_lora_rank or None,
+        "tokens": sum(s.total_tokens for s in kept_samples),
+        "trained_tokens": sum(s.sampled_tokens for s in kept_samples),
+        "config": sft_config.model_dump(mode="json"),
+    }
+
+
 # --- the check ----------------------------------------------------------------------------------------------------
 
 
@@ -254,6 +340,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cache", type=Path, default=CACHE, help="generated tasks and the SFT model go here")
     parser.add_argument("--out", type=Path, default=RESULTS / "coding_learning_check.json")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="reuse the base evaluation, SFT model and SFT evaluation an earlier run left in --cache for the same "
+        "inputs (a stopped run resumes at RL)",
+    )
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
@@ -337,90 +429,64 @@ def main() -> None:
             max_context_tokens=args.max_context,
         )
 
+    # Stages already run with the same inputs (--reuse): kept in the cache folder, keyed by what they depend on.
+    stages_path = args.cache / "stages.json"
+    stages: dict[str, Any] = json.loads(stages_path.read_text()) if args.reuse and stages_path.exists() else {}
+    inputs = {
+        "model": model,
+        "tasks": [r["id"] for r in rows],
+        "held_out": [r["id"] for r in test],
+        "env": env_params,
+        "max_new_tokens": args.max_new_tokens,
+        "max_context": args.max_context,
+    }
+    sft_inputs = {
+        **inputs,
+        "teacher": args.teacher,
+        "sft": [args.sft_examples, args.sft_epochs, args.sft_lora_rank, args.sft_lr],
+    }
+
+    def stage_key(name: str, depends: dict[str, Any]) -> str:
+        return name + ":" + hashlib.sha256(json.dumps(depends, sort_keys=True).encode()).hexdigest()[:16]
+
+    def keep_stage(key: str, value: Any) -> None:
+        stages[key] = value
+        if not args.quick:
+            stages_path.parent.mkdir(parents=True, exist_ok=True)
+            stages_path.write_text(json.dumps(stages))
+
     # 2. Base.
     base_path = str(resolve_base_model(model))
     phase = time.perf_counter()
     evals: dict[str, dict[str, Any]] = {}
-    evals["base"] = evaluate(worker_for(base_path, 0.0), test, "base", args.eval_batch)
+    key = stage_key("eval_base", inputs)
+    if key in stages:
+        evals["base"] = stages[key]
+        log(f"base: evaluation reused from {stages_path}")
+    else:
+        evals["base"] = evaluate(worker_for(base_path, 0.0), test, "base", args.eval_batch)
+        keep_stage(key, evals["base"])
     end_phase("eval_base", phase)
 
     # 3. SFT warm-up from the scripted coding agent, filtered by the environment's own rule (solved episodes).
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from workers.jobs.sft import SFTConfig, fine_tune, generate
-
-    phase = time.perf_counter()
-    sft_config = SFTConfig(
-        teacher_model=args.teacher,
-        base_model=base_path,
-        environment="coding_agent",
-        env_params=env_params,
-        rollouts_per_task=1,
-        epochs=args.sft_epochs,
-        learning_rate=args.sft_lr,
-        max_tokens_per_pack=4096,
-    )
-    teacher_samples = generate(sft_config, train, reward)
-    kept, report = CodingAgentEnv.select_for_sft([s.trajectory for s in teacher_samples])
-    tokenizer = AutoTokenizer.from_pretrained(base_path, local_files_only=True)
-    reply_tokens = [
-        len(tokenizer.encode(turn["content"] + "<|im_end|>", add_special_tokens=False))
-        for s in teacher_samples
-        for turn in s.trajectory["turns"]
-        if turn["role"] == "assistant"
-    ]
-    report["teacher"] = {
-        "seconds": round(time.perf_counter() - phase, 1),
-        "resolved": sum(1 for s in teacher_samples if (s.trajectory.get("hidden_tests") or {}).get("resolved")),
-        "reward_mean": statistics.fmean(s.reward for s in teacher_samples) if teacher_samples else 0.0,
-        "turns_mean": statistics.fmean(s.num_turns for s in teacher_samples) if teacher_samples else 0.0,
-        "summaries": sum(len(s.trajectory.get("summaries") or []) for s in teacher_samples),
-        "episode_tokens_median": statistics.median(s.total_tokens for s in teacher_samples) if teacher_samples else 0,
-        "episode_tokens_max": max((s.total_tokens for s in teacher_samples), default=0),
-        "reply_tokens_max": max(reply_tokens, default=0),
-        "replies_over_max_new_tokens": sum(1 for n in reply_tokens if n > args.max_new_tokens),
-        "replies": len(reply_tokens),
-    }
-    end_phase("sft_teacher", phase)
-    log(f"teacher: {report}")
-    phase = time.perf_counter()
-    student: Any = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32, local_files_only=True)
-    if args.sft_lora_rank:  # adapters on every linear layer of the blocks, merged into the weights afterwards
-        from peft import LoraConfig, get_peft_model
-
-        targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        lora = LoraConfig(r=args.sft_lora_rank, lora_alpha=2 * args.sft_lora_rank, target_modules=targets)
-        student = get_peft_model(student, lora)
-    # The first --sft-examples kept episodes in the train tasks' order (the generator interleaves sources and
-    # families, so a prefix keeps both).
-    used = kept[: args.sft_examples] if args.sft_examples else kept
-    kept_samples = [teacher_samples[i] for i in used]
-    losses = fine_tune(student, kept_samples, sft_config)
-    if args.sft_lora_rank:
-        student = student.merge_and_unload()
     sft_path = str(args.cache / ("sft-quick" if args.quick else "sft"))
-    student.save_pretrained(sft_path)
-    tokenizer.save_pretrained(sft_path)
-    del student
-    end_phase("sft_fine_tune", phase)
-    log(
-        f"SFT on {len(used)} of {len(kept)} kept trajectories ({sum(s.total_tokens for s in kept_samples)} tokens, "
-        f"{sum(s.sampled_tokens for s in kept_samples)} trained): loss {losses} ({phases['sft_fine_tune']:.0f}s)"
-    )
-    figures["sft"] = {
-        "filter": report,
-        "loss_per_epoch": losses,
-        "examples": len(used),
-        "example_tasks": [s.task_id for s in kept_samples],
-        "lora_rank": args.sft_lora_rank or None,
-        "tokens": sum(s.total_tokens for s in kept_samples),
-        "trained_tokens": sum(s.sampled_tokens for s in kept_samples),
-        "config": sft_config.model_dump(mode="json"),
-    }
+    sft_key = stage_key("sft", sft_inputs)
+    if sft_key in stages and Path(sft_path, "config.json").exists():
+        figures["sft"] = stages[sft_key]
+        log(f"SFT: reusing {sft_path}")
+    else:
+        figures["sft"] = warm_up(args, base_path, env_params, train, reward, sft_path, end_phase, phases)
+        keep_stage(sft_key, figures["sft"])
     phase = time.perf_counter()
-    sft_worker = worker_for(sft_path, 0.0)
-    evals["sft"] = evaluate(sft_worker, test, "sft", args.eval_batch)
-    del sft_worker
+    key = stage_key("eval_sft", sft_inputs)
+    if key in stages:
+        evals["sft"] = stages[key]
+        log(f"sft: evaluation reused from {stages_path}")
+    else:
+        sft_worker = worker_for(sft_path, 0.0)
+        evals["sft"] = evaluate(sft_worker, test, "sft", args.eval_batch)
+        del sft_worker
+        keep_stage(key, evals["sft"])
     end_phase("eval_sft", phase)
 
     # 4. RL with Composer's defaults (C1, C2) from the SFT model.
@@ -504,6 +570,15 @@ def main() -> None:
         for metric in ("resolved", "tests_passed")
     }
     figures["means"] = {name: evals[name]["summary"] for name in MODELS}
+    # Self-summarisation (Composer 2's C3): do the episodes that summarised gain too? Per model, its held-out
+    # episodes with at least one summary and how many of them resolved their task.
+    figures["summarised_episodes"] = {
+        name: {
+            "episodes": sum(1 for r in evals[name]["tasks"].values() if r["summaries"]),
+            "resolved": sum(1 for r in evals[name]["tasks"].values() if r["summaries"] and r["resolved"]),
+        }
+        for name in MODELS
+    }
     figures["per_task"] = {
         task_id: {
             "family": next(r["family"] for r in test if r["id"] == task_id),
@@ -562,6 +637,10 @@ def summary_text(figures: dict[str, Any]) -> str:
             f"{h['step']}: reward {h['reward_mean']:.3f}, resolved {h['env/resolved']:.2f}"
             for h in figures["rl"]["history"]
         )
+    )
+    lines.append(
+        "held-out episodes that summarised (resolved / all): "
+        + "; ".join(f"{m} {v['resolved']}/{v['episodes']}" for m, v in figures["summarised_episodes"].items())
     )
     lines.append(f"phases (s): {figures['phases']}; total {figures['seconds']} s")
     lines.append(f"load average: start {figures['load_average_start']}, end {figures['load_average_end']}")
