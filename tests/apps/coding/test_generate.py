@@ -176,3 +176,25 @@ def test_the_coding_demo_starts_one_generation_then_gates_on_its_held_out_benchm
     assert "created the gate" in start_coding_demo()
     assert Gate.objects.get(name=CODING_GATE).benchmark_versions.count() == 1
     assert "ready" in start_coding_demo()
+
+
+def test_the_generate_page_passes_the_small_model_family_options_through(client, users, queued):  # type: ignore[no-untyped-def]
+    """Operators, single_site and instruction_style from the form reach the job's params; a bad style is named."""
+    client.force_login(users["operator"])
+    page = client.get("/coding/generate/").content.decode()
+    assert 'name="single_site"' in page and 'value="pinpoint"' in page and 'value="negate"' in page
+    bad = {"target_dataset": "s-tasks", "sources": ["toolz"], "instruction_style": "exact"}
+    refused = client.post("/coding/generate/", bad)
+    assert refused.status_code == 200 and "instruction_style" in refused.content.decode() and not Run.objects.exists()
+    form = {
+        "target_dataset": "s-tasks",
+        "sources": ["toolz"],
+        "families": ["repair"],
+        "operators": ["compare", "negate"],
+        "single_site": "on",
+        "instruction_style": "pinpoint",
+    }
+    assert client.post("/coding/generate/", form).status_code == 302
+    params = Run.objects.get(kind="codegen").spec["params"]
+    assert params["operators"] == ["compare", "negate"] and params["single_site"] is True
+    assert params["instruction_style"] == "pinpoint"

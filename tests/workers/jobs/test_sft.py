@@ -86,3 +86,26 @@ def test_the_scripted_coding_teacher_solves_a_task_and_the_environment_keeps_onl
     broken = {**samples[0].trajectory, "hidden_tests": {"resolved": False}, "diff": "x"}
     kept, report = CodingAgentEnv.select_for_sft([s.trajectory for s in samples] + [broken])
     assert kept == [0] and report["dropped"] == {"error": 0, "malformed": 0, "unresolved": 1, "duplicate": 1}
+
+
+def test_the_search_teacher_finds_the_named_function_in_the_sft_job() -> None:
+    """`teacher_model: scripted-coding-search`: the same job, the agent locating the function by search."""
+    from tests.apps.coding.test_import import task_row
+    from workers.jobs.sft import generate
+    from workers.rewards.schema import coding_agent_spec
+
+    config = SFTConfig(
+        teacher_model="scripted-coding-search",
+        base_model=TINY_LLAMA,
+        environment="coding_agent",
+        env_params={"max_turns": 12},
+        rollouts_per_task=1,
+    )
+    row = task_row(
+        instruction="clamp() in mathx.py lets values above the maximum through. Fix it.",
+        source={"path": "mathx.py", "function": "clamp"},
+    )
+    [sample] = generate(config, [row], coding_agent_spec().model_dump(mode="json"))
+    tools = [t["tool"] for t in sample.trajectory["turns"] if t["role"] == "assistant" and t.get("tool")]
+    assert tools[:2] == ["search_code", "read_file"] and tools[-1] == "finish" and "list_files" not in tools
+    assert sample.trajectory["hidden_tests"]["resolved"] is True
