@@ -75,14 +75,19 @@ ENV = {
 }
 
 
-def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str) -> list[dict[str, float]]:
-    """One greedy episode per task; each row holds the episode's metrics and its wall-clock seconds."""
+def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str, batch: int = 1) -> list[dict[str, float]]:
+    """One greedy episode per task; each row holds the episode's metrics and its wall-clock seconds. With `batch` >
+    1 the episodes of `batch` tasks are generated together (several times faster on a CPU) and each row's seconds
+    are its batch's divided by the batch's size, so they compare only between evaluations of the same batch."""
     out: list[dict[str, float]] = []
     started = time.perf_counter()
-    for task in tasks:
+    for at in range(0, len(tasks), batch):
         began = time.perf_counter()
-        [sample] = worker.rollout([task], group_size=1, seed=0, id_prefix=f"eval-{label}-").samples
-        out.append({**sample.episode_metrics, "seconds": time.perf_counter() - began})
+        chunk = tasks[at : at + batch]
+        samples = worker.rollout(chunk, group_size=1, seed=0, id_prefix=f"eval-{label}-").samples
+        by_task = {sample.task_id: sample for sample in samples}
+        seconds = (time.perf_counter() - began) / len(chunk)
+        out.extend({**by_task[task["id"]].episode_metrics, "seconds": seconds} for task in chunk)
     means = mean_metrics(out)
     log(
         f"{label}: item-F1 {means.get('item_f1', 0):.3f}, critical steps {means.get('critical_steps', 0):.2f}, "
@@ -106,6 +111,12 @@ def main() -> None:
     )
     parser.add_argument("--sft-lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--eval-batch",
+        type=int,
+        default=1,
+        help="held-out episodes generated together (1: one at a time, so each has its own wall-clock)",
+    )
     parser.add_argument(
         "--reuse", default="", help="a work folder of an earlier run: reuse its index and SFT models when present"
     )
@@ -254,9 +265,10 @@ def main() -> None:
             Path(args.out).write_text(json.dumps(figures, indent=2))
 
     def evaluated(label: str, path: str) -> list[dict[str, float]]:
-        key = json.dumps({"label": label, "tasks": [t["id"] for t in test], "env": env}, sort_keys=True)
+        batched = {"batch": args.eval_batch} if args.eval_batch > 1 else {}  # padding can move a greedy path
+        key = json.dumps({"label": label, "tasks": [t["id"] for t in test], "env": env, **batched}, sort_keys=True)
         if key not in stored:
-            stored[key] = evaluate(worker_for(path, 0.0, eval_env), test, label)
+            stored[key] = evaluate(worker_for(path, 0.0, eval_env), test, label, args.eval_batch)
             if not args.quick:
                 stored_path.write_text(json.dumps(stored))
         else:
@@ -349,7 +361,7 @@ def main() -> None:
     figures["rl"] = {"history": history, "config": config.model_dump(mode="json")}
     rollout.temperature = 0.0
     rollout.env_params = eval_env
-    rl_eval = evaluate(rollout, test, "PARL")
+    rl_eval = evaluate(rollout, test, "PARL", args.eval_batch)
 
     figures["eval"]["parl"] = rl_eval
     versus = {
