@@ -28,6 +28,7 @@ from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
 from workers.rewards.schema import RewardSpecError
 from workers.rl.config import (
+    FALLBACK_GROUP_SIZE,
     ComputeRequest,
     CurriculumConfig,
     LearnerConfig,
@@ -86,6 +87,11 @@ SUBSTEPS_LABEL = "substeps " + _recipe_label(
     "default", {name: cls.default_substeps for name, cls in ENVIRONMENTS.items()}, "1 otherwise"
 ).replace("(the", "(empty: the", 1)
 """The substeps field's label: empty takes the environment's recipe value (Environment.default_substeps)."""
+
+GROUP_SIZE_LABEL = "group size " + _recipe_label(
+    "default", {name: cls.default_group_size for name, cls in ENVIRONMENTS.items()}, "4 otherwise"
+).replace("(the", "(empty: the", 1)
+"""The group size field's label: empty takes the environment's recipe value (Environment.default_group_size)."""
 
 
 def recipe_reward_environments() -> list[str]:
@@ -154,6 +160,9 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
         if leaf == "substeps":
             # Empty means the environment's (Environment.default_substeps: search's 4), else 1.
             default, label = None, SUBSTEPS_LABEL
+        if path == "group_size":
+            # Empty means the environment's (Environment.default_group_size: search's 8), else 4.
+            default, label = None, GROUP_SIZE_LABEL
         if leaf == "base_model":
             choices = [*BUILTINS, *fine_tuned_models()]
         if leaf == "environment":
@@ -264,6 +273,11 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "corpora": corpora,
             "checkpoints": training_checkpoints()[:50],
             "run_time_rates": run_time_rates(),
+            # What an empty group size field means per environment, for the run-time estimate (launch.js).
+            "group_sizes": {
+                "fallback": FALLBACK_GROUP_SIZE,
+                **{name: cls.default_group_size for name, cls in ENVIRONMENTS.items() if cls.default_group_size},
+            },
             "errors": errors,
             "fields": _train_form_fields(values),
             "values": values,

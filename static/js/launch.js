@@ -13,7 +13,12 @@
     const value = (name) => Number((document.querySelector(`[name="${name}"]`) || {}).value || NaN);
     const model = (document.querySelector('[name="base_model"]') || {}).value;
     const rate = rates[model];
-    const slots = value("steps") * value("prompts_per_step") * value("group_size") * value("sampling.max_new_tokens");
+    // An empty group size is the environment's recipe value (search: Context-1's 8), else the trainer's 4.
+    const sizes = JSON.parse((document.getElementById("recipe-group-sizes") || {}).textContent || "{}");
+    const env = (document.querySelector('[name="environment"]') || {}).value;
+    const typed = (document.querySelector('[name="group_size"]') || {}).value;
+    const group = typed ? Number(typed) : (sizes[env] || sizes.fallback || 4);
+    const slots = value("steps") * value("prompts_per_step") * group * value("sampling.max_new_tokens");
     if (!rate || !Number.isFinite(slots) || slots <= 0) {
       out.textContent = rate ? "" : `No run-time estimate for ${model} yet: it appears after its first finished run here.`;
       return;

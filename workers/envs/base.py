@@ -153,6 +153,8 @@ class Environment(abc.ABC):
       the trainer's own default (grpo). A run that names an algorithm keeps it (`workers.rl.config.TrainConfig`).
     - `default_substeps`: the optimizer steps per rollout batch (`TrainConfig.substeps`) of a run that names none,
       e.g. 4 for search (Context-1's "4 gradient substeps/step"); None keeps the trainer's own default (1).
+    - `default_group_size`: the completions per prompt (`TrainConfig.group_size`) of a run that names none, e.g. 8
+      for search (Context-1's "128 queries x 8 envs"); None keeps the trainer's own default (4).
     - `default_reward()`: the recipe's reward spec (JSON) a training launch that names no reward config trains
       with (`apps.training.services.recipe_reward_version` keeps it as a reward config version), e.g. Context-1's
       X2-X5 for search, Kimi K2.5's PARL (K1) for swarm; None (the default): a launch must name one.
@@ -169,6 +171,7 @@ class Environment(abc.ABC):
     dataset_kind: ClassVar[str] = "tasks"
     default_algorithm: ClassVar[str | None] = None
     default_substeps: ClassVar[int | None] = None
+    default_group_size: ClassVar[int | None] = None
 
     @classmethod
     def default_reward(cls) -> dict[str, Any] | None:

@@ -123,10 +123,11 @@ class SearchEnv(ToolUseEnvironment):
     )
     score_field: ClassVar[str] = "output_recall"
     needs_corpus_index: ClassVar[bool] = True
-    # Context-1's RL recipe (methods.md section 3, "RL"): fully on-policy CISPO, 4 gradient substeps per step, and
-    # its reward (X2-X5, `default_reward`). A run that names its own keeps it.
+    # Context-1's RL recipe (methods.md section 3, "RL"): fully on-policy CISPO, 4 gradient substeps per step, 8
+    # episodes per query, and its reward (X2-X5, `default_reward`). A run that names its own keeps it.
     default_algorithm: ClassVar[str | None] = "cispo"
     default_substeps: ClassVar[int | None] = 4
+    default_group_size: ClassVar[int | None] = 8
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "gold_chunk_ids"})
     produces: ClassVar[frozenset[str]] = frozenset(
         {"answer", "gold_answers", "turns", "output_doc_ids", "gold_doc_ids", "seen_doc_ids", "answer_doc_ids"}

@@ -98,9 +98,11 @@ class SwarmEnv(SearchEnv):
     produces: ClassVar[frozenset[str]] = SearchEnv.produces | {"gold_table", "swarm"}
     tools: ClassVar[tuple[ToolSpec, ...]] = SearchEnv.tools + SUBAGENT_TOOLS
     # Kimi K2.5's recipe (methods.md section 1): its policy loss (K3) with the PARL reward (K1, `default_reward`).
-    # The source gives no substep count, so the trainer's own (1), not the search environment's Context-1 value.
+    # The source gives no substep count or group size, so the trainer's own (1 and 4), not the search
+    # environment's Context-1 values.
     default_algorithm: ClassVar[str | None] = "kimi"
     default_substeps: ClassVar[int | None] = None
+    default_group_size: ClassVar[int | None] = None
 
     def __init__(
         self,

@@ -37,6 +37,7 @@ __all__ = [
     "UpsampleHardConfig",
     "effective_settings",
     "environment_default_algorithm",
+    "environment_default_group_size",
     "environment_default_substeps",
     "loss_config_for",
     "settings_for",
@@ -295,30 +296,46 @@ def environment_default_algorithm(environment: str) -> Algorithm | None:
     )
 
 
-def environment_default_substeps(environment: str) -> int | None:
-    """The gradient substeps per step of a run on environment `environment` that names none
-    (`Environment.default_substeps`, e.g. Context-1's 4 for search); None for an unknown environment or one without
-    a default (the trainer's own, 1). Raises ValueError when an environment declares a value out of range."""
+def _environment_default_int(environment: str, attribute: str, bounds: tuple[int, int]) -> int | None:
+    """An environment's declared integer recipe default `attribute`; None for an unknown environment or one without
+    it. Raises ValueError when an environment declares a value out of `bounds`."""
     from workers.envs.registry import get_environment
 
     try:
-        declared = get_environment(environment).default_substeps
+        declared = getattr(get_environment(environment), attribute)
     except ValueError:
         return None
     if declared is None:
         return None
-    low, high = SUBSTEPS_RANGE
+    low, high = bounds
     if isinstance(declared, bool) or not isinstance(declared, int) or not low <= declared <= high:
         raise ValueError(
-            f"environment {environment!r} declares default_substeps={declared!r}, which is not an integer in "
+            f"environment {environment!r} declares {attribute}={declared!r}, which is not an integer in "
             f"[{low}, {high}]: fix the environment class"
         )
     return declared
 
 
+def environment_default_substeps(environment: str) -> int | None:
+    """The gradient substeps per step of a run on environment `environment` that names none
+    (`Environment.default_substeps`, e.g. Context-1's 4 for search); None for an unknown environment or one without
+    a default (the trainer's own, 1). Raises ValueError when an environment declares a value out of range."""
+    return _environment_default_int(environment, "default_substeps", SUBSTEPS_RANGE)
+
+
+def environment_default_group_size(environment: str) -> int | None:
+    """The completions per prompt of a run on environment `environment` that names none
+    (`Environment.default_group_size`, e.g. Context-1's 8 for search); None for an unknown environment or one
+    without a default (the trainer's own, 4). Raises ValueError when an environment declares a value out of range."""
+    return _environment_default_int(environment, "default_group_size", GROUP_SIZE_RANGE)
+
+
 SUBSTEPS_RANGE = (1, 64)
 FALLBACK_SUBSTEPS = 1
 """The gradient substeps of a run that names none, on an environment without a `default_substeps`."""
+GROUP_SIZE_RANGE = (2, 1024)
+FALLBACK_GROUP_SIZE = 4
+"""The completions per prompt of a run that names none, on an environment without a `default_group_size`."""
 
 
 Correction = Literal["none", "tis", "mis", "seq_tis", "seq_mis"]
@@ -396,6 +413,11 @@ class TrainConfig(_Strict):
         description="Filled in when the run names no substeps and its environment has a default (search: "
         "Context-1's 4): that environment's name. Not a choice",
     )
+    group_size_default_of: str | None = Field(
+        default=None,
+        description="Filled in when the run names no group_size and its environment has a default (search: "
+        "Context-1's 8): that environment's name. Not a choice",
+    )
     loss: dict[str, Any] = Field(
         default_factory=dict,
         description="Overrides of the algorithm's loss defaults (epsilon_low, epsilon_high, kl_coef, kl_estimator, "
@@ -416,7 +438,13 @@ class TrainConfig(_Strict):
     max_grad_norm: float = Field(default=1.0, gt=0, description="Gradient clipping by global norm")
     steps: int = Field(default=20, ge=1, le=1_000_000, description="Optimizer steps")
     prompts_per_step: int = Field(default=8, ge=1, le=65_536, description="Distinct prompts per step (batch size)")
-    group_size: int = Field(default=4, ge=2, le=1024, description="Completions per prompt, G (Context-1: 8; GRPO: 64)")
+    group_size: int = Field(
+        default=FALLBACK_GROUP_SIZE,
+        ge=GROUP_SIZE_RANGE[0],
+        le=GROUP_SIZE_RANGE[1],
+        description="Completions per prompt, G (Context-1: 8; GRPO: 64). Empty: the environment's recipe default "
+        "(search: 8), else 4",
+    )
     lora: LoraConfig | None = Field(
         default=None, description="None trains every parameter (Composer 2: full parameters)"
     )
@@ -531,14 +559,16 @@ class TrainConfig(_Strict):
     def _environment_defaults(cls, data: Any) -> Any:
         """A run that names no algorithm (absent or null) gets its environment's `default_algorithm` (recorded in
         `algorithm_default_of`), or grpo when the environment has none; likewise a run that names no `substeps`
-        gets the environment's `default_substeps` (recorded in `substeps_default_of`), or 1. A named value is
-        kept, so a stored config (which holds the resolved values) round-trips unchanged."""
+        gets the environment's `default_substeps` (recorded in `substeps_default_of`), or 1, and one that names no
+        `group_size` its `default_group_size` (`group_size_default_of`), or 4. A named value is kept, so a stored
+        config (which holds the resolved values) round-trips unchanged."""
         if not isinstance(data, dict):
             return data
         environment = data.get("environment", cls.model_fields["environment"].default)
         for field, lookup in (
             ("algorithm", environment_default_algorithm),
             ("substeps", environment_default_substeps),
+            ("group_size", environment_default_group_size),
         ):
             if data.get(field) is not None:
                 continue
@@ -625,7 +655,7 @@ class TrainConfig(_Strict):
                 f"mismatch.correction {self.mismatch.correction!r} weights tokens, and gspo's ratio and clip are per "
                 "sequence: use seq_tis or seq_mis with gspo"
             )
-        for field in ("algorithm", "substeps"):
+        for field in ("algorithm", "substeps", "group_size"):
             default_of = getattr(self, f"{field}_default_of")
             if default_of is not None and default_of != self.environment:
                 raise ValueError(

@@ -56,7 +56,7 @@ def run_recipe_defaults(run: Run) -> RecipeDefaults | None:
     if run.kind != RunKind.TRAIN or not isinstance(config, dict):
         return None
     out = RecipeDefaults()
-    for name in ("algorithm", "substeps"):
+    for name in ("algorithm", "substeps", "group_size"):
         environment = config.get(f"{name}_default_of")
         if environment:
             out.taken.append((name, str(config.get(name)), str(environment)))

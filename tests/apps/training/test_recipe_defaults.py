@@ -82,6 +82,11 @@ def test_a_search_launch_naming_nothing_trains_with_cispo_4_substeps_and_context
         assert shown in html
     again = _run(_launch(client_for, search_world, SEARCH))
     assert again.reward_version == run.reward_version  # one version per recipe, not one per launch
+    assert job["config"]["group_size"] == 2  # named: kept
+    unnamed = _run(_launch(client_for, search_world, {k: v for k, v in SEARCH.items() if k != "group_size"}))
+    config = unnamed.spec["job"]["config"]
+    assert (config["group_size"], config["group_size_default_of"]) == (8, "search")
+    assert "group_size <code>8</code>" in _page(users, unnamed)
     assert RewardConfigVersion.objects.filter(config__name="recipe-search").count() == 1
 
 

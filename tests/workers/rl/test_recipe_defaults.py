@@ -24,7 +24,13 @@ from workers.rewards.schema import (
     with_anneal_horizon,
 )
 from workers.rewards.score import annealed_weights
-from workers.rl.config import TrainConfig, environment_default_substeps, loss_config_for, settings_for
+from workers.rl.config import (
+    TrainConfig,
+    environment_default_group_size,
+    environment_default_substeps,
+    loss_config_for,
+    settings_for,
+)
 
 
 def test_a_swarm_run_that_names_nothing_trains_with_kimis_loss() -> None:
@@ -43,6 +49,21 @@ def test_a_search_run_that_names_nothing_trains_with_cispo_and_4_substeps() -> N
     assert loss_config_for(config).algorithm == "cispo"
     assert TrainConfig(environment="search", substeps=None).substeps == 4
     assert environment_default_substeps("search") == 4 and environment_default_substeps("exact_answer") is None
+
+
+def test_a_search_run_that_names_no_group_size_samples_contexts_1s_8_per_query() -> None:
+    config = TrainConfig(environment="search")
+    assert (config.group_size, config.group_size_default_of) == (8, "search")  # Context-1: 128 queries x 8 envs
+    assert TrainConfig(environment="search", group_size=None).group_size == 8
+    assert TrainConfig(environment="search", group_size=4).group_size_default_of is None
+    assert (TrainConfig().group_size, TrainConfig().group_size_default_of) == (4, None)
+    assert TrainConfig(environment="swarm").group_size == 4 and environment_default_group_size("swarm") is None
+    stored = TrainConfig(environment="search").model_dump(mode="json")
+    assert TrainConfig.model_validate(stored) == TrainConfig(environment="search")
+    with pytest.raises(ValidationError, match="group_size_default_of='search' names another environment"):
+        TrainConfig.model_validate(
+            {**stored, "environment": "exact_answer", "algorithm_default_of": None, "substeps_default_of": None}
+        )
 
 
 def test_explicit_choices_win_over_the_recipe() -> None:
