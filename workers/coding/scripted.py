@@ -251,20 +251,19 @@ class ScriptedCodingAgent:
         ]
         if not changed or len(self.files) != 1 or min(changed) < start:
             return False
-        first = start
+        first, seen = start, False
         for _ in range(SEARCH_MAX_READS):
             # No end_line: the tool shows what fits its output limit, and a student need not add line numbers.
             observations = yield f"I'll read `{qualname}`.\n" + call(READ_TOOL, path=path, start_line=first)
             for text in observations:
                 self._learn(text)
             read = self.notes.known.get(path, {})
-            if all(number in read for number in changed):
-                break
+            seen = all(number in read for number in changed)
             last = max(read, default=0)
-            if last < first or not observations or observations[0].startswith("error"):
+            if seen or last < first or not observations or observations[0].startswith("error"):
                 break
             first = last + 1
-        if not all(number in self.notes.known.get(path, {}) for number in changed):
+        if not seen:
             return False
         self.notes.names[path] = [qualname]
         yield from self._edit_replies(minimal=True)
