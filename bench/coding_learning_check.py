@@ -183,6 +183,23 @@ def evaluate(worker: RolloutWorker, tasks: list[dict[str, Any]], label: str, bat
     return {"summary": summary, "tasks": per_task}
 
 
+def group_signal(samples: list[Sample]) -> dict[str, Any]:
+    """Per RL step: how many groups (the samples of one task) had rewards that differ, the
+    mean within-group reward std, and how many groups had at least one resolved episode."""
+    groups: dict[str, list[Sample]] = {}
+    for sample in samples:
+        groups.setdefault(sample.task_id, []).append(sample)
+    spreads = [float(np.std([s.reward for s in g])) for g in groups.values()]
+    solved = [sum(1 for s in g if s.episode_metrics.get("resolved")) for g in groups.values()]
+    return {
+        "signal/groups": len(groups),
+        "signal/groups_with_signal": sum(1 for x in spreads if x > 1e-6),
+        "signal/within_group_reward_std": round(statistics.fmean(spreads), 4) if spreads else 0.0,
+        "signal/groups_with_a_resolved_episode": sum(1 for n in solved if n),
+        "signal/resolved_per_group": solved,
+    }
+
+
 def paired(after: dict[str, Any], before: dict[str, Any], metric: str) -> dict[str, Any]:
     """Paired per task: mean difference with a bootstrap 95% interval, Wilcoxon signed-rank (Pratt's zeros), sign
     test and, for a pass/fail metric, the exact McNemar test on the discordant tasks."""
@@ -508,12 +525,23 @@ def main() -> None:
     )
     settings = settings_for(config)
     learner = Learner(sft_path, config, threads=args.threads)
+    # The learner's state (LoRA weights, optimizer, random generators) and the history so far, written after every
+    # step: a run stopped mid-way resumes at its last finished step under --reuse.
+    rl_key = stage_key("rl", {**sft_inputs, "rl": config.model_dump(mode="json", exclude={"base_model"})})
+    checkpoint, steps_file = (
+        args.cache / f"{rl_key.replace(':', '-')}.ckpt",
+        args.cache / f"{rl_key.replace(':', '-')}.json",
+    )
+    history: list[dict[str, Any]] = []
+    if args.reuse and checkpoint.exists() and steps_file.exists():
+        learner.load_checkpoint(checkpoint.read_bytes())
+        history = json.loads(steps_file.read_text())
+        log(f"RL: resumed after step {len(history)} from {checkpoint}")
     rollout = worker_for(sft_path, config.sampling.temperature)
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()
-    receiver.receive(blob)
-    history = []
-    for step in range(config.steps):
+    rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
+    for step in range(len(history), config.steps):
         order = data_order(len(train), config.seed, step, config.prompts_per_step)
         result = rollout.rollout(
             [train[i] for i in order], group_size=config.group_size, seed=step, id_prefix=f"s{step}-"
@@ -535,13 +563,20 @@ def main() -> None:
                 f"env/{name}": round(statistics.fmean(e.get(name, 0.0) for e in episodes), 4)
                 for name in ("resolved", "tests_passed", "turns", "tool_calls", "malformed_tool_calls", "summaries")
             },
+            # The signal this step had to learn from: groups whose samples differ, and the spread inside them.
+            **group_signal(result.samples),
         }
         history.append(entry)
+        if not args.quick:
+            checkpoint.write_bytes(learner.checkpoint_bytes(data_position=step + 1))
+            steps_file.write_text(json.dumps(history))
         log(
             f"step {step + 1}/{config.steps}: reward {metrics['reward_mean']:.3f} (std {metrics['reward_std']:.3f}), "
             f"resolved {entry['env/resolved']:.2f}, tests passed {entry['env/tests_passed']:.2f}, "
             f"{result.sampled_tokens} sampled tokens, {entry['env/summaries']:.1f} summaries, dropped groups "
-            f"{metrics['dropped_groups']:.0f}, kl {metrics.get('kl', 0.0):.4f}, "
+            f"{metrics['dropped_groups']:.0f} (with signal {entry['signal/groups_with_signal']}/"
+            f"{entry['signal/groups']}, within-group std {entry['signal/within_group_reward_std']:.3f}, clip "
+            f"{metrics.get('clip_fraction', 0.0):.3f}), kl {metrics.get('kl', 0.0):.4f}, "
             f"{result.generation_seconds:.0f}s gen, {metrics['train_seconds']:.0f}s train"
         )
     end_phase("rl", phase)
@@ -634,7 +669,8 @@ def summary_text(figures: dict[str, Any]) -> str:
     lines.append(
         "RL steps: "
         + "; ".join(
-            f"{h['step']}: reward {h['reward_mean']:.3f}, resolved {h['env/resolved']:.2f}"
+            f"{h['step']}: reward {h['reward_mean']:.3f}, resolved {h['env/resolved']:.2f}, groups with signal "
+            f"{h.get('signal/groups_with_signal', '?')}/{h.get('signal/groups', '?')}"
             for h in figures["rl"]["history"]
         )
     )

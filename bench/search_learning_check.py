@@ -474,8 +474,8 @@ def rl_run(
     curriculum = Curriculum.from_rows(train, config.curriculum, config.steps, config.seed) if args.curriculum else None
     rollout = worker_for(sft_path, args.temperature, env_params)
     receiver = WeightSyncReceiver()
-    blob, _ = learner.weight_update()
-    receiver.receive(blob)
+    blob, _ = learner.weight_update()  # the engine starts from the learner's weights (a resumed run's, too)
+    rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
     from workers.jobs.train import data_order
 
     for step in range(len(history), config.steps):
