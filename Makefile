@@ -1,11 +1,11 @@
-# Crucible: the few commands a person needs. See README.md "Commands".
+# Crucible: the few commands a person needs. See docs/cli-and-api.md.
 SHELL := /bin/bash
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow lint fmt bench install clean-var browser-deps
+.PHONY: run test test-slow lint fmt bench install clean-var browser-deps docs
 
 $(STAMP): pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11 is required (set PYTHON=/path/to/python3.11)"; exit 2; }
@@ -52,6 +52,11 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy workers apps controlplane
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
+
+## make docs: the documentation site from docs/ (MkDocs, Material theme) into var/site; a broken link fails it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+	@echo "open var/site/index.html"
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

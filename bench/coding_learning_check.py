@@ -1,7 +1,7 @@
 """Learning check for Composer 2's coding agent on a CPU (issue 17 section 4): SFT warm-up, then RL with Composer's
 defaults, on generated repository tasks.
 
-    .venv/bin/python bench/coding_learning_check.py            # the README's figures (about 45 minutes, 2 cores)
+    .venv/bin/python bench/coding_learning_check.py            # docs/recipe-learning-checks.md's first table (45 min)
     .venv/bin/python bench/coding_learning_check.py --quick    # a smoke run with the tiny test model
 
 Everything is the project's own code, in one process (no Ray, no control plane), so the numbers come from the

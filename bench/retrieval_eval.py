@@ -1,6 +1,6 @@
 """Retrieval harness: every retriever configuration on six corpora of four formats, tuning vs evaluation.
 
-    .venv/bin/python bench/retrieval_eval.py                   # the README's table (minutes; sdists downloaded once)
+    .venv/bin/python bench/retrieval_eval.py                   # docs/benchmarks.md's table (sdists downloaded once)
     .venv/bin/python bench/retrieval_eval.py --tasks 40        # fewer tasks per corpus
 
 Corpora, built offline with the project's own importer (`workers.search.corpus.document_from_file`) from what the

@@ -1,6 +1,6 @@
 """Learning check for the Context-1 recipe on a CPU: SFT warm-up, then CISPO, on the demo search tasks.
 
-    .venv/bin/python bench/search_learning_check.py            # the README's figures (hours on 2 cores)
+    .venv/bin/python bench/search_learning_check.py            # docs/recipe-learning-checks.md's figures (hours)
     .venv/bin/python bench/search_learning_check.py --quick    # a smoke run with the tiny test model
 
 Everything is the project's own code, in one process (no Ray, no control plane), so the numbers come from the
@@ -166,10 +166,15 @@ def sft_warm_up(
     return {"filter": report, "loss": losses}
 
 
+def chart_path(results: Path) -> Path:
+    """The signal chart of a results file goes where the docs site shows it: docs/figures/<results name>.svg."""
+    return ROOT / "docs" / "figures" / results.with_suffix(".svg").name
+
+
 def signal_chart(runs: list[dict[str, Any]], path: Path) -> None:
     """An SVG of what each RL step had to learn from (per seed): groups dropped for equal rewards out of the step's
     groups, the mean |advantage| of the kept samples, and the training episodes' output recall. No plotting library:
-    bars and polylines written by hand, so the README can show it."""
+    bars and polylines written by hand, so the docs can show it."""
     rows = [
         ("groups dropped (equal rewards)", "dropped_groups"),
         ("mean |advantage|", "advantage_abs_mean"),
@@ -282,10 +287,10 @@ def main() -> None:
         "its stored evaluations are reused instead of recomputed (SFT and greedy evaluation are deterministic)",
     )
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
-    parser.add_argument("--chart-from", default="", help="only (re)draw the signal chart of a results file, beside it")
+    parser.add_argument("--chart-from", default="", help="only (re)draw the signal chart of a results file")
     args = parser.parse_args()
     if args.chart_from:
-        signal_chart(json.loads(Path(args.chart_from).read_text())["rl"], Path(args.chart_from).with_suffix(".svg"))
+        signal_chart(json.loads(Path(args.chart_from).read_text())["rl"], chart_path(Path(args.chart_from)))
         return
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
@@ -414,7 +419,7 @@ def main() -> None:
         if not args.quick:  # a partial result survives an interrupted run
             Path(args.out).parent.mkdir(parents=True, exist_ok=True)
             Path(args.out).write_text(json.dumps({**figures, "partial": seed + 1 < args.seeds}, indent=2))
-            signal_chart(figures["rl"], Path(args.out).with_suffix(".svg"))
+            signal_chart(figures["rl"], chart_path(Path(args.out)))
 
     figures["seconds"] = round(time.perf_counter() - started)
     print()

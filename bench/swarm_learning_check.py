@@ -32,7 +32,7 @@ swarm episodes beside 24 single-agent ones assigned none even at temperature 1 i
 (bench/results/swarm_parl_serial-attempt1.txt), so PARL has no parallel episode to reward. `--start mixed
 --mixed-swarm N` warms up on a single-agent episode per train task plus swarm episodes on the first N of them; N
 sets how often the orchestrator spawns (on 24 train tasks: 6 never did, 12 spawned on 14 of 15 held-out tasks
-when greedy and in 10 of 16 samples at temperature 1; README). `--skip-single` leaves out the other warm-ups.
+when greedy and in 10 of 16 samples at temperature 1; docs). `--skip-single` leaves out the other warm-ups.
 """
 
 from __future__ import annotations

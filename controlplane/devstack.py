@@ -550,7 +550,7 @@ def with_services(argv: list[str]) -> int:
 
 
 def django_env(var_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """The settings `make run` gives its web, worker and beat: production settings (README: Production settings)
+    """The settings `make run` gives its web, worker and beat: production settings (docs/deployment.md)
     on a loopback-only bind. DEBUG off unless DJANGO_DEBUG=1 asks for it; plain http (DJANGO_HTTPS=0: daphne
     listens on 127.0.0.1 only, so no browser reaches it over a network); and, unless DJANGO_SECRET_KEY or
     DJANGO_SECRET_KEY_FILE is given, the secret in var/secret_key, generated on the first run (mode 0600) and

@@ -1,4 +1,4 @@
-"""Crucible control-plane settings. Every knob comes from the environment (README: Environment variables)."""
+"""Crucible control-plane settings. Every knob comes from the environment (docs/environment.md)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("CRUCIBLE_VAR_DIR", str(BASE_DIR / "var")))
 
 # Debugging (Django's debug pages, the query log) is an explicit opt-in: DJANGO_DEBUG=1. Everything else, `make run`
-# included, runs with production settings (README: Production settings).
+# included, runs with production settings (docs/deployment.md, "Production settings").
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_str("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
 CSRF_TRUSTED_ORIGINS = [o for o in env_str("DJANGO_CSRF_TRUSTED_ORIGINS", "").split(",") if o]
@@ -44,7 +44,7 @@ else:
         "file holding them"
     )
 
-# HTTPS (README: Deployment). DJANGO_HTTPS says browsers reach the site over https (directly or through a TLS
+# HTTPS (docs/deployment.md). DJANGO_HTTPS says browsers reach the site over https (directly or through a TLS
 # proxy): cookies are sent only over https, plain http is redirected, and HSTS is on. Unless set, it is on for a
 # deployment (DEBUG off, a host name besides loopback) and off for a loopback-only site or with DEBUG on, so
 # `make run` stays plain http on 127.0.0.1 (the devstack also sets DJANGO_HTTPS=0 for its loopback-only bind).

@@ -34,7 +34,7 @@ class ImportSerializer(serializers.Serializer):
         max_length=100, help_text="The repo_tasks dataset that receives the verified tasks (created if missing)"
     )
     file = serializers.FileField(
-        help_text="JSONL of tasks with inline repositories, or a zip/tar.gz bundle with tasks.jsonl (see the README)"
+        help_text="JSONL of tasks with inline repositories, or a zip/tar.gz bundle with tasks.jsonl (docs/recipes.md)"
     )
     notes = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
     keep_valid = serializers.BooleanField(

@@ -336,7 +336,7 @@ class RunViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(responses=HealthSerializer)
     @action(detail=True, methods=["get"])
     def health(self, request: Request, pk: str | None = None) -> Response:
-        """The run's health panel: README, "Is my run healthy?"."""
+        """The run's health panel: docs/tours/run-health.md."""
         return Response(run_health(self.get_object()))
 
     @extend_schema(parameters=[EventsQuery], responses=EventsSerializer)

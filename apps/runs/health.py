@@ -1,7 +1,7 @@
 """Is this run healthy, and is it learning? One answer for the run page, the API and the run list.
 
 Each signal reads the last `WINDOW` steps a training job reported and compares them with a documented threshold
-(README, "Is my run healthy?"); the learning trend fits a line to the reward over every step and tests its slope.
+(docs/tours/run-health.md); the learning trend fits a line to the reward over every step and tests its slope.
 A signal with no data (a kind that does not report it, a run that has not started) is "unknown", never "ok".
 """
 
@@ -57,7 +57,7 @@ class Signal:
     meaning: str
 
 
-# (key, title, metric(s), threshold, meaning): the README table is written from the same words.
+# (key, title, metric(s), threshold, meaning): the table in docs/tours/run-health.md is written from the same words.
 THRESHOLDS: dict[str, Threshold] = {
     "mismatch": Threshold(warn=1e-3, bad=1e-2),
     "dropped_groups": Threshold(warn=0.5, bad=0.9),

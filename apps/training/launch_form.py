@@ -30,7 +30,7 @@ def reward_environments(rewards: Any) -> dict[int, list[str]]:
 
 CALIBRATION_SECONDS_PER_SLOT = {"smollm2-135m-instruct": 30 / (8 * 4 * 128), "tiny-llama-smollm2-tokenizer": 0.0005}
 """Seconds per sampled-token slot (prompts x group x max_new_tokens) of a training step on 2 CPU cores, from the
-trainer benchmark (README "Trainer step": 8 prompts x 4 completions of up to 128 tokens in about 30 s)."""
+trainer benchmark (docs/benchmarks.md, "Trainer step": 8 prompts x 4 completions of up to 128 tokens in about 30 s)."""
 
 
 def run_time_rates(limit: int = 50) -> dict[str, dict[str, Any]]:

@@ -129,7 +129,7 @@ def _rows(data: bytes) -> list[tuple[int, dict[str, Any]]]:
     if problems:
         raise BundleError(problems)
     if not rows:
-        raise BundleError(["the upload holds no task rows; upload JSONL, one task per line (see the README)"])
+        raise BundleError(["the upload holds no task rows; upload JSONL, one task per line (see docs/recipes.md)"])
     return rows
 
 

@@ -18,7 +18,7 @@ Two tokenizers, both lower-casing:
   `with_as`. Plain words (and the parts) are stemmed and filtered as the index says.
 
 The stemmer is the Snowball stemmer (PyStemmer) or none. The defaults of `IndexConfig` were decided by the
-retrieval harness (`bench/retrieval_eval.py`) on its tuning corpora; the README shows the table.
+retrieval harness (`bench/retrieval_eval.py`) on its tuning corpora; docs/benchmarks.md shows the table.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ BM25 lists: fused with RRF, no reranking).
 
 Every default (no stemmer, the word tokenizer, windows, dense_weight 0.25, alpha 0.3) was chosen by the retrieval
 harness `bench/retrieval_eval.py` on its three tuning corpora (Markdown, reStructuredText, Python source) and then
-reported on three evaluation corpora it never tuned on (README, "Retrieval"). The hybrid leans on BM25 because on
+reported on three evaluation corpora it never tuned on (docs/benchmarks.md). The hybrid leans on BM25 because on
 technical text the exact words of a passage are the strongest evidence; the dense side then breaks BM25's ties
 and finds paraphrases.
 

@@ -320,7 +320,7 @@ def topic_documents() -> list[Document]:
 def stdlib_documents() -> list[Document]:
     """The demo corpus: pydoc topics, then the allowlisted modules, in a fixed order.
 
-    With the default chunker it gives several thousand chunks on Python 3.11 (the README states the measured
+    With the default chunker it gives several thousand chunks on Python 3.11 (docs/tours/search.md states the measured
     count and build time).
     """
     documents = topic_documents()

@@ -36,7 +36,7 @@ HIDDEN = (
 
 
 def task_row(task_id: str = "clamp-upper", **changes: Any) -> dict[str, Any]:
-    """A task as a person writes it by hand (the README's example)."""
+    """A task as a person writes it by hand (the example in docs/recipes.md)."""
     row: dict[str, Any] = {
         "id": task_id,
         "instruction": "clamp() lets values above the maximum through. Fix it.",
