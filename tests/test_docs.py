@@ -105,3 +105,24 @@ def test_every_docs_page_is_in_the_site_navigation_and_the_site_builds_strict(tm
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "site" / "index.html").exists()
+
+
+def test_no_file_cites_a_document_outside_the_repository() -> None:
+    """The methods and architecture the code cites are docs/methods.md and docs/architecture.md: a bare file name
+    outside docs/ (or a path into a folder beside the repository) names a file a reader of the repository cannot
+    open."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    outside = re.compile(r"(?<![\w/.-])(methods|architecture)\.md|\.\./shared/|shared/(methods|architecture)\.md")
+    offenders = []
+    for name in tracked:
+        path = ROOT / name
+        if (
+            name.startswith("docs/")
+            or name == "mkdocs.yml"
+            or path.suffix not in {".py", ".md", ".html", ".js", ".txt"}
+        ):
+            continue
+        for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if outside.search(line):
+                offenders.append(f"{name}:{number}")
+    assert not offenders, f"cite docs/methods.md or docs/architecture.md instead: {offenders[:20]}"

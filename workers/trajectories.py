@@ -1,12 +1,12 @@
 """Stored agent trajectories: the JSONL record format and a line-accurate parser for uploads.
 
-One trajectory is one JSON object on one line. The fields carry what the Context-1 rewards (methods.md
+One trajectory is one JSON object on one line. The fields carry what the Context-1 rewards (docs/methods.md
 section 3) need: the final answer and output doc ids, the gold references, every doc id seen anywhere in the
 full unpruned trajectory (pruning hides chunks from the model but not from the reward) and the turns, whose
 tool sequence feeds the prune and turn penalties.
 
 Coding-agent episodes (the `coding_agent` environment, issue 17) add optional fields for Composer 2's rewards
-(methods.md section 2): the hidden-test report, the final diff and which files changed and how, the length
+(docs/methods.md section 2): the hidden-test report, the final diff and which files changed and how, the length
 statistics the C4 penalty weighs, and the self-summarisation chain (C3): each summary and the tokens of each
 segment. Records of other environments leave them out.
 
@@ -71,7 +71,7 @@ class HiddenTestReport(BaseModel):
 
 class LengthStats(BaseModel):
     """What a coding episode spent, in tokens of the policy's tokenizer (a 4-characters-per-token estimate when
-    none was bound) and in counts: the inputs of the C4 length penalty (methods.md C4).
+    none was bound) and in counts: the inputs of the C4 length penalty (docs/methods.md C4).
 
     `thinking_tokens`: reply text outside tool-call blocks, in every reply but the final one (and not in
     summaries); `tool_call_tokens`: the tool-call blocks; `tool_output_tokens`: the environment's tool messages;
@@ -90,7 +90,7 @@ class LengthStats(BaseModel):
 
 
 class Summary(BaseModel):
-    """One self-summary (methods.md C3): the reply index (`turn`, 1-based, as `counts.turns` counts replies),
+    """One self-summary (docs/methods.md C3): the reply index (`turn`, 1-based, as `counts.turns` counts replies),
     its text and its length in tokens."""
 
     model_config = ConfigDict(extra="ignore")
@@ -193,7 +193,7 @@ class Trajectory(BaseModel):
     @classmethod
     def _blank_error_is_none(cls, value: str | None) -> str | None:
         # Writers often emit "error": "" for success; only a non-blank message marks a failed trajectory,
-        # because that flag decides whether the reward floor applies (methods.md X2).
+        # because that flag decides whether the reward floor applies (docs/methods.md X2).
         if value is None or not value.strip():
             return None
         return value
@@ -201,7 +201,7 @@ class Trajectory(BaseModel):
     @property
     def num_turns(self) -> int:
         """The model's turns: its replies, counted as `max_turns` and the `env/turns` metric count them (the
-        `turns` of methods.md X5). A reply that made k tool calls is one turn, though it is stored as k assistant
+        `turns` of docs/methods.md X5). A reply that made k tool calls is one turn, though it is stored as k assistant
         turns (the 2nd to k-th marked `continues`)."""
         return sum(1 for turn in self.turns if turn.role == ASSISTANT_ROLE and not turn.continues)
 

@@ -1,4 +1,4 @@
-"""Celery tasks of real-time RL: thin, they call services (architecture.md)."""
+"""Celery tasks of real-time RL: thin, they call services (docs/architecture.md, "Celery is the glue")."""
 
 from __future__ import annotations
 

@@ -70,7 +70,7 @@ MEANINGS = {
     "staleness": "policy versions between the sampling weights and the learner's; above the run's max_staleness "
     "the async bound is broken",
     "mismatch": "KL(engine ‖ learner) by k3 per token, measured every step before the update: above 1e-3 the "
-    "engine and learner disagree and on-policy training is quietly off-policy (methods.md P7)",
+    "engine and learner disagree and on-policy training is quietly off-policy (docs/methods.md P7)",
     "provenance": "samples whose trained token ids are not the ids the engine sampled (re-encoded text): must be 0",
     "dropped_groups": "share of groups whose rewards were all equal (no gradient): near 1 the run learns nothing",
     "empty_completions": "share of episodes whose policy sampled no token",

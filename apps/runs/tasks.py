@@ -1,4 +1,4 @@
-"""Celery tasks: thin, take IDs, call a service, return in seconds (architecture.md: Celery is the glue).
+"""Celery tasks: thin, take IDs, call a service, return in seconds (docs/architecture.md, "Celery is the glue").
 
 The services queue these tasks and these tasks call the services: each module imports the other as a module and
 reads its names at call time, so either can be imported first."""

@@ -1,6 +1,6 @@
-"""Kimi K2.5's training chain as one lineage (methods.md section 1: SFT, RL, then RFT "a self-improving data pipeline"
-for later RL): SFT → RL → RFT → RL launched by one request, each stage a run of its own, started when the stage
-before it succeeds, and linked to it as its parent.
+"""Kimi K2.5's training chain as one lineage (docs/methods.md section 1: SFT, RL, then RFT "a self-improving data
+pipeline" for later RL): SFT → RL → RFT → RL launched by one request, each stage a run of its own, started when the
+stage before it succeeds, and linked to it as its parent.
 
 1. `sft`: the SFT warm-up on the tasks with a teacher (a model or a scripted agent);
 2. `rl`: training from the model stage 1 fine-tuned;

@@ -1,4 +1,4 @@
-"""Rejection-sampling fine-tuning data from a run (Kimi K2.5's RFT, methods.md section 1, "Rewards, GRMs, RFT"):
+"""Rejection-sampling fine-tuning data from a run (Kimi K2.5's RFT, docs/methods.md section 1, "Rewards, GRMs, RFT"):
 the run's successful trajectories, filtered by reward and deduplicated by task, become a version of a
 trajectories dataset, the input of a later SFT run or any re-scoring.
 

@@ -134,7 +134,7 @@ def _demo_rewards(admin: User) -> None:
     if not RewardConfig.objects.filter(name="context1").exists():
         reward_config_create(
             name="context1",
-            description="Chroma Context-1 reward (methods.md X2-X5)",
+            description="Chroma Context-1 reward (docs/methods.md X2-X5)",
             spec=context1_spec().model_dump(mode="json"),
             owner=admin,
             notes="beta=4, floor 0, cap at pre-penalty reward",
@@ -143,7 +143,7 @@ def _demo_rewards(admin: User) -> None:
         reward_config_create(
             name="composer-coding",
             description="Composer 2's coding reward: hidden tests all-or-nothing, minus broken tool calls, TODOs left "
-            "in the diff and C4's concave length cost (methods.md section 2)",
+            "in the diff and C4's concave length cost (docs/methods.md section 2)",
             spec=coding_agent_spec().model_dump(mode="json"),
             owner=admin,
             notes="workers.rewards.schema.coding_agent_spec(); k, q and the weights are ours (the source gives none)",

@@ -1,4 +1,4 @@
-"""Celery tasks for webhooks: thin, take IDs, call a service (architecture.md: Celery is the glue)."""
+"""Celery tasks for webhooks: thin, take IDs, call a service (docs/architecture.md, "Celery is the glue")."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 from workers.coding.task import is_unverified
 
 CURSORBENCH = {"median_lines_changed": 181, "median_instruction_chars": 390}
-"""CursorBench's published suite statistics (methods.md section 2), shown beside ours."""
+"""CursorBench's published suite statistics (docs/methods.md section 2), shown beside ours."""
 
 
 def patch_lines_changed(patch: str | None) -> int:

@@ -1,5 +1,5 @@
 """Asks instead of acting: Composer 2's policy learned to defer edits with unnecessary clarifying questions
-(methods.md section 2, real-time RL: "deferring edits via unnecessary clarifying questions"). A question ends the
+(docs/methods.md section 2, real-time RL: "deferring edits via unnecessary clarifying questions"). A question ends the
 episode at no cost, while an attempt risks the length and tool-call penalties.
 
 Only coding-agent episodes are judged (`env` "coding_agent", or an upload carrying a diff or a hidden-test report).

@@ -180,7 +180,7 @@ def rounded(value: float, digits: int = 4) -> float:
 
 
 # --- suggested reward changes -----------------------------------------------------------------------------------
-# The reward schema's only penalty terms are turn_penalty (methods.md X5) and prune_penalty (X4), so a suggestion
+# The reward schema's only penalty terms are turn_penalty (docs/methods.md X5) and prune_penalty (X4), so a suggestion
 # adds or tightens one of those, or reweights a gain term that pays for the behaviour the hack skipped.
 
 TIGHTEN = 1.5

@@ -1,5 +1,5 @@
 """Broken tool calls: Composer 2's policy learned to emit broken tool calls to dodge a negative reward
-(methods.md, Composer 2 "Real-time RL": "emitting broken tool calls to dodge negative reward").
+(docs/methods.md, Composer 2 "Real-time RL": "emitting broken tool calls to dodge negative reward").
 
 Two counts from the environment (`counts` in the record; counted from the turns when an upload lacks them):
 - malformed calls: a `<tool_call>` block that did not parse, named an unknown tool or had wrong arguments, so the

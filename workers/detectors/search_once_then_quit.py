@@ -130,7 +130,7 @@ class SearchOnceThenQuit(TrajectoryDetector[SearchOnceThenQuitParams]):
         return [self.finding(record_id(record), severity, evidence)]
 
     def suggest(self, spec: dict[str, Any]) -> tuple[dict[str, Any], str]:
-        """More weight on trajectory_recall (methods.md X2's r_traj): it pays for every gold document seen, so
+        """More weight on trajectory_recall (docs/methods.md X2's r_traj): it pays for every gold document seen, so
         searching further earns more than answering after one search. A turn penalty would reward quitting."""
         proposed, terms = proposal(spec)
         term = term_of_type(terms, "trajectory_recall")

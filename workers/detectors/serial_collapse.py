@@ -1,4 +1,4 @@
-"""Serial collapse (Kimi K2.5, methods.md K1): on a wide task, whose items are independent and could be looked up
+"""Serial collapse (Kimi K2.5, docs/methods.md K1): on a wide task, whose items are independent and could be looked up
 in parallel, the orchestrator never creates a sub-agent and works through everything itself.
 
 Only agent-swarm records of wide tasks are judged (a `swarm` field and a `gold_table` with at least `min_rows`

@@ -1,4 +1,4 @@
-"""Spurious parallelism (Kimi K2.5, methods.md K1): the orchestrator spawns many sub-agents without a real
+"""Spurious parallelism (Kimi K2.5, docs/methods.md K1): the orchestrator spawns many sub-agents without a real
 decomposition (to collect an instantiation reward): tasks that repeat one another or are blank, and sub-agents that
 do not finish.
 

@@ -1,6 +1,6 @@
 """Terminal-only: Composer 2's policy collapsed to editing files through the terminal (`sed -i`, `echo >`,
 `python -c "open(...).write(...)"`) instead of the edit tool, a behaviour Cursor added a reward term against
-(methods.md section 2, auxiliary rewards: "collapse to terminal-only"). Shell edits are invisible to the harness's
+(docs/methods.md section 2, auxiliary rewards: "collapse to terminal-only"). Shell edits are invisible to the harness's
 edit review, easy to get subtly wrong and hard for a user to follow.
 
 Only coding-agent episodes are judged. A trajectory is flagged when `run` commands changed at least

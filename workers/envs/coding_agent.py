@@ -1,4 +1,4 @@
-"""Composer 2's coding harness (issue 17; methods.md section 2): a repository, six tools, hidden tests at the end.
+"""Composer 2's coding harness (issue 17; docs/methods.md section 2): a repository, six tools, hidden tests at the end.
 
 The policy works on a repository task (`workers.coding.task.RepoTask`) through six tools:
 
@@ -23,7 +23,7 @@ intermediate state. A rollout worker that wants the G samples of a group to star
 environment and forks the other G - 1 from it; `Snapshot.load` caches snapshots per process, so plain `reset`s of
 the same task already share the snapshot and only the (empty) top layer is per episode.
 
-Self-summarisation (methods.md C3). With `summary_threshold_tokens` > 0, when a reply's observation would bring the
+Self-summarisation (docs/methods.md C3). With `summary_threshold_tokens` > 0, when a reply's observation would bring the
 context past the threshold, the observation is followed by a user message holding `SUMMARY_PROMPT`. The policy's
 next reply is taken as the summary (no tool in it runs); the environment then rewrites its conversation to the
 system prompt, the task and "Summary of your work so far: ..." and sets `view_changed`, so the rollout worker closes
@@ -81,7 +81,7 @@ SUMMARY_PROMPT = (
     "context: the task, what you found (files, functions, line numbers), what you changed and why, what is left to "
     "do and what you were about to do next. Do not call any tool: reply with the summary only."
 )
-"""The fixed request for a self-summary (methods.md C3: the prompt is not given by the source; this is ours)."""
+"""The fixed request for a self-summary (docs/methods.md C3: the prompt is not given by the source; this is ours)."""
 
 SUMMARY_HEADER = "Summary of your work so far:"
 SUMMARY_FOOTER = (
@@ -214,7 +214,7 @@ class CodingAgentEnv(ToolUseEnvironment):
     score_field: ClassVar[str] = "tests_passed"
     default_metric: ClassVar[str] = "pass@1"
     dataset_kind: ClassVar[str] = "repo_tasks"
-    # Composer 2's choices (methods.md C1, C2): no std division, no length normalisation, k1 KL.
+    # Composer 2's choices (docs/methods.md C1, C2): no std division, no length normalisation, k1 KL.
     default_algorithm: ClassVar[str | None] = "composer"
     tools: ClassVar[tuple[ToolSpec, ...]] = (
         ToolSpec(
@@ -563,7 +563,7 @@ class CodingAgentEnv(ToolUseEnvironment):
             return StepResult(None, True, {**info, "truncated": True})
         return StepResult(Observation(replies), False, info)
 
-    # --- self-summarisation (methods.md C3) ----------------------------------------------------------------------
+    # --- self-summarisation (docs/methods.md C3) ----------------------------------------------------------------------
 
     def _wants_summary(self, replies: Sequence[Message]) -> bool:
         if not self.summary_threshold_tokens or len(self._state.summaries) >= self.max_summaries:

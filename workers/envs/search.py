@@ -1,4 +1,4 @@
-"""Context-1's self-editing search agent (methods.md section 3): the harness around a corpus index.
+"""Context-1's self-editing search agent (docs/methods.md section 3): the harness around a corpus index.
 
 The model answers a multi-hop question by calling four tools over one corpus version's index:
 
@@ -123,7 +123,7 @@ class SearchEnv(ToolUseEnvironment):
     )
     score_field: ClassVar[str] = "output_recall"
     needs_corpus_index: ClassVar[bool] = True
-    # Context-1's RL recipe (methods.md section 3, "RL"): fully on-policy CISPO, 4 gradient substeps per step, 8
+    # Context-1's RL recipe (docs/methods.md section 3, "RL"): fully on-policy CISPO, 4 gradient substeps per step, 8
     # episodes per query, and its reward (X2-X5, `default_reward`). A run that names its own keeps it.
     default_algorithm: ClassVar[str | None] = "cispo"
     default_substeps: ClassVar[int | None] = 4
@@ -195,7 +195,7 @@ class SearchEnv(ToolUseEnvironment):
         if not (isinstance(soft_threshold, int | float) and 0 < soft_threshold < 1):
             problems.append(f"soft_threshold must be a fraction of the budget in (0, 1), got {soft_threshold!r}")
         elif not (isinstance(hard_cutoff, int | float) and soft_threshold <= hard_cutoff <= 1):
-            # methods.md X1: the hard cutoff lies between T_budget/2 and T_budget
+            # docs/methods.md X1: the hard cutoff lies between T_budget/2 and T_budget
             problems.append(
                 f"hard_cutoff must be a fraction of the budget in [soft_threshold={soft_threshold}, 1], "
                 f"got {hard_cutoff!r}"
@@ -298,7 +298,8 @@ class SearchEnv(ToolUseEnvironment):
 
     @classmethod
     def default_reward(cls) -> dict[str, Any] | None:
-        """Context-1's reward (methods.md X2-X5): clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre)."""
+        """Context-1's reward (docs/methods.md X2-X5):
+        clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre)."""
         return context1_spec().model_dump(mode="json")
 
     @classmethod
@@ -355,7 +356,7 @@ class SearchEnv(ToolUseEnvironment):
         for error in errors:
             pending.append(([_Block(error)], {"malformed": True}))
 
-        # The usage line and the budget message close the observation (methods.md X1).
+        # The usage line and the budget message close the observation (docs/methods.md X1).
         usage = self._view_tokens([_render(blocks) for blocks, _ in pending])
         notes = [f"[Token usage: {usage:,}/{self.token_budget:,}]"]
         if usage > self.hard_cutoff * self.token_budget:
@@ -559,7 +560,7 @@ class SearchEnv(ToolUseEnvironment):
 
     @classmethod
     def ensemble_metrics(cls, records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
-        """Context-1 (kx): the k attempts' output lists fused with RRF (methods.md section 3), scored as one."""
+        """Context-1 (kx): the k attempts' output lists fused with RRF (docs/methods.md section 3), scored as one."""
         from workers.search.metrics import ensemble_metrics
 
         return ensemble_metrics(records) if len(records) > 1 else None

@@ -1,4 +1,4 @@
-"""Kimi K2.5's Agent Swarm on the Context-1 search harness (methods.md section 1, K2 and E.8).
+"""Kimi K2.5's Agent Swarm on the Context-1 search harness (docs/methods.md section 1, K2 and E.8).
 
 The trainable orchestrator has the search tools of `workers.envs.search` and two more (schemas as in E.8):
 
@@ -11,13 +11,13 @@ The trainable orchestrator has the search tools of `workers.envs.search` and two
   returns one message, which comes back as the call's tool observation (loss mask 0: sub-agent tokens are never
   trained on). Its whole conversation is stored with the trajectory (`swarm.subagents[*].turns`).
 
-The final answer is a reply without tool calls: the Markdown table of a wide task (scored by item-F1, methods.md
+The final answer is a reply without tool calls: the Markdown table of a wide task (scored by item-F1, docs/methods.md
 B2) or the answer of a deep task, optionally with `<Document id=...>` items as in the search environment.
 
 **Steps** (K2). One step is one reply (for the orchestrator and for each sub-agent). A stage is one orchestrator
 reply; its cost is S_main = 1 plus the most steps any sub-agent it launched took (0 without sub-agents), and an
 episode's `critical_steps` is the sum over its stages; `total_steps` counts every reply of every agent. Limits
-come from `step_preset` (methods.md's evaluation table: browsecomp 15 / 100, widesearch 100 / 100, in_house
+come from `step_preset` (docs/methods.md's evaluation table: browsecomp 15 / 100, widesearch 100 / 100, in_house
 100 / 50, orchestrator / each sub-agent) unless `max_turns` or `subagent_max_steps` is given. Critical steps enter
 training as a hard cap (`max_critical_steps`: the episode ends once it is passed) or as a penalty (the
 `critical_steps` reward term), or both.
@@ -44,7 +44,7 @@ from workers.swarm.table import TableSpecError, gold_table_from, normalize_cell
 
 CREATE_TOOL, ASSIGN_TOOL = "create_subagent", "assign_task"
 STEP_PRESETS: dict[str, tuple[int, int]] = {"browsecomp": (15, 100), "widesearch": (100, 100), "in_house": (100, 50)}
-"""methods.md section 1's step limits at evaluation: (orchestrator, each sub-agent)."""
+"""docs/methods.md section 1's step limits at evaluation: (orchestrator, each sub-agent)."""
 ERROR_KINDS = (
     "unknown_agent",
     "duplicate_agent",
@@ -97,7 +97,7 @@ class SwarmEnv(SearchEnv):
     score_field: ClassVar[str] = "task_score"
     produces: ClassVar[frozenset[str]] = SearchEnv.produces | {"gold_table", "swarm"}
     tools: ClassVar[tuple[ToolSpec, ...]] = SearchEnv.tools + SUBAGENT_TOOLS
-    # Kimi K2.5's recipe (methods.md section 1): its policy loss (K3) with the PARL reward (K1, `default_reward`).
+    # Kimi K2.5's recipe (docs/methods.md section 1): its policy loss (K3) with the PARL reward (K1, `default_reward`).
     # The source gives no substep count or group size, so the trainer's own (1 and 4), not the search
     # environment's Context-1 values.
     default_algorithm: ClassVar[str | None] = "kimi"
@@ -209,7 +209,7 @@ class SwarmEnv(SearchEnv):
 
     @classmethod
     def default_reward(cls) -> dict[str, Any] | None:
-        """Kimi K2.5's PARL reward (methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 (0.1 each,
+        """Kimi K2.5's PARL reward (docs/methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 (0.1 each,
         ours) annealed to 0 over the run's own steps (`Anneal.steps` left empty)."""
         from workers.rewards.schema import parl_spec
 

@@ -1,5 +1,5 @@
 """The real-time RL update (`python -m workers.jobs.session_train`, kind `sessiontrain`): one epoch over the
-sessions a cycle collected, from the deployed checkpoint (methods.md section 2, "Real-time RL").
+sessions a cycle collected, from the deployed checkpoint (docs/methods.md section 2, "Real-time RL").
 
 1. Read the `session/v1` rows (a malformed row fails the job naming its line and field) and turn each served turn
    into a sample exactly as it was served, rewarded by the session reward and given an advantage by the

@@ -1,7 +1,7 @@
 """The SFT warm-up job (`python -m workers.jobs.sft`): rejection sampling, then supervised fine-tuning.
 
 Context-1 warmed its policy up on trajectories of the same agent loop run by a larger model, filtered by recall
-(methods.md section 3, "SFT warm-up"). This job does the same with any model Crucible can run:
+(docs/methods.md section 3, "SFT warm-up"). This job does the same with any model Crucible can run:
 1. generate `rollouts_per_task` episodes per task with the `teacher` model in the run's environment;
 2. keep those `workers.search.rejection` selects, counting every drop by reason (the run page shows the counts);
 3. fine-tune the `base_model` on the kept episodes: cross-entropy on the tokens the teacher sampled (tool results

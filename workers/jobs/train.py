@@ -73,8 +73,8 @@ def data_order(num_rows: int, seed: int, step: int, per_step: int) -> list[int]:
 
 
 def annealed_beta(config: TrainConfig, step: int, num_rows: int) -> float | None:
-    """methods.md X3: the F-beta of `step` (0-based) under `config.beta_schedule`, moved between epochs (an epoch is
-    `num_rows` prompts, `prompts_per_step` a step); None without a schedule."""
+    """docs/methods.md X3: the F-beta of `step` (0-based) under `config.beta_schedule`, moved between epochs (an epoch
+    is `num_rows` prompts, `prompts_per_step` a step); None without a schedule."""
     schedule = config.beta_schedule
     return schedule.beta(step * config.prompts_per_step // num_rows) if schedule else None
 

@@ -1,4 +1,4 @@
-"""The reward of a served session, per turn (methods.md section 2, "Real-time RL": "distil user responses into
+"""The reward of a served session, per turn (docs/methods.md section 2, "Real-time RL": "distil user responses into
 rewards").
 
 A session reward is an ordinary `RewardSpec` holding a `session_feedback` term (the users' signals, credited to

@@ -9,7 +9,7 @@
   (`workers.realtime.reward.score_session`) and an advantage from a baseline.
 
 Baselines. Sessions have no groups of G completions of one prompt, so the GRPO group mean is not available
-(methods.md section 2, "Real-time RL"). The advantage of turn i is A_i = r_i − b_i with b_i:
+(docs/methods.md section 2, "Real-time RL"). The advantage of turn i is A_i = r_i − b_i with b_i:
 
 - `batch_mean`: the mean reward of every turn trained on in this update (the whole collected batch, not each
   optimizer step's share of it);
@@ -17,7 +17,7 @@ Baselines. Sessions have no groups of G completions of one prompt, so the GRPO g
   work), or the batch mean for a type with a single turn (its own mean would zero its advantage);
 - `none`: b_i = 0 (the raw reward; REINFORCE).
 
-Advantages are not divided by a standard deviation: Composer 2 removes GRPO's std scaling (methods.md C1), which
+Advantages are not divided by a standard deviation: Composer 2 removes GRPO's std scaling (docs/methods.md C1), which
 upweights small differences when rewards barely vary, and a session batch mixes kinds of work whose reward spreads
 differ. The reward scale is the reward config's (±1 per verdict by default).
 """

@@ -1,4 +1,4 @@
-"""Generative reward models with rubrics (Kimi K2.5, methods.md section 1, "Rewards, GRMs, RFT"): a judge model
+"""Generative reward models with rubrics (Kimi K2.5, docs/methods.md section 1, "Rewards, GRMs, RFT"): a judge model
 scores a trajectory against the criteria of a rubric, "on top of verified reward signals".
 
 The judge is any built-in model or model directory (a trained checkpoint exported by SFT included), loaded once

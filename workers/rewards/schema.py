@@ -1,4 +1,4 @@
-"""The reward config: a validated, hashable list of weighted terms (methods.md section 3, Context-1 X2-X5).
+"""The reward config: a validated, hashable list of weighted terms (docs/methods.md section 3, Context-1 X2-X5).
 
 A `RewardSpec` is plain JSON, e.g.
 
@@ -121,7 +121,7 @@ class NormalizedMatchTerm(_Term):
 
 
 class FBetaTerm(_Term):
-    """F-beta of the output doc ids against the gold doc ids (methods.md X3); 0.0 when there are no gold docs."""
+    """F-beta of the output doc ids against the gold doc ids (docs/methods.md X3); 0.0 when there are no gold docs."""
 
     kind: ClassVar[TermKind] = "gain"
     reads: ClassVar[TermInputs] = TermInputs((frozenset({"output_doc_ids", "gold_doc_ids"}),))
@@ -131,24 +131,24 @@ class FBetaTerm(_Term):
     )
 
     def value(self, trajectory: Trajectory) -> float:
-        # methods.md X3: F_β over the final output set
+        # docs/methods.md X3: F_β over the final output set
         return formulas.set_f_beta(trajectory.output_doc_ids, trajectory.gold_doc_ids, self.beta)
 
 
 class TrajectoryRecallTerm(_Term):
-    """Fraction of gold docs seen anywhere in the full unpruned trajectory (methods.md X2's r_traj)."""
+    """Fraction of gold docs seen anywhere in the full unpruned trajectory (docs/methods.md X2's r_traj)."""
 
     kind: ClassVar[TermKind] = "gain"
     reads: ClassVar[TermInputs] = TermInputs((frozenset({"seen_doc_ids", "gold_doc_ids"}),))
     type: Literal["trajectory_recall"] = "trajectory_recall"
 
     def value(self, trajectory: Trajectory) -> float:
-        # methods.md X2: r_traj = |seen ∩ gold| / |gold|
+        # docs/methods.md X2: r_traj = |seen ∩ gold| / |gold|
         return formulas.set_recall(trajectory.seen_doc_ids, trajectory.gold_doc_ids)
 
 
 class FinalAnswerBonusTerm(_Term):
-    """`bonus` if the output contains a chunk that directly contains the answer (methods.md X2's r_fa)."""
+    """`bonus` if the output contains a chunk that directly contains the answer (docs/methods.md X2's r_fa)."""
 
     kind: ClassVar[TermKind] = "gain"
     # formulas.final_answer_found: the answer chunk ids when the task has them, else the answer text
@@ -160,7 +160,7 @@ class FinalAnswerBonusTerm(_Term):
         found = formulas.final_answer_found(
             trajectory.output_doc_ids, trajectory.answer_doc_ids, trajectory.answer, trajectory.gold_answers
         )
-        # methods.md X2: r_fa = +bonus when the final answer is found
+        # docs/methods.md X2: r_fa = +bonus when the final answer is found
         return self.bonus if found else 0.0
 
 
@@ -175,7 +175,7 @@ class PrunePenaltyTerm(_Term):
     cap: float = Field(default=0.5, ge=0, allow_inf_nan=False, description="Bound on the whole trajectory's total")
 
     def value(self, trajectory: Trajectory) -> float:
-        # methods.md X4: prune penalty
+        # docs/methods.md X4: prune penalty
         return formulas.prune_penalty(
             trajectory.tool_calls, per_call=self.per_call, free_calls=self.free_calls, cap=self.cap
         )
@@ -192,7 +192,7 @@ class TurnPenaltyTerm(_Term):
     max_penalty: float = Field(default=0.5, ge=0, allow_inf_nan=False)
 
     def value(self, trajectory: Trajectory) -> float:
-        # methods.md X5: turn penalty
+        # docs/methods.md X5: turn penalty
         return formulas.turn_penalty(
             trajectory.num_turns, start=self.start, ramp=self.ramp, max_penalty=self.max_penalty
         )
@@ -279,7 +279,7 @@ class TodoLeftTerm(_Term):
 
 
 class LengthWeights(BaseModel):
-    """The weights of C4's x (methods.md C4): x = Σ weight · quantity over an episode's length statistics. Token
+    """The weights of C4's x (docs/methods.md C4): x = Σ weight · quantity over an episode's length statistics. Token
     weights are per token, count weights per call or reply. The source gives none; the defaults measure x in
     thousands of tokens of the policy's own writing plus 0.01 per call and per reply, leaving tool output (which
     the policy does not write) out."""
@@ -304,7 +304,7 @@ class LengthWeights(BaseModel):
 
 
 class LengthPenaltyTerm(_Term):
-    """Composer 2's concave length penalty (methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), the log limit
+    """Composer 2's concave length penalty (docs/methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), the log limit
     ln(1 + k·x)/k at q = 1, with x the weighted sum of the episode's length statistics (`weights`).
 
     The source gives no k, q or weights, nor how the penalty meets the reward; ours: subtracted like every penalty,
@@ -348,7 +348,7 @@ class LengthPenaltyTerm(_Term):
         )
 
     def value(self, trajectory: Trajectory) -> float:
-        # methods.md C4: C_length{k,q}(x), x = Σ w · (thinking, tool-call, tool-output, final-message tokens,
+        # docs/methods.md C4: C_length{k,q}(x), x = Σ w · (thinking, tool-call, tool-output, final-message tokens,
         # tool calls, turns)
         return formulas.concave_length_cost(self.length(trajectory), k=self.k, q=self.q)
 
@@ -357,7 +357,7 @@ class SignalWeights(BaseModel):
     """What each user feedback signal is worth (`workers.realtime.records.Signal`), in reward units per signal.
     The sign says which way it pulls. thumbs is multiplied by the rating (+1 or -1); tests_passed and tests_failed
     by the fraction of tests their value gives (passed, failed; the whole weight without one). Cursor's real-time RL
-    names edits kept and dissatisfied follow-ups as its signals (methods.md section 2) but gives no weights: these
+    names edits kept and dissatisfied follow-ups as its signals (docs/methods.md section 2) but gives no weights: these
     defaults count every clear verdict as +1 or -1 and free text as nothing."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -376,7 +376,7 @@ class SignalWeights(BaseModel):
 
 
 class SessionFeedbackTerm(_Term):
-    """Real-time RL's reward from what users did with a served session (methods.md section 2, "Real-time RL":
+    """Real-time RL's reward from what users did with a served session (docs/methods.md section 2, "Real-time RL":
     "distil user responses into rewards"): each feedback signal is worth its weight (`weights`), credited to the
     turn it is about and, times `turn_decay` per turn of distance, to the turns before it; a session-level signal
     is about the last turn. A turn's credit is the `combine` ("sum" or "mean") of the signals that reach it; a turn
@@ -447,7 +447,7 @@ class SessionFeedbackTerm(_Term):
         return math.fsum(kept) / len(kept) if kept else 0.0
 
 
-# --- Kimi K2.5's PARL (methods.md section 1, K1 and K2) -----------------------------------------------------------
+# --- Kimi K2.5's PARL (docs/methods.md section 1, K1 and K2) ----------------------------------------------------------
 
 
 class Anneal(BaseModel):
@@ -483,7 +483,7 @@ class Anneal(BaseModel):
 
 
 class ItemF1Term(_Term):
-    """WideSearch's item-level F1 of the answer table against the task's gold table (methods.md B2,
+    """WideSearch's item-level F1 of the answer table against the task's gold table (docs/methods.md B2,
     `workers.swarm.table.score_table`); `level: row` scores rows instead (a row counts when all its cells are
     right). 0 without a gold table (a deep task: pair the term with an answer term)."""
 
@@ -520,7 +520,7 @@ class ParallelInstantiationTerm(_Term):
 
     def value(self, trajectory: Trajectory) -> float:
         launched = _swarm_stats(trajectory).get("subagents", 0.0)
-        # methods.md K1 r_parallel (form ours): min(1, launched / saturation)
+        # docs/methods.md K1 r_parallel (form ours): min(1, launched / saturation)
         return min(1.0, launched / self.saturation)
 
 
@@ -549,7 +549,7 @@ class SubagentFinishTerm(_Term):
         finished = stats.get("finish_rate", 0.0) * launched
         if self.duplicates_unfinished:
             finished = stats.get("finished_distinct", finished)
-        # methods.md K1 r_finish (form ours): finished / launched
+        # docs/methods.md K1 r_finish (form ours): finished / launched
         return finished / launched
 
 
@@ -570,7 +570,7 @@ class CriticalStepsTerm(_Term):
         return min(self.cap, self.per_step * max(0.0, critical - self.free_steps))
 
 
-# --- generative reward models with rubrics (Kimi K2.5, methods.md section 1) ---------------------------------------
+# --- generative reward models with rubrics (Kimi K2.5, docs/methods.md section 1) -------------------------------------
 
 
 class Criterion(BaseModel):
@@ -681,7 +681,7 @@ else:
 
 
 class RewardSpec(BaseModel):
-    """A reward config: weighted terms combined as in methods.md X2 (see `workers.rewards.score`)."""
+    """A reward config: weighted terms combined as in docs/methods.md X2 (see `workers.rewards.score`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -829,10 +829,10 @@ def spec_hash(spec: RewardSpec) -> str:
 
 
 def context1_spec(beta: float = 4.0, floor: float = 0.0) -> RewardSpec:
-    """The Context-1 reward (methods.md X2): clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre).
+    """The Context-1 reward (docs/methods.md X2): clamp(0.7·F_β + 0.3·r_traj + r_fa − p_prune − p_turn, ε, r_pre).
 
     `beta` is X3's beta (4 at initialisation, annealed towards 2); `floor` is X2's epsilon, whose value the
-    source leaves open (methods.md section 7), so 0.0 by default.
+    source leaves open (docs/methods.md section 7), so 0.0 by default.
     """
     return RewardSpec(
         terms=[
@@ -848,7 +848,7 @@ def context1_spec(beta: float = 4.0, floor: float = 0.0) -> RewardSpec:
 
 
 def coding_agent_spec(length_weight: float = 0.1) -> RewardSpec:
-    """Composer 2's coding reward as Crucible builds it (methods.md section 2): the hidden tests all-or-nothing,
+    """Composer 2's coding reward as Crucible builds it (docs/methods.md section 2): the hidden tests all-or-nothing,
     minus broken tool calls, TODOs left in the diff and C4's length cost (weighted `length_weight`: the source gives
     no scale; at 0.1 a long episode costs at most 0.1 of a solved task's reward)."""
     return RewardSpec(
@@ -868,7 +868,7 @@ def parl_spec(
     schedule: Literal["linear", "cosine"] = "linear",
     critical_penalty: float = 0.0,
 ) -> RewardSpec:
-    """Kimi K2.5's PARL reward (methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 annealed to 0
+    """Kimi K2.5's PARL reward (docs/methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 annealed to 0
     over `anneal_steps` steps (None: over the training run's own steps). r_perf is the task's own metric: item-F1
     of the table for a wide task, the answer (normalised match) for a deep one (each is 0 on the other kind). With
     `critical_penalty` > 0 the critical steps penalty (K2) is added with that weight. λ values and schedule are

@@ -1,4 +1,4 @@
-"""Combine a `RewardSpec`'s terms into one scalar reward per trajectory (methods.md X2).
+"""Combine a `RewardSpec`'s terms into one scalar reward per trajectory (docs/methods.md X2).
 
     r_pre = Σ w·v over gain terms            (the reward before penalties)
     p     = Σ w·v over penalty terms
@@ -41,14 +41,14 @@ class RewardResult:
 
 def combine_reward(spec: RewardSpec, gains: float, penalty: float, *, completed: bool) -> float:
     """The reward from the weighted gains and penalties (reward units), clamped as `spec` says: the floor for a
-    trajectory that completed without error, then the cap at the gains (methods.md X2)."""
-    # methods.md X2: r_pre − p_prune − p_turn (generalised to any weighted gains and penalties)
+    trajectory that completed without error, then the cap at the gains (docs/methods.md X2)."""
+    # docs/methods.md X2: r_pre − p_prune − p_turn (generalised to any weighted gains and penalties)
     raw = gains - penalty
     if spec.floor is not None and completed:
-        # methods.md X2: floor ε, only for trajectories that complete without error
+        # docs/methods.md X2: floor ε, only for trajectories that complete without error
         raw = max(raw, spec.floor)
     if spec.cap_at_pre_penalty:
-        # methods.md X2: upper clamp at r_pre
+        # docs/methods.md X2: upper clamp at r_pre
         raw = min(raw, gains)
     return raw
 

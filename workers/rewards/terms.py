@@ -1,4 +1,4 @@
-"""Pure reward formulas (methods.md section 3, Context-1: X2-X5).
+"""Pure reward formulas (docs/methods.md section 3, Context-1: X2-X5).
 
 Every function here is deterministic and side-effect free, takes plain Python values and returns a float, so it
 can be unit-tested against hand-computed values and reused outside `RewardSpec`. All returned values are
@@ -14,7 +14,7 @@ import string
 from collections.abc import Iterable, Sequence
 
 PRUNE_TOOL = "prune_chunks"
-"""Tool name whose consecutive calls methods.md X4 penalises."""
+"""Tool name whose consecutive calls docs/methods.md X4 penalises."""
 
 _PUNCTUATION = frozenset(string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -41,8 +41,8 @@ def f_beta(precision: float, recall: float, beta: float) -> float:
     if denominator == 0.0:
         return 0.0
     if b2 == 0.0:
-        return precision  # methods.md X3 with β = 0: (1 + 0)·P·R / (0·P + R) = P
-    # methods.md X3: F_β = (1 + β²)·P·R / (β²·P + R)
+        return precision  # docs/methods.md X3 with β = 0: (1 + 0)·P·R / (0·P + R) = P
+    # docs/methods.md X3: F_β = (1 + β²)·P·R / (β²·P + R)
     return (1.0 + b2) * precision * recall / denominator
 
 
@@ -131,7 +131,7 @@ def final_answer_found(
     answer: str | None,
     gold_answers: Iterable[str],
 ) -> bool:
-    """Whether the final output contains the answer (methods.md section 3: "final-answer-found", binary).
+    """Whether the final output contains the answer (docs/methods.md section 3: "final-answer-found", binary).
 
     The primary test is the one in X2: some output chunk id is one of the chunks that directly contain the
     answer. Tasks without chunk-level answer labels (empty `answer_doc_ids`) fall back to comparing the answer
@@ -166,22 +166,22 @@ def prune_penalty(
     cap: float = 0.5,
     tool: str = PRUNE_TOOL,
 ) -> float:
-    """Penalty (reward units, >= 0) for long runs of consecutive prune calls (methods.md X4).
+    """Penalty (reward units, >= 0) for long runs of consecutive prune calls (docs/methods.md X4).
 
     Within each maximal run of consecutive `tool` calls the first `free_calls` are free and each further call
-    costs `per_call`. Decision (methods.md section 7 leaves it open): the `cap` bounds the total over the whole
+    costs `per_call`. Decision (docs/methods.md section 7 leaves it open): the `cap` bounds the total over the whole
     trajectory, not each run separately, so the term never exceeds `cap` however many runs there are.
     Examples with the defaults: one run of 5 -> 0.2; two runs of 4 -> 0.2; one run of 10 -> 0.7, capped to 0.5.
     """
     if per_call < 0 or free_calls < 0 or cap < 0:
         raise ValueError("per_call, free_calls and cap must all be >= 0")
     excess = sum(max(0, run - free_calls) for run in consecutive_runs(tool_sequence, tool))
-    # methods.md X4: p_prune = per_call × (calls beyond free_calls in each consecutive run), capped per trajectory
+    # docs/methods.md X4: p_prune = per_call × (calls beyond free_calls in each consecutive run), capped per trajectory
     return min(per_call * excess, cap)
 
 
 def turn_penalty(turns: int, *, start: int = 64, ramp: int = 64, max_penalty: float = 0.5) -> float:
-    """Penalty (reward units, in [0, max_penalty]) for long trajectories (methods.md X5).
+    """Penalty (reward units, in [0, max_penalty]) for long trajectories (docs/methods.md X5).
 
     `turns` is the number of assistant turns. The penalty is 0 up to `start` turns and grows linearly to
     `max_penalty` at `start + ramp` turns, staying there beyond: with the defaults 0 at 64, 0.25 at 96 and 0.5
@@ -192,11 +192,11 @@ def turn_penalty(turns: int, *, start: int = 64, ramp: int = 64, max_penalty: fl
     if max_penalty < 0:
         raise ValueError(f"max_penalty must be >= 0, got {max_penalty}")
     fraction = (turns - start) / ramp
-    # methods.md X5: p_turn = max_penalty · clip((turns − start) / ramp, 0, 1)
+    # docs/methods.md X5: p_turn = max_penalty · clip((turns − start) / ramp, 0, 1)
     return max_penalty * min(max(fraction, 0.0), 1.0)
 
 
-# --- Composer 2's coding-agent terms (methods.md section 2: C4 and the auxiliary rewards) -------------------------
+# --- Composer 2's coding-agent terms (docs/methods.md section 2: C4 and the auxiliary rewards) ------------------------
 
 TODO_MARKERS: tuple[str, ...] = ("TODO", "FIXME", "XXX")
 """Markers of unfinished work whose addition the todo_left penalty counts (Composer 2's "to-dos created then left
@@ -303,7 +303,7 @@ def todo_penalty(lines: int, *, per_line: float = 0.1, cap: float = 0.3) -> floa
 
 
 def concave_length_cost(x: float, *, k: float, q: float) -> float:
-    """Composer 2's length cost (methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), for x >= 0.
+    """Composer 2's length cost (docs/methods.md C4): C(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q)), for x >= 0.
 
     `k` > 0 sets where the curve bends (x ≈ 1/k); `q` >= 0 how much it flattens: q = 0 is linear (C = x), q in
     (0, 1) grows like x^(1−q), q = 1 is the limit ln(1 + k·x)/k and q > 1 saturates at 1/(k·(q−1)). C(0) = 0,
@@ -321,13 +321,13 @@ def concave_length_cost(x: float, *, k: float, q: float) -> float:
     log_term = math.log1p(k * x)
     exponent = (1.0 - q) * log_term
     if exponent == 0.0:
-        # methods.md C4 in the limit q -> 1: ln(1 + k·x) / k
+        # docs/methods.md C4 in the limit q -> 1: ln(1 + k·x) / k
         return log_term / k
-    # methods.md C4: C_length{k,q}(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q))
+    # docs/methods.md C4: C_length{k,q}(x) = ((1 + k·x)^(1−q) − 1) / (k·(1−q))
     return math.expm1(exponent) / (k * (1.0 - q))
 
 
-# --- Real-time RL: user feedback on served sessions (methods.md section 2, "Real-time RL") ------------------------
+# --- Real-time RL: user feedback on served sessions (docs/methods.md section 2, "Real-time RL") -----------------------
 
 COUNTED_SIGNALS: tuple[str, ...] = ("tests_passed", "tests_failed")
 """Signals whose value is a fraction of tests (the share that passed, the share that failed): the signal counts that
@@ -406,7 +406,7 @@ def session_turn_credits(
             raise ValueError(f"signal position {position} is outside the session's {num_turns} turns")
     credits: list[float | None] = []
     for turn in range(num_turns):
-        # methods.md section 2 ("distil user responses into rewards"): decay^(t - j) credit to earlier turns
+        # docs/methods.md section 2 ("distil user responses into rewards"): decay^(t - j) credit to earlier turns
         reaching = [value * decay ** (position - turn) for position, value in signals if position >= turn]
         if not reaching:
             credits.append(None if no_feedback == "drop" else neutral_value)

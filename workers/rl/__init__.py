@@ -1,1 +1,1 @@
-"""RL math for the execution plane: group advantages and policy losses (methods.md section 4)."""
+"""RL math for the execution plane: group advantages and policy losses (docs/methods.md section 4)."""

@@ -1,4 +1,4 @@
-"""Group-relative advantages and DAPO's soft overlong penalty (methods.md section 4: P1, P2, P3).
+"""Group-relative advantages and DAPO's soft overlong penalty (docs/methods.md section 4: P1, P2, P3).
 
 Rollouts arrive as one flat reward vector in which every prompt's completions sit next to each other: rewards
 ``[0, group_size)`` belong to the first prompt, ``[group_size, 2 * group_size)`` to the second, and so on. Each
@@ -96,13 +96,13 @@ def group_advantages(
 
     num_groups = num_rewards // group_size
     grouped = values.view(num_groups, group_size)
-    # methods.md P1/P2: the group mean is the baseline.
+    # docs/methods.md P1/P2: the group mean is the baseline.
     centred = grouped - grouped.mean(dim=1, keepdim=True)
     if scale == "group":
-        # methods.md P1: divide by the group std (n-1, + eps as in TRL).
+        # docs/methods.md P1: divide by the group std (n-1, + eps as in TRL).
         centred = centred / (grouped.std(dim=1, keepdim=True, correction=1) + eps)
 
-    # methods.md P3: a group that is all correct or all wrong has no signal. Compare exactly, and force those
+    # docs/methods.md P3: a group that is all correct or all wrong has no signal. Compare exactly, and force those
     # advantages to exactly 0 (a float mean of equal values can be off by one ulp).
     constant = (grouped == grouped[:, :1]).all(dim=1)
     advantages = torch.where(constant.unsqueeze(1), torch.zeros_like(centred), centred).reshape(num_rewards)
@@ -123,7 +123,7 @@ def group_advantages(
 
 
 def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tensor:
-    """DAPO's soft overlong penalty R_length (methods.md P3, eq. 13), to be added to the task reward. The learner
+    """DAPO's soft overlong penalty R_length (docs/methods.md P3, eq. 13), to be added to the task reward. The learner
     adds it for ``dapo`` runs (`EffectiveSettings.overlong_penalty`) with |y| the episode's sampled tokens and L_max
     the most the policy can sample in one episode.
 
@@ -148,6 +148,6 @@ def dapo_overlong_penalty(lengths: Tensor, max_len: int, cache_len: int) -> Tens
 
     length = lengths if lengths.is_floating_point() else lengths.to(torch.get_default_dtype())
     soft_start = max_len - cache_len
-    # methods.md P3 eq. 13, middle case: ((L_max - L_cache) - |y|) / L_cache. It is 0 at the start of the band,
+    # docs/methods.md P3 eq. 13, middle case: ((L_max - L_cache) - |y|) / L_cache. It is 0 at the start of the band,
     # -1 at L_max and below -1 past it, so clamping to [-1, 0] gives the two outer cases.
     return ((soft_start - length) / cache_len).clamp(min=-1.0, max=0.0)

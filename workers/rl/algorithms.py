@@ -1,4 +1,4 @@
-"""What each algorithm means: the settings its method fixes (methods.md section 4, P1-P6, and Composer 2's C1/C2),
+"""What each algorithm means: the settings its method fixes (docs/methods.md section 4, P1-P6, and Composer 2's C1/C2),
 a run's overrides merged over them, and the effective settings the learner, the trainer and the run page use.
 
 Torch-free (the control plane imports it to validate a launch and to show a run's settings).
@@ -63,7 +63,7 @@ DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS = 4
 """Generation rounds per step (the first included) that DAPO's dynamic sampling may use to fill the batch."""
 
 OVERLONG_CACHE_FRACTION = 0.2
-"""DAPO's soft band: L_cache = 4,096 of L_max = 20,480 generated tokens (secondary, methods.md P3), i.e. a fifth."""
+"""DAPO's soft band: L_cache = 4,096 of L_max = 20,480 generated tokens (secondary, docs/methods.md P3): a fifth."""
 
 
 class SettingsError(ValueError):
@@ -79,7 +79,7 @@ class LossConfig:
     """Which policy loss to use and its hyperparameters (part of a run's spec, not a setting).
 
     Attributes:
-        algorithm: one of `ALGORITHMS` (methods.md P1-P5; ``composer`` is C1, normalised like ``dr_grpo``).
+        algorithm: one of `ALGORITHMS` (docs/methods.md P1-P5; ``composer`` is C1, normalised like ``dr_grpo``).
         epsilon_low: lower clip distance, the ratio's floor is ``1 - epsilon_low``; >= 0.
         epsilon_high: upper clip distance, the ratio's ceiling is ``1 + epsilon_high``; >= 0. For CISPO both bound
             the stop-gradient importance weight ``r̂ = clip(ρ, 1 - epsilon_low, 1 + epsilon_high)`` (P4's unified
@@ -154,7 +154,7 @@ class LossConfig:
 
     @classmethod
     def defaults(cls, algorithm: Algorithm, *, max_completion_length: int | None = None) -> LossConfig:
-        """The reported settings of ``algorithm`` (methods.md section 4), with ``source`` saying where each is from.
+        """The reported settings of ``algorithm`` (docs/methods.md section 4), ``source`` saying where each is from.
 
         ``max_completion_length`` is stored for every algorithm; Dr. GRPO and Composer use it and fall back to
         `DEFAULT_MAX_COMPLETION_LENGTH` when it is not given.
@@ -285,7 +285,7 @@ class MethodDefaults:
     """The training-level settings a method fixes (beside its `LossConfig`), with where they come from."""
 
     label: str
-    """The method and its methods.md section, e.g. "Dr. GRPO (P2)"."""
+    """The method and its docs/methods.md section, e.g. "Dr. GRPO (P2)"."""
     scale_rewards: AdvantageScale
     dynamic_sampling: bool
     overlong_penalty: bool
@@ -494,8 +494,8 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
             "mismatch.correction",
             mismatch.correction,
             mismatch.correction != "none",
-            "Train-inference mismatch (methods.md P7), measured every step under mismatch/: none, or an importance "
-            "weight on each token's policy-gradient term (tis min(r, C), mis r or 0 above C; seq_* on the "
+            "Train-inference mismatch (docs/methods.md P7), measured every step under mismatch/: none, or an "
+            "importance weight on each token's policy-gradient term (tis min(r, C), mis r or 0 above C; seq_* on the "
             "sequence's geometric mean), π_old then recomputed by the learner. Off by default: on CPU the engine "
             "and the learner both compute in fp32",
         )
@@ -531,7 +531,7 @@ LOSS_SETTING_MEANING: dict[str, str] = {
     "the log-ratio's floor is −epsilon_low)",
     "epsilon_high": "The ratio's clip ceiling is 1 + epsilon_high (kimi: the log-ratio's ceiling is epsilon_high)",
     "kl_coef": "β, the weight of the KL to the reference policy (0: no KL, no reference copy)",
-    "kl_estimator": "methods.md P6: k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r",
+    "kl_estimator": "docs/methods.md P6: k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r",
     "cispo_mask": "P4's unified mask: also drop the tokens PPO's clip would have zeroed",
     "tau": "K3: weight of the quadratic term τ·(log π_θ/π_old)² (kimi only)",
 }

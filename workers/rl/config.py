@@ -176,7 +176,7 @@ class LearnerConfig(_Strict):
 
 
 class BetaSchedule(_Strict):
-    """Context-1's F-beta anneal (methods.md X3): beta = `start` in the first epoch, moving linearly to `end` by
+    """Context-1's F-beta anneal (docs/methods.md X3): beta = `start` in the first epoch, moving linearly to `end` by
     epoch `epochs` - 1 and staying there. It overrides the beta of every f_beta term of the reward config."""
 
     start: float = Field(default=4.0, ge=0, le=100, description="Context-1: 4 at initialisation (recall 16x)")
@@ -193,7 +193,7 @@ class BetaSchedule(_Strict):
 
 
 class CurriculumConfig(_Strict):
-    """Context-1's curriculum (methods.md section 3, RL: "easy-skewed -> hard-skewed phase (by hops)"), off by
+    """Context-1's curriculum (docs/methods.md section 3, RL: "easy-skewed -> hard-skewed phase (by hops)"), off by
     default. A task is easy when its `hops` (the task row's field, as the multi-hop generator writes it) is at most
     `easy_at_most`. Steps before `switch_at` x steps draw easy tasks with weight `skew` and hard ones with 1; later
     steps the reverse. Each step draws its prompts without replacement with probabilities proportional to those
@@ -211,7 +211,7 @@ class CurriculumConfig(_Strict):
 
 class UpsampleHardConfig(_Strict):
     """Composer 2's hard-data upsampling ("later stages upsample hard data by #turns and thinking tokens",
-    methods.md section 2), off by default: a departure from uniform sampling is the run's choice.
+    docs/methods.md section 2), off by default: a departure from uniform sampling is the run's choice.
 
     A task's *need* is what one rollout of it took: its turns (`Sample.num_turns`) or its sampled tokens
     (`Sample.sampled_tokens`: every token the policy generated, summaries and tool calls included). The trainer
@@ -348,7 +348,7 @@ class MismatchConfig(_Strict):
 
     correction: Correction = Field(
         default="none",
-        description="Importance-sampling correction of the engine/learner gap (methods.md P7): none; tis "
+        description="Importance-sampling correction of the engine/learner gap (docs/methods.md P7): none; tis "
         "(token-level truncated IS, min(r, C)); mis (token-level masked IS, r or 0 above C); seq_tis or seq_mis "
         "(on the sequence's geometric-mean ratio). Off by default: on CPU both sides compute in fp32. Any other "
         "than none recomputes π_old with the learner before each step (one more forward pass)",
@@ -400,7 +400,7 @@ class TrainConfig(_Strict):
     env_params: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of the environment")
     algorithm: Algorithm = Field(
         default=FALLBACK_ALGORITHM,
-        description="Policy loss and its method's defaults (methods.md section 4; composer: Composer 2 C1/C2). "
+        description="Policy loss and its method's defaults (docs/methods.md section 4; composer: Composer 2 C1/C2). "
         "Empty: the environment's default algorithm (coding_agent: composer), else grpo",
     )
     algorithm_default_of: str | None = Field(
@@ -522,8 +522,8 @@ class TrainConfig(_Strict):
     )
     mismatch: MismatchConfig = Field(
         default_factory=MismatchConfig,
-        description="Train-inference mismatch (methods.md P7): the engine's and the learner's log-probs are compared "
-        "every step (charted under mismatch/); an optional importance-sampling correction with its cap",
+        description="Train-inference mismatch (docs/methods.md P7): the engine's and the learner's log-probs are "
+        "compared every step (charted under mismatch/); an optional importance-sampling correction with its cap",
     )
     stall_after_seconds: int = Field(
         default=1800,

@@ -7,7 +7,7 @@ checkpoints. `workers.rl.learner.Learner` uses these when `TrainConfig.learner.s
 `workers.rl.learner_group.LearnerGroup` starts its ranks as Ray actors.
 
 Why a step does not depend on the world size: every rank receives the whole rollout batch, computes the same
-advantages and the same normalisers (methods.md P1-P5: sequences of the batch, tokens of its trained groups),
+advantages and the same normalisers (docs/methods.md P1-P5: sequences of the batch, tokens of its trained groups),
 then trains only its share of the samples. Each rank's loss is already divided by the whole batch's normaliser,
 so the batch's gradient is the *sum* of the ranks' gradients; DDP and FSDP2 average over ranks, so each rank
 scales its loss by the world size before backward. Ranks whose share has fewer micro-batches run the first

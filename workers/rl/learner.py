@@ -273,8 +273,8 @@ class Learner:
         weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         counts = {"ratio": 0.0, "kl": 0.0, "steps": 0.0}
         ratio_max = 0.0
-        # Train-inference mismatch (methods.md P7): with a correction, π_old is the learner's recomputation of every
-        # trained token before any update, and the loss's ratio is against it; without one, the first minibatch's
+        # Train-inference mismatch (docs/methods.md P7): with a correction, π_old is the learner's recomputation of
+        # every trained token before any update, and the loss's ratio is against it; without one, the first minibatch's
         # forward (before this step's first update) is compared with the engine's log-probs, at no extra cost.
         recomputed = self._recompute_old(samples, kept) if cfg.mismatch.correction != "none" and kept else None
         gap: dict[str, float] = dict(recomputed[1]) if recomputed is not None else {}
@@ -352,7 +352,7 @@ class Learner:
         gap: dict[str, float] = {}
         corrected = 0.0
         cfg = self.config
-        # The minibatch's normalisers (methods.md P1-P5): every sampled sequence for the per-sequence and
+        # The minibatch's normalisers (docs/methods.md P1-P5): every sampled sequence for the per-sequence and
         # constant normalisers, the tokens of the trained groups for the token-level ones.
         batch_tokens = float(sum(samples[i].sampled_tokens for i in kept))
         if int(distributed.all_reduce_max(float(len(kept)))) == 0:

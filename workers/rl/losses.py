@@ -1,5 +1,5 @@
 """Policy-gradient losses for agent LLMs: GRPO, Dr. GRPO (and Composer 2's recipe), DAPO, CISPO and GSPO
-(methods.md section 4, P1-P6).
+(docs/methods.md section 4, P1-P6).
 
 Every function is pure: it takes per-token log-probabilities of the sampled completion tokens and returns a loss
 to *minimise* (the negative of the paper's objective J) together with a few detached metrics. Shapes:
@@ -13,7 +13,7 @@ to *minimise* (the negative of the paper's objective J) together with a few deta
 
 Conventions (all checked against TRL 1.16 in ``tests/workers/rl/test_losses_vs_trl.py``; see ``CONVENTIONS.md``):
 
-- ρ = π_θ / π_old per token; the KL estimators use r = π_ref / π_θ (methods.md P1), so
+- ρ = π_θ / π_old per token; the KL estimators use r = π_ref / π_θ (docs/methods.md P1), so
   k1 = log π_θ − log π_ref, k2 = ½ (log r)², k3 = r − 1 − log r, all estimating KL(π_θ ‖ π_ref) with tokens
   sampled from the policy. No importance-sampling factor multiplies the KL term (TRL multiplies k3 by ρ by
   default, ``use_bias_correction_kl=True``).
@@ -104,7 +104,7 @@ class LossOutput:
 
 
 def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tensor:
-    """Per-token estimate of KL(π_θ ‖ π_ref) from sampled tokens (methods.md P6 with r = π_ref / π_θ, as P1).
+    """Per-token estimate of KL(π_θ ‖ π_ref) from sampled tokens (docs/methods.md P6 with r = π_ref / π_θ, as P1).
 
     Args:
         logp: ``[...]`` log π_θ of the sampled tokens.
@@ -119,11 +119,11 @@ def kl_estimate(logp: Tensor, ref_logp: Tensor, estimator: KLEstimator) -> Tenso
         raise ValueError(f"ref_logp must have the shape of logp {tuple(logp.shape)}; got {tuple(ref_logp.shape)}.")
     log_r = ref_logp - logp
     if estimator == "k1":
-        return -log_r  # methods.md P6 k1
+        return -log_r  # docs/methods.md P6 k1
     if estimator == "k2":
-        return 0.5 * log_r.square()  # methods.md P6 k2
+        return 0.5 * log_r.square()  # docs/methods.md P6 k2
     if estimator == "k3":
-        return torch.exp(log_r) - 1 - log_r  # methods.md P6 k3 = P1's D_KL
+        return torch.exp(log_r) - 1 - log_r  # docs/methods.md P6 k3 = P1's D_KL
     raise ValueError(f"kl_estimator must be one of {', '.join(KL_ESTIMATORS)}; got {estimator!r}.")
 
 
@@ -165,7 +165,7 @@ def policy_loss(
     batch_tokens: float | None = None,
     correction: Tensor | None = None,
 ) -> LossOutput:
-    """The loss −J of ``config.algorithm`` for one batch of completions (methods.md P1-P5).
+    """The loss −J of ``config.algorithm`` for one batch of completions (docs/methods.md P1-P5).
 
     Args:
         logp: ``[B, T]`` log π_θ of the sampled tokens, with grad.
@@ -178,7 +178,7 @@ def policy_loss(
             batch's sequence count and valid-token count (N). The normalisers below then use them, so the micro-batch
             losses (and their gradients) add up to the whole batch's loss. Default: this micro-batch's own.
         correction: ``[B, T]`` stop-gradient importance weights of a train-inference mismatch correction
-            (`workers.rl.mismatch.correction_weights`, methods.md P7) multiplying each token's policy-gradient term
+            (`workers.rl.mismatch.correction_weights`, docs/methods.md P7) multiplying each token's policy-gradient term
             (the sequence's term for GSPO, whose weights must then be per sequence: ``seq_tis`` or ``seq_mis``).
             The KL term is not weighted. Default: none.
 
@@ -205,7 +205,7 @@ def policy_loss(
     w = correction.detach().to(dtype) if correction is not None else None
 
     if config.algorithm == "gspo":
-        # methods.md P5: s_i = exp(mean_t log ρ_it). Gradient flows through every token's log-ratio, as in TRL's
+        # docs/methods.md P5: s_i = exp(mean_t log ρ_it). Gradient flows through every token's log-ratio, as in TRL's
         # importance_sampling_level="sequence".
         tokens_per_seq = weights.sum(dim=1)
         ratio = torch.exp((log_ratio * weights).sum(dim=1) / tokens_per_seq.clamp(min=1.0))  # [B]
@@ -219,23 +219,23 @@ def policy_loss(
     else:
         adv_tok = adv.unsqueeze(1)  # [B, 1]
         if config.algorithm == "cispo":
-            # methods.md P4: sg(r̂) · A · log π_θ, r̂ = clip(ρ, 1 − ε_low, 1 + ε_high).
+            # docs/methods.md P4: sg(r̂) · A · log π_θ, r̂ = clip(ρ, 1 − ε_low, 1 + ε_high).
             ratio = torch.exp(log_ratio.detach())
             weight = ratio.clamp(min=1.0 - config.epsilon_low, max=1.0 + config.epsilon_high)
             per_token = -(weight * adv_tok * logp_f)
             clipped = _clip_region(ratio, adv_tok, config)
             if config.cispo_mask:
-                # methods.md P4 unified form: M = 0 where the PPO clip would have zeroed the gradient.
+                # docs/methods.md P4 unified form: M = 0 where the PPO clip would have zeroed the gradient.
                 per_token = per_token * (~clipped).to(dtype)
         elif config.algorithm == "kimi":
-            # methods.md K3: Clip(ρ, α, β)·A − τ·(log ρ)², "Clip" a gradient mask: a token whose log-ratio leaves
+            # docs/methods.md K3: Clip(ρ, α, β)·A − τ·(log ρ)², "Clip" a gradient mask: a token whose log-ratio leaves
             # [α, β] = [−ε_low, ε_high] keeps its value but gets no policy gradient, whatever the sign of A.
             ratio = torch.exp(log_ratio)
             clipped = (log_ratio.detach() < -config.epsilon_low) | (log_ratio.detach() > config.epsilon_high)
             policy_term = torch.where(clipped, ratio.detach(), ratio) * adv_tok
             per_token = -policy_term * (w if w is not None else 1.0) + config.tau * log_ratio.square()
         else:
-            # methods.md P1/P2/P3: min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) per token.
+            # docs/methods.md P1/P2/P3: min(ρ·A, clip(ρ, 1 − ε_low, 1 + ε_high)·A) per token.
             ratio = torch.exp(log_ratio)
             per_token = _clipped_surrogate_loss(ratio, adv_tok, config)
             clipped = _clip_region(ratio.detach(), adv_tok, config)
@@ -249,7 +249,7 @@ def policy_loss(
     if config.kl_in_loss:
         assert ref_logp is not None  # checked in _check_inputs
         per_token_kl = kl_estimate(logp_f, ref_logp.detach().to(dtype), config.kl_estimator)
-        # methods.md P1: −β·D_KL sits inside the same normalisation as the surrogate.
+        # docs/methods.md P1: −β·D_KL sits inside the same normalisation as the surrogate.
         loss = loss + config.kl_coef * _normalise(per_token_kl, weights, config, batch_sequences, batch_tokens)
         kl_mean = (per_token_kl.detach() * weights).sum() / weights.sum().clamp(min=1.0)
 
@@ -303,13 +303,13 @@ def _normalise(
     masked = per_token * weights
     sequences = batch_sequences or per_token.shape[0]
     if config.algorithm in PER_SEQUENCE_NORMALISER:
-        # methods.md P1: (1/G) Σ_i 1/|o_i|
+        # docs/methods.md P1: (1/G) Σ_i 1/|o_i|
         return (masked.sum(dim=1) / weights.sum(dim=1).clamp(min=1.0)).sum() / sequences
     if config.algorithm in CONSTANT_NORMALISER:
         assert config.max_completion_length is not None  # checked by LossConfig
-        return masked.sum() / (sequences * config.max_completion_length)  # methods.md P2
+        return masked.sum() / (sequences * config.max_completion_length)  # docs/methods.md P2
     tokens = batch_tokens if batch_tokens is not None else weights.sum().clamp(min=1.0)
-    return masked.sum() / tokens  # methods.md P3/P4: 1 / Σ_i |o_i|
+    return masked.sum() / tokens  # docs/methods.md P3/P4: 1 / Σ_i |o_i|
 
 
 def _check_inputs(

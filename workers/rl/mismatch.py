@@ -1,5 +1,5 @@
 """Train-inference mismatch: how far the rollout engine's log-probabilities are from the learner's, and the
-importance-sampling corrections for it (methods.md P7; Yao et al. 2025, as exposed by verl, slime and ms-swift).
+importance-sampling corrections for it (docs/methods.md P7; Yao et al. 2025, as exposed by verl, slime and ms-swift).
 
 Two policies hide behind π_old: the engine that sampled (π_eng, whose log-probs each sampled token carries) and the
 learner's recomputation of the same tokens with the same weights (π_old). With a bf16 engine against an fp32

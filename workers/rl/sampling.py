@@ -1,5 +1,5 @@
-"""Which prompts a training step rolls out: DAPO's dynamic sampling (methods.md P3) and Composer 2's hard-data
-upsampling (methods.md section 2).
+"""Which prompts a training step rolls out: DAPO's dynamic sampling (docs/methods.md P3) and Composer 2's hard-data
+upsampling (docs/methods.md section 2).
 
 Dynamic sampling: over-sample, leave out the groups whose rewards are all equal, refill the batch to its size.
 
@@ -184,7 +184,7 @@ def dynamic_sampling_batch(
     return fill_batch(first, more, target_groups=target_groups, group_size=group_size, max_rounds=max_rounds)
 
 
-# --- hard-data upsampling (Composer 2, methods.md section 2) -----------------------------------------------------
+# --- hard-data upsampling (Composer 2, docs/methods.md section 2) -----------------------------------------------------
 
 
 def upsample_weight(need: float | None, mean_need: float, *, strength: float, max_weight: float) -> float:

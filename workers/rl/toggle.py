@@ -1,4 +1,4 @@
-"""Kimi K2.5's Toggle (methods.md K4, K5): token-efficient RL as a reward transform the trainer applies before the
+"""Kimi K2.5's Toggle (docs/methods.md K4, K5): token-efficient RL as a reward transform the trainer applies before the
 advantages, off unless a run turns it on (`TrainConfig.toggle`).
 
 Budget (K5): for each task, budget(x) = the ρ-th percentile of the lengths |y| (sampled tokens) of its correct
@@ -11,7 +11,7 @@ the transform never zeroes its samples.
 Phases (K4): at step t (0-based) the phase is ⌊t/m⌋ mod 2. In phase 0 a sample keeps its reward when its group's
 mean reward is below λ (the task is still hard: solve it first) or its length is within the task's budget, and
 gets 0 otherwise; in phase 1 every reward is kept. The paper writes |y_i| inside the indicator; it is read as the
-length of the response being scored (methods.md K4). λ, m and ρ are not given by the source: the defaults are ours.
+length of the response being scored (docs/methods.md K4). λ, m and ρ are not given by the source: the defaults are ours.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def apply_toggle(
             group = samples[start : start + group_size]
             mean = math.fsum(s.reward for s in group) / max(len(group), 1)
             if mean < config.lambda_:
-                continue  # methods.md K4: (1/K) Σ r < λ keeps the reward
+                continue  # docs/methods.md K4: (1/K) Σ r < λ keeps the reward
             for offset, sample in enumerate(group):
                 budget = budgets.get(sample.task_id)
                 if budget is None or sample.sampled_tokens <= budget:

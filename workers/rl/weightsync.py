@@ -1,6 +1,6 @@
 """Weight sync between the learner and the inference replicas: full snapshots and XOR deltas, zstd-compressed.
 
-methods.md C5: every step the sender caches its previous upload and ships only the difference; receivers rebuild
+docs/methods.md C5: every step the sender caches its previous upload and ships only the difference; receivers rebuild
 the new weights from the chain of deltas. The codec here is the lossless one Composer 2, SkyRL and slime describe:
 
 - **delta** = XOR of the previous and the new bit pattern of every tensor. An unchanged weight XORs to zero, and

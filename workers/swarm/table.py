@@ -1,6 +1,6 @@
-"""WideSearch's table answers and their scores (methods.md B2, `ByteDance-Seed/WideSearch` evaluation.py): the item-F1
-that is PARL's r_perf on a wide task. Every rule below is its own function; docs/wide-table-scoring.md lists them
-with where each departs from WideSearch.
+"""WideSearch's table answers and their scores (docs/methods.md B2, `ByteDance-Seed/WideSearch` evaluation.py): the
+item-F1 that is PARL's r_perf on a wide task. Every rule below is its own function; docs/wide-table-scoring.md lists
+them with where each departs from WideSearch.
 
 A wide task's answer is a Markdown table: N entities (rows) × M attributes (columns), one key column (or several)
 naming the entity. Scoring, as WideSearch does it:
@@ -587,7 +587,7 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
         scores = row_cell_scores(found, gold_row, gold)
         tp += math.fsum(scores)
         rows_right += 1 if min(scores) >= 1.0 else 0
-    # methods.md B2: P_item = TP / (n_pred_rows · |C|), R_item = TP / (n_gt_rows · |C|)
+    # docs/methods.md B2: P_item = TP / (n_pred_rows · |C|), R_item = TP / (n_gt_rows · |C|)
     item_p = tp / (n_pred * width) if n_pred else 0.0
     item_r = tp / (len(gold.rows) * width)
     row_p = rows_right / n_pred if n_pred else 0.0

@@ -1,4 +1,4 @@
-"""Wide-search tasks in the manner of WideSearch (methods.md B2): N entities × M attributes, answered as a table.
+"""Wide-search tasks in the manner of WideSearch (docs/methods.md B2): N entities × M attributes, answered as a table.
 
 An entity is a name a chunk documents under a heading (`## bisect.insort_left(a, x, lo=0, hi=None, *, key=None)`,
 `## class csv.Sniffer()`, `### Path.stem (property)`: `workers.search.synth.SynthCorpus`'s heading names), so any

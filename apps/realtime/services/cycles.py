@@ -1,6 +1,6 @@
 """The real-time RL cycle of a gate: collect → train → evaluate and gate → deploy, advanced by Celery beat.
 
-Cursor's loop (methods.md section 2, "Real-time RL"): serve a checkpoint, collect the sessions it served, distil
+Cursor's loop (docs/methods.md section 2, "Real-time RL"): serve a checkpoint, collect the sessions it served, distil
 the users' responses into rewards, train, evaluate on the internal benchmark and deploy only without significant
 regressions, about every five hours. Here every phase is a step of a state machine that beat ticks
 (`loops_tick`, every CRUCIBLE_RECONCILE_SECONDS): a tick reads where the loop's running cycle stands and moves it

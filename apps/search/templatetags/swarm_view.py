@@ -4,7 +4,7 @@
 timeline: one row per orchestrator stage (its tools and cost, 1 + the slowest sub-agent it launched), the stage's
 sub-agents as parallel bars as long as their steps, the sub-agent on the critical path (the slowest of its stage)
 marked, each sub-agent's conversation one click away. `wide_score record` scores the answer table against the
-task's gold table (methods.md B2) and pairs the rows, saying why a table that fails the required-columns rule
+task's gold table (docs/methods.md B2) and pairs the rows, saying why a table that fails the required-columns rule
 scores 0. Both give None for a record that has no such field, and read the record defensively (an upload may hold
 any shape).
 """

@@ -4,7 +4,7 @@
 (algorithm, substeps, reward) and the warnings about its reward's schedule (an anneal horizon longer than the run).
 
 `effective_algorithm_settings run` gives a training run's effective algorithm settings (the algorithm's defaults from
-methods.md merged with the run's overrides, workers.rl.algorithms) for the run page, resolved from the run's stored
+docs/methods.md merged with the run's overrides, workers.rl.algorithms) for the run page, resolved from the run's stored
 config so runs launched before a default changed show what they ran with: values they stored are overrides.
 """
 

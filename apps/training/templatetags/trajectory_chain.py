@@ -1,6 +1,6 @@
 """Template tags for the trajectory page's coding-agent views: `{% load trajectory_chain %}`.
 
-`trajectory_chain record turns` splits a self-summarised trajectory (methods.md C3, the `coding_agent` environment)
+`trajectory_chain record turns` splits a self-summarised trajectory (docs/methods.md C3, the `coding_agent` environment)
 into its segments: the record's `segments` give each segment's tokens, its `summaries` the summary that closed
 it, and its turns carry the marks the environment writes (`summary_request` on the harness's request, `summary` on
 the model's summary reply, `segment_start` on the message that restarts the context from the summary). A record
@@ -36,7 +36,7 @@ LENGTH_FIELDS = (
     ("tool_calls", "tool calls"),
     ("turns", "turns"),
 )
-"""`workers.trajectories.LengthStats`, in the order methods.md C4 lists the length penalty's inputs."""
+"""`workers.trajectories.LengthStats`, in the order docs/methods.md C4 lists the length penalty's inputs."""
 
 
 def _int(value: Any) -> int | None:

@@ -1,4 +1,4 @@
-"""The trajectory page shows a self-summarised coding-agent chain (methods.md C3, issue 17): each segment as a block
+"""The trajectory page shows a self-summarised chain (docs/methods.md C3, issue 17): each segment as a block
 with its tokens, each summary marked where the context was rewritten, the hidden tests' outcome, the final diff, the
 files edited through `run` and the length statistics; records of other environments render as before."""
 

@@ -1,4 +1,4 @@
-"""A training run's page shows its effective algorithm settings: the algorithm's defaults (methods.md) merged with
+"""A training run's page shows its effective algorithm settings: the algorithm's defaults (docs/methods.md) merged with
 the run's overrides, each marked with where it comes from, and any departure from the method; a launch that cannot
 work is a 400 naming the field."""
 

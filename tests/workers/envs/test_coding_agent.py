@@ -1,5 +1,5 @@
 """The coding_agent harness (issue 17): every tool's result and error observations, commands in the real sandbox,
-hidden tests after the episode, forking, self-summarisation (methods.md C3) with a scripted policy, and the rollout
+hidden tests after the episode, forking, self-summarisation (docs/methods.md C3) with a scripted policy, and the rollout
 worker training every segment of a summarised chain.
 
 The repository is a tiny package written here: `calc.ops.add` subtracts instead of adding; the hidden tests check
@@ -346,7 +346,7 @@ def test_reset_can_start_from_a_given_workspace() -> None:
     assert record["tests_passed"] == 1.0 and record["edited_files"] == ["calc/ops.py"]  # diff vs the snapshot
 
 
-# --- self-summarisation (methods.md C3) ---------------------------------------------------------------------------
+# --- self-summarisation (docs/methods.md C3) --------------------------------------------------------------------------
 
 
 def _summarising_env(**params: Any) -> CodingAgentEnv:

@@ -387,7 +387,7 @@ def test_max_turns_ends_the_episode_without_an_answer_and_marks_it_failed() -> N
     assert record["answer"] is None
     assert record["error"] == "no final answer within max_turns=2"
     assert record["counts"]["turns"] == 2 and record["counts"]["tool_calls"] == 2
-    # An errored trajectory gets no floor (methods.md X2), so the floor of 0.1 does not lift it.
+    # An errored trajectory gets no floor (docs/methods.md X2), so the floor of 0.1 does not lift it.
     assert _score({"terms": [{"type": "exact_match"}], "floor": 0.1}, record).reward == 0.0
     with pytest.raises(EpisodeStateError, match="is done"):
         env.step("87")

@@ -297,7 +297,7 @@ def test_episode_metrics_and_the_rrf_ensemble(index) -> None:
     assert metrics["output_recall"] == 0.5 and metrics["output_precision"] == 0.5
     assert metrics["output_f1"] == pytest.approx(0.5)
     assert metrics["trajectory_recall"] == 1.0 and metrics["turns"] == 2.0
-    # methods.md R1 with k = 60: b is ranked 2nd and 1st -> 1/62 + 1/61 beats a's 1/61 + 0
+    # docs/methods.md R1 with k = 60: b is ranked 2nd and 1st -> 1/62 + 1/61 beats a's 1/61 + 0
     assert ensemble_outputs([["a", "b"], ["b"]]) == ["b", "a"]
     other = dict(record, output_doc_ids=["lighthouse#0"], seen_doc_ids=["lighthouse#0"])
     fused = ensemble_metrics([record, other, other])

@@ -1,5 +1,5 @@
-"""Composer 2's coding-agent reward terms (methods.md section 2): hidden tests, broken tool calls, TODOs left in the
-diff and the C4 length penalty, each against values computed by hand."""
+"""Composer 2's coding-agent reward terms (docs/methods.md section 2): hidden tests, broken tool calls, TODOs left
+in the diff and the C4 length penalty, each against values computed by hand."""
 
 from __future__ import annotations
 

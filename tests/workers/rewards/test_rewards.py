@@ -1,4 +1,4 @@
-"""Reward terms, the reward config schema and the X2 combination (methods.md section 3, Context-1)."""
+"""Reward terms, the reward config schema and the X2 combination (docs/methods.md section 3, Context-1)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ def test_f_beta_rejects_out_of_range_inputs(bad: tuple[float, float, float]) -> 
 
 @pytest.mark.parametrize(("precision", "recall"), [(0.3, 0.7), (1.0, 0.1), (0.25, 1.0), (0.0, 0.5), (0.1, 1e-9)])
 def test_f_beta_with_beta_0_is_precision(precision: float, recall: float) -> None:
-    # methods.md X3: (1 + 0)·P·R / (0·P + R) = P, exactly, whatever the recall (as long as something was found)
+    # docs/methods.md X3: (1 + 0)·P·R / (0·P + R) = P, exactly, whatever the recall (as long as something was found)
     assert t.f_beta(precision, recall, 0.0) == precision
 
 

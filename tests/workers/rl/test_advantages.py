@@ -1,4 +1,4 @@
-"""Group advantages and DAPO's overlong penalty (methods.md P1, P2, P3), against values worked out by hand."""
+"""Group advantages and DAPO's overlong penalty (docs/methods.md P1, P2, P3), against values worked out by hand."""
 
 from __future__ import annotations
 

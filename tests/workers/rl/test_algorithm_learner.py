@@ -1,4 +1,4 @@
-"""The learner trains each algorithm as its paper normalises it (methods.md P1-P5), against values worked out by
+"""The learner trains each algorithm as its paper normalises it (docs/methods.md P1-P5), against values worked out by
 hand from the ratios the test sets: dropped groups and empty completions still count in GRPO's and Dr. GRPO's
 normalisers, DAPO averages over the tokens it trains on and adds its overlong penalty, Composer's k1 KL is a reward
 penalty, and GSPO's clip fraction is per sequence however the batch is cut into micro-batches."""

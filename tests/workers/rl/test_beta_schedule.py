@@ -1,4 +1,4 @@
-"""Context-1's F-beta anneal (methods.md X3): beta starts at 4 (recall weighted 16x) and moves linearly to 2 by
+"""Context-1's F-beta anneal (docs/methods.md X3): beta starts at 4 (recall weighted 16x) and moves linearly to 2 by
 the schedule's last epoch, then stays; the trainer moves it between epochs, never inside one."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Policy losses (methods.md P1-P6) against formulas evaluated by hand in plain Python floats.
+"""Policy losses (docs/methods.md P1-P6) against formulas evaluated by hand in plain Python floats.
 
 One small batch serves most tests: 2 sequences of 3 tokens, the last token of sequence 2 is padding.
 
@@ -561,7 +561,7 @@ def test_kimi_loss_is_minus_ratio_times_advantage_plus_tau_log_ratio_squared_ove
 
     out = policy_loss(data["logp"], data["old_logp"], data["advantages"], data["mask"], _kimi())
 
-    # methods.md K3: −(1/N) Σ (ρ·A − τ·(log ρ)²), N = 5 valid tokens
+    # docs/methods.md K3: −(1/N) Σ (ρ·A − τ·(log ρ)²), N = 5 valid tokens
     total = sum(rho(i, t) * ADV[i] - 0.1 * LOG_RATIO[i][t] ** 2 for i, t in VALID)
     assert out.loss.item() == pytest.approx(-total / 5, abs=1e-12)
     assert out.clip_fraction == pytest.approx(2 / 5)  # tokens (0, 1) and (0, 2) leave the band

@@ -11,7 +11,7 @@ AttributeError that names it.
 TRL computes advantages inline in `_generate_and_score_completions`, so the advantage oracle re-states those
 lines (group mean, TRL's own `nanstd`, ``+ 1e-4``) over TRL-style contiguous groups.
 
-Convention differences between methods.md section 4 (our implementation) and TRL 1.16 (also in
+Convention differences between docs/methods.md section 4 (our implementation) and TRL 1.16 (also in
 ``workers/rl/CONVENTIONS.md``):
 
 1. Sign and scale: both return a loss (−J). TRL divides GRPO, Dr. GRPO and BNPO losses by the gradient

@@ -1,4 +1,4 @@
-"""Train-inference mismatch (methods.md P7): the measured gap and the corrections, against hand-computed cases, and
+"""Train-inference mismatch (docs/methods.md P7): the measured gap and the corrections, against hand-computed cases, and
 in the learner on the tiny model."""
 
 from __future__ import annotations

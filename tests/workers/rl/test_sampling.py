@@ -1,4 +1,4 @@
-"""DAPO's dynamic sampling (methods.md P3, workers.rl.sampling): groups without signal are left out and the batch
+"""DAPO's dynamic sampling (docs/methods.md P3, workers.rl.sampling): groups without signal are left out and the batch
 is refilled to its size from extra rollouts, up to `dynamic_sampling_max_rounds` rounds; a batch still short
 trains as it is and says by how much."""
 

@@ -1,4 +1,4 @@
-"""Kimi K2.5's Toggle (methods.md K4, K5) against hand-computed cases."""
+"""Kimi K2.5's Toggle (docs/methods.md K4, K5) against hand-computed cases."""
 
 from __future__ import annotations
 

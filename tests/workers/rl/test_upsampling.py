@@ -1,4 +1,4 @@
-"""Composer 2's hard-data upsampling (methods.md section 2, `TrainConfig.upsample_hard`, workers.rl.sampling): a
+"""Composer 2's hard-data upsampling (docs/methods.md section 2, `TrainConfig.upsample_hard`, workers.rl.sampling): a
 task's weight grows with the turns or tokens its past rollouts needed, each step draws its prompts with those
 weights (deterministic, without replacement within a step), and with the option off the trainer's order is what
 it was."""

@@ -1,4 +1,4 @@
-"""Weight sync (methods.md C5): full and XOR-delta blobs rebuild the weights bit-for-bit, and refuse a wrong base."""
+"""Weight sync (docs/methods.md C5): full and XOR-delta blobs rebuild the weights exactly and refuse a wrong base."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def ids(hits: list) -> list[str]:  # type: ignore[type-arg]
     return [h.chunk.chunk_id for h in hits]
 
 
-# --- RRF (methods.md R1) --------------------------------------------------------------------------------------------
+# --- RRF (docs/methods.md R1) -----------------------------------------------------------------------------------------
 def test_rrf_matches_hand_computed_values():
     fused = dict(rrf_fuse({"bm25": ["a", "b", "c"], "dense": ["b", "d"]}, k=60))
     assert fused["a"] == pytest.approx(1 / 61)

@@ -1,4 +1,4 @@
-"""PARL's reward terms (methods.md K1, K2), their anneal, and wide-task generation."""
+"""PARL's reward terms (docs/methods.md K1, K2), their anneal, and wide-task generation."""
 
 from __future__ import annotations
 

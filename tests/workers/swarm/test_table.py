@@ -1,4 +1,4 @@
-"""WideSearch's table scoring (methods.md B2) against hand-computed cases."""
+"""WideSearch's table scoring (docs/methods.md B2) against hand-computed cases."""
 
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def test_columns_map_by_normalised_name_or_alias_and_an_ignored_extra_column_add
     score = score_table(answer, gold)
     assert score.mapped_columns == 3 and score.extra_columns == ("notes",)
     assert score.item_recall == pytest.approx(2 / 12)  # key + year of one row; its document is wrong
-    # without the document column the table fails the required-columns rule (methods.md B2): 0 everywhere
+    # without the document column the table fails the required-columns rule (docs/methods.md B2): 0 everywhere
     missing = score_table("| name | built in |\n|---|---|\n| alpha | 1990 |\n", gold)
     assert missing.item_recall == 0.0 and missing.missing_columns == ("document",)
 
