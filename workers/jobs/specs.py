@@ -313,17 +313,18 @@ class SessionTrainSpec(JobSpec):
     )
 
 
-JOB_SPECS: tuple[type[JobSpec], ...] = (
-    RescoreSpec,
-    TrainSpec,
-    SFTSpec,
-    EvalSpec,
-    BuildIndexSpec,
-    DatagenSpec,
-    RepoImportSpec,
-    CodegenSpec,
-    ServeSpec,
-    SimulateSpec,
-    SessionTrainSpec,
-)
-"""Every job a run can execute (a test checks each names an importable entrypoint that parses it)."""
+def job_specs() -> tuple[type[JobSpec], ...]:
+    """Every job a run can execute: each subclass of `JobSpec`, at any depth, that names an `entrypoint` (one that
+    names none is a part of a spec). Derived from the classes, so a new job spec needs no list of its own."""
+    found: list[type[JobSpec]] = []
+    pending = list(JobSpec.__subclasses__())
+    while pending:
+        cls = pending.pop(0)
+        pending.extend(cls.__subclasses__())
+        if cls.entrypoint and cls not in found:
+            found.append(cls)
+    return tuple(found)
+
+
+JOB_SPECS: tuple[type[JobSpec], ...] = job_specs()
+"""The job specs of this module (a test checks each names an importable entrypoint that parses it)."""

@@ -4,6 +4,8 @@ parses, and a job input the worker would refuse is a 400 at launch that names th
 from __future__ import annotations
 
 import importlib
+import json
+from collections.abc import Callable
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -11,8 +13,11 @@ from django.core.management import call_command
 from rest_framework.exceptions import ValidationError
 
 from apps.benchmarks.services import eval_launch
+from apps.coding.services import codegen_launch, repo_import_launch
 from apps.datasets.models import DatasetKind
 from apps.datasets.services import dataset_create, dataset_version_create
+from apps.realtime.services.serving import session_train_launch, simulate_launch
+from apps.rewards.services import reward_config_create
 from apps.runs import kinds
 from apps.runs.checks import run_kinds_check
 from apps.runs.models import Run, RunKind
@@ -20,6 +25,9 @@ from apps.runs.services import run_create, worker_spec
 from apps.search.services.datagen import datagen_launch
 from apps.search.services.indexes import index_launch
 from apps.training.services import run_launch_sft, run_launch_train
+from tests.apps.coding.test_import import jsonl, task_row
+from tests.apps.realtime.session_factories import serve_run, turn_event
+from tests.apps.realtime.test_launches import _repo_tasks_version as repo_tasks_version
 from tests.factories import coding_version, context1_version, exact_answer_version, tasks_version, trajectories_version
 from workers.envs.registry import arithmetic_tasks
 from workers.jobs.specs import JOB_SPECS, RescoreSpec
@@ -61,8 +69,9 @@ def test_registering_a_kind_twice_or_an_unknown_kind_is_refused() -> None:
 
 
 def test_each_kinds_launch_builds_what_its_worker_parses(run, users, settings, tmp_path, monkeypatch) -> None:
-    """One launch of every built-in kind through its owner's own service: the job input each stores is what the
-    kind's worker spec parses, and no kind is left out."""
+    """One launch of every registered kind through its owner's own service: the job input each stores is what the
+    kind's worker spec parses. The kinds come from the registry, so a kind an app adds without a launch here fails
+    this test instead of going unchecked."""
     settings.MEDIA_ROOT = tmp_path
     monkeypatch.setattr("apps.runs.tasks.dispatch_run.delay", lambda run_id: None)
     owner, model = users["operator"], "tiny-llama-smollm2-tokenizer"
@@ -73,18 +82,46 @@ def test_each_kinds_launch_builds_what_its_worker_parses(run, users, settings, t
         dataset=corpus_dataset, data=dump_chunks_jsonl(chunks), filename="notes.jsonl", created_by=owner
     )
     common = {"created_by": owner, "dataset_version": tasks, "reward_version": exact}
-    launched = [
-        run,
-        run_launch_train(**common, config={"base_model": model, "steps": 2, "prompts_per_step": 2, "group_size": 2}),
-        run_launch_sft(**common, config={"environment": "exact_answer", "teacher_model": model, "base_model": model}),
-        eval_launch(benchmark_version=coding_version(owner=owner), base_model=model, created_by=owner)[0].run,
-        index_launch(corpus_version=corpus, config={"dense": False}, user=owner).run,
-        datagen_launch(corpus_version=corpus, target_dataset="notes-tasks", params={}, user=owner),
-    ]
-    assert sorted(r.kind for r in launched) == sorted(RunKind.values)
-    for launched_run in launched:
-        spec = kinds.handler_for(launched_run.kind).job_spec.model_validate(worker_spec(launched_run))
-        assert spec.run_id == launched_run.pk and spec.kind == launched_run.kind
+    serving = serve_run(owner)
+    sessions = dataset_create(name="kind-sessions", kind=DatasetKind.SESSIONS, owner=owner)
+    session = {"session_id": "s-1", "serve_run_id": serving.pk, "turns": [turn_event("s-1", 0)["turn"]]}
+    session.update(started_at=1.0, ended_at=2.0)
+    sessions_version = dataset_version_create(
+        dataset=sessions, data=(json.dumps(session) + "\n").encode(), filename="s.jsonl", created_by=owner
+    )
+    feedback = reward_config_create(
+        name="kind-feedback", description="", spec={"terms": [{"type": "session_feedback"}]}, owner=owner
+    )
+    launches: dict[str, Callable[[], Run]] = {
+        "rescore": lambda: run,
+        "train": lambda: run_launch_train(
+            **common, config={"base_model": model, "steps": 2, "prompts_per_step": 2, "group_size": 2}
+        ),
+        "sft": lambda: run_launch_sft(
+            **common, config={"environment": "exact_answer", "teacher_model": model, "base_model": model}
+        ),
+        "eval": lambda: (
+            eval_launch(benchmark_version=coding_version(owner=owner), base_model=model, created_by=owner)[0].run
+        ),
+        "index": lambda: index_launch(corpus_version=corpus, config={"dense": False}, user=owner).run,
+        "datagen": lambda: datagen_launch(corpus_version=corpus, target_dataset="notes-tasks", params={}, user=owner),
+        "repoimport": lambda: repo_import_launch(
+            target_dataset="kind-tasks", data=jsonl(task_row()), filename="t.jsonl", user=owner
+        ),
+        "codegen": lambda: codegen_launch(target_dataset="kind-gen", params={"sources": ["toolz"]}, user=owner),
+        "serve": lambda: serving,
+        "simulate": lambda: simulate_launch(user=owner, serve_run=serving, dataset_version=repo_tasks_version(owner)),
+        "sessiontrain": lambda: session_train_launch(
+            user=owner, dataset_version=sessions_version, reward_version=feedback.versions.get(), base_model=model
+        ),
+    }
+    registered = {h.kind for h in kinds.handlers()}
+    assert set(launches) == registered, f"kinds without a launch here: {sorted(registered - set(launches))}"
+    for kind, launch in launches.items():
+        launched_run = launch()
+        assert launched_run.kind == kind
+        spec = kinds.handler_for(kind).job_spec.model_validate(worker_spec(launched_run))
+        assert spec.run_id == launched_run.pk and spec.kind == kind
 
 
 def test_a_kind_an_app_adds_needs_no_change_in_runs(users, monkeypatch) -> None:
