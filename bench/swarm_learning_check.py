@@ -216,7 +216,7 @@ def main() -> None:
             log(f"SFT ({mode}): reusing {work / f'sft-{mode}'}")
             figures.setdefault("sft", {})[mode] = {"reused": str(work / f"sft-{mode}")}
             return str(work / f"sft-{mode}")
-        from workers.search.teacher import scripted_rollout
+        from workers.rl.teacher import teacher_rollout, the_same_agent
         from workers.swarm.scripted import Mode, ScriptedOrchestrator
 
         config = SFTConfig(
@@ -233,8 +233,8 @@ def main() -> None:
         from workers.models.base import encode_chat
 
         def scripted(agent_mode: Mode, rows: list[dict[str, Any]]) -> list[Any]:
-            return scripted_rollout(
-                ScriptedOrchestrator(agent_mode, max_parallel=env_params["max_parallel"]),
+            return teacher_rollout(
+                the_same_agent(ScriptedOrchestrator(agent_mode, max_parallel=env_params["max_parallel"])),
                 tokenizer,
                 lambda messages: encode_chat(tokenizer, messages),
                 rows,

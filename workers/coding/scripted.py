@@ -32,7 +32,7 @@ It needs the row's `source.function` and `source.path` (generated tasks have the
 
     agent = ScriptedCodingAgent.for_row(row)                 # a repo_task/v1 row with a reference_patch
     record = run_episode(env, agent)                         # env: a reset coding_agent environment
-    samples = scripted_coding_rollout(tokenizer, encode, rows, env_params=..., reward=...)   # for the SFT job
+    samples = teacher_rollout(coding_teacher_for(), tokenizer, encode, rows, ...)  # the SFT job (workers.rl.teacher)
 """
 
 from __future__ import annotations
@@ -48,7 +48,6 @@ from workers.coding.patches import FilePatch, parse_patch
 from workers.envs.base import Environment, Message
 from workers.envs.coding_agent import (
     EDIT_TOOL,
-    ENV_NAME,
     FINISH_TOOL,
     LIST_TOOL,
     READ_TOOL,
@@ -533,86 +532,16 @@ def run_episode(env: Environment, agent: ScriptedCodingAgent, *, max_replies: in
     return env.trajectory(f"scripted-{env.task.id}")
 
 
-def scripted_coding_rollout(
-    tokenizer: Any,
-    encode_chat: Callable[[Sequence[Message]], list[int]],
-    task_rows: Sequence[Mapping[str, Any]],
-    *,
-    environment: str = ENV_NAME,
-    env_params: Mapping[str, Any],
-    reward: Mapping[str, Any] | Any,
-    bind: Callable[[Environment], None] | None = None,
-    locate: str = "patch",
-) -> list[Any]:
-    """One scripted episode per task row, as token-level samples (`workers.rl.rollout.Sample`) in the student's
-    tokenizer, laid out exactly as a rollout of the student would be: the agent's replies (each closed with
-    `<|im_end|>`) are the trained tokens, the rest is context; a self-summary closes a segment and the next segment
-    starts from the rewritten conversation. Rows without a reference patch are skipped. The same entry point shape
-    as `workers.search.teacher.scripted_rollout`, for the SFT job."""
-    from workers.envs.registry import make_env
-    from workers.rewards.schema import RewardSpec, validate_reward_spec
-    from workers.rewards.score import score_trajectory
-    from workers.rl.rollout import Sample, chatml_continuation
-    from workers.trajectories import Trajectory
+def coding_teacher_for(locate: str = "patch") -> Callable[[Mapping[str, Any], Environment], ScriptedCodingAgent | None]:
+    """The scripted coding agent of each task row, for `workers.rl.teacher.teacher_rollout` (the SFT job's loop): it
+    never asks for more calls per reply than the environment takes, and rows without a reference patch are skipped
+    (None). `locate` is how it finds the change (SCRIPTED_CODING_TEACHERS)."""
 
-    spec = reward if isinstance(reward, RewardSpec) else validate_reward_spec(dict(reward))
-    samples: list[Sample] = []
-    for group, row in enumerate(task_rows):
+    def agent_for(row: Mapping[str, Any], env: Environment) -> ScriptedCodingAgent | None:
         if not str(row.get("reference_patch") or "").strip():
-            continue
-        env = make_env(environment, **dict(env_params))
-        if bind is not None:
-            bind(env)
-        counter = getattr(env, "bind_token_counter", None)
-        if counter is not None:
-            counter(lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
-        env.reset(env.validate_task_row(dict(row)))
-        agent = ScriptedCodingAgent.for_row(
+            return None
+        return ScriptedCodingAgent.for_row(
             row, max_calls_per_reply=int(getattr(env, "max_calls_per_turn", 4)), locate=locate
         )
-        ids: list[int] = list(encode_chat(env.messages))
-        start = len(ids)
-        mask: list[int] = []
-        prior: list[tuple[list[int], int]] = []
-        while True:
-            text = agent.reply(env.messages)
-            reply = tokenizer.encode(text + "<|im_end|>", add_special_tokens=False)
-            ids += reply
-            mask += [1] * len(reply)
-            result = env.step(text)
-            if result.done:
-                break
-            if getattr(env, "view_changed", False):
-                prior.append((ids, start))
-                ids = list(encode_chat(env.messages))
-                start = len(ids)
-                continue
-            more = chatml_continuation(
-                tokenizer, result.observation.messages if result.observation else [], closed=True
-            )
-            ids += more
-            mask += [0] * len(more)
-        record = env.trajectory(f"teacher-{env.task.id}")
-        scored = score_trajectory(spec, Trajectory.model_validate(record))
-        counts = record.get("counts", {})
-        samples.append(
-            Sample(
-                task_id=env.task.id,
-                group=group,
-                token_ids=ids,
-                completion_start=start,
-                loss_mask=mask,
-                old_logprobs=[0.0] * len(mask),
-                reward=float(scored.reward),
-                terms=dict(scored.terms),
-                policy_version=0,
-                num_turns=int(counts.get("turns", 0)),
-                malformed_tool_calls=int(counts.get("malformed_tool_calls", 0)),
-                finish_reason="stop",
-                error=record.get("error"),
-                trajectory=record,
-                prior_segments=prior,
-                episode_metrics=env.episode_metrics(record),
-            )
-        )
-    return samples
+
+    return agent_for

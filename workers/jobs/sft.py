@@ -145,11 +145,12 @@ def generate(
 ) -> list[Any]:
     """Phase 1: the teacher's episodes on `rows` (`rollouts_per_task` each), as samples in the student's tokens.
     `progress(tasks_done)` after each batch; `bind(env)` prepares scripted-teacher environments."""
-    from workers.coding.scripted import SCRIPTED_CODING_TEACHERS, scripted_coding_rollout
+    from workers.coding.scripted import SCRIPTED_CODING_TEACHERS, coding_teacher_for
     from workers.models import make_backend
     from workers.models.registry import resolve_base_model
     from workers.rl.rollout import RolloutWorker
-    from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent, scripted_rollout
+    from workers.rl.teacher import AgentFor, teacher_rollout, the_same_agent
+    from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent
     from workers.swarm.scripted import SCRIPTED_SWARM_TEACHER, ScriptedOrchestrator
 
     samples: list[Any] = []
@@ -160,34 +161,25 @@ def generate(
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
         for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
-            if config.teacher_model in (SCRIPTED_TEACHER, SCRIPTED_SWARM_TEACHER):
-                agent = (
-                    ScriptedSearchAgent()
-                    if config.teacher_model == SCRIPTED_TEACHER
-                    # the teacher never asks for more parallel tasks per reply than the environment accepts
-                    else ScriptedOrchestrator(max_parallel=int(config.env_params.get("max_parallel", 8)))
-                )
-                samples += scripted_rollout(
-                    agent,
-                    tokenizer,
-                    lambda messages: encode_chat(tokenizer, messages),
-                    rows,
-                    environment=config.environment,
-                    env_params=config.env_params,
-                    reward=reward,
-                    bind=bind,
-                )
+            agent_for: AgentFor
+            if config.teacher_model == SCRIPTED_TEACHER:
+                agent_for = the_same_agent(ScriptedSearchAgent())
+            elif config.teacher_model == SCRIPTED_SWARM_TEACHER:
+                # the teacher never asks for more parallel tasks per reply than the environment accepts
+                max_parallel = int(config.env_params.get("max_parallel", 8))
+                agent_for = the_same_agent(ScriptedOrchestrator(max_parallel=max_parallel))
             else:
-                samples += scripted_coding_rollout(
-                    tokenizer,
-                    lambda messages: encode_chat(tokenizer, messages),
-                    rows,
-                    environment=config.environment,
-                    env_params=config.env_params,
-                    reward=reward,
-                    bind=bind,
-                    locate=SCRIPTED_CODING_TEACHERS[config.teacher_model],
-                )
+                agent_for = coding_teacher_for(SCRIPTED_CODING_TEACHERS[config.teacher_model])
+            samples += teacher_rollout(
+                agent_for,
+                tokenizer,
+                lambda messages: encode_chat(tokenizer, messages),
+                rows,
+                environment=config.environment,
+                env_params=config.env_params,
+                reward=reward,
+                bind=bind,
+            )
             if progress is not None:
                 progress(len(rows))
         return samples

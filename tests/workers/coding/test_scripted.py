@@ -9,11 +9,12 @@ from typing import Any
 import pytest
 
 from workers.coding.patches import make_patch
-from workers.coding.scripted import ScriptedCodingAgent, run_episode, scripted_coding_rollout
+from workers.coding.scripted import ScriptedCodingAgent, coding_teacher_for, run_episode
 from workers.detectors import run_detectors
 from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.registry import make_env
 from workers.rewards.score import score_trajectory
+from workers.rl.teacher import teacher_rollout
 from workers.trajectories import Trajectory
 
 ALL_OR_NOTHING = {"terms": [{"type": "hidden_tests", "mode": "all_or_nothing"}]}
@@ -150,10 +151,12 @@ def test_the_rollout_for_the_sft_job_gives_trained_samples_of_the_agent_replies(
 
     tokenizer = load_tokenizer(resolve_base_model(TINY_LLAMA))
     row = _row(REPO, {"calc/ops.py": OPS.replace("return a - b", "return a + b", 1)}, HIDDEN)
-    samples = scripted_coding_rollout(
+    samples = teacher_rollout(
+        coding_teacher_for(),
         tokenizer,
         lambda messages: encode_chat(tokenizer, messages),
         [row, {**row, "id": "no-patch", "reference_patch": None}],
+        environment="coding_agent",
         env_params={"summary_threshold_tokens": 0},
         reward=ALL_OR_NOTHING,
     )

@@ -74,13 +74,13 @@ def test_the_scripted_swarm_teacher_gives_sft_samples_of_the_orchestrators_repli
     swarm_index: SearchIndex, wide_task: dict[str, Any]
 ) -> None:
     from workers.models.base import encode_chat
-    from workers.search.teacher import scripted_rollout
+    from workers.rl.teacher import teacher_rollout, the_same_agent
     from workers.swarm.scripted import ScriptedOrchestrator
 
     tokenizer = ScriptedBackend([]).tokenizer
     teacher = ScriptedOrchestrator()
-    samples = scripted_rollout(
-        teacher,
+    samples = teacher_rollout(
+        the_same_agent(teacher),
         tokenizer,
         lambda messages: encode_chat(tokenizer, messages),
         [wide_task, wide_task],  # one instance plays both episodes: it starts over on a new conversation
