@@ -18,6 +18,7 @@ from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.coding.services import CODEGEN, REPOIMPORT, codegen_launch, job_report, repo_import_launch
 from apps.common.errors import validation_messages
+from apps.common.forms import number_fields, posted_numbers, posted_values
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
 from workers.coding.generate import CodegenParams, vendored_sources
@@ -43,7 +44,7 @@ def import_new(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     values: dict[str, str] = {}
     if request.method == "POST":
-        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        values = posted_values(request)
         upload = request.FILES.get("file")
         if upload is None:
             errors.append("file: choose a JSONL file or a zip/tar.gz bundle of tasks")
@@ -81,14 +82,7 @@ def _generate_params(post: Any) -> dict[str, Any]:
         params["single_site"] = True
     if style := post.get("instruction_style", "").strip():
         params["instruction_style"] = style
-    for name in GENERATE_NUMBERS:
-        raw = post.get(name, "").strip()
-        if raw:
-            try:
-                params[name] = int(raw) if raw.lstrip("-").isdigit() else float(raw)
-            except ValueError:
-                params[name] = raw
-    return params
+    return {**params, **posted_numbers(post, GENERATE_NUMBERS)}
 
 
 @needs(Capability.LAUNCH)
@@ -97,7 +91,7 @@ def generate_new(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     values: dict[str, Any] = {}
     if request.method == "POST":
-        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        values = posted_values(request)
         values["sources"] = request.POST.getlist("sources")
         values["families"] = request.POST.getlist("families")
         values["operators"] = request.POST.getlist("operators")
@@ -120,14 +114,7 @@ def generate_new(request: HttpRequest) -> HttpResponse:
         else:
             return redirect("coding:run", run_id=run.pk)
     defaults = CodegenParams()
-    fields = [
-        {
-            "name": name,
-            "value": values.get(name, getattr(defaults, name)),
-            "help": CodegenParams.model_fields[name].description or "",
-        }
-        for name in GENERATE_NUMBERS
-    ]
+    fields = number_fields(CodegenParams, GENERATE_NUMBERS, values)
     chosen_sources = values.get("sources") or defaults.sources
     chosen_families = values.get("families") or defaults.families
     chosen_operators = values.get("operators") or defaults.operators

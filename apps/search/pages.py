@@ -18,6 +18,7 @@ from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
+from apps.common.forms import number_fields, posted_numbers, posted_values
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
 from apps.runs.models import RunKind
@@ -103,10 +104,7 @@ def _params_from_post(post: Any) -> dict[str, Any]:
     params: dict[str, Any] = {"generator": post.get("generator", "template") or "template"}
     if params["generator"] == "llm" and post.get("model", "").strip():
         params["model"] = post["model"].strip()
-    for name in NUMBER_FIELDS:
-        raw = post.get(name, "").strip()
-        if raw:
-            params[name] = int(raw) if raw.lstrip("-").isdigit() else raw
+    params.update(posted_numbers(post, NUMBER_FIELDS))
     for name in TEXT_FIELDS:
         raw = post.get(name, "").strip()
         if raw:
@@ -125,7 +123,7 @@ def datagen_new(request: HttpRequest) -> HttpResponse:
     errors: list[str] = []
     values: dict[str, str] = {}
     if request.method == "POST":
-        values = {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
+        values = posted_values(request)
         raw = request.POST.get("corpus_version", "")
         corpus_version = corpora.filter(pk=int(raw)).first() if raw.isdigit() else None
         if corpus_version is None:
@@ -143,14 +141,7 @@ def datagen_new(request: HttpRequest) -> HttpResponse:
             else:
                 return redirect("runs:detail", run_id=run.pk)
     defaults = SynthParams()
-    fields = [
-        {
-            "name": name,
-            "value": values.get(name, getattr(defaults, name)),
-            "help": SynthParams.model_fields[name].description or "",
-        }
-        for name in NUMBER_FIELDS
-    ]
+    fields = number_fields(SynthParams, NUMBER_FIELDS, values)
     return render(
         request,
         "search/datagen_new.html",

@@ -17,6 +17,7 @@ from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
+from apps.common.forms import number_fields, posted_numbers, posted_values
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.runs.models import Run, TrajectorySummary
@@ -218,7 +219,7 @@ def train_new(request: HttpRequest) -> HttpResponse:
     corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []
-    values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
+    values = posted_values(request)
     if request.method == "GET" and request.GET.get("init_checkpoint", "").isdigit():
         values["init_checkpoint"] = request.GET["init_checkpoint"]  # "train from here" on a run's checkpoints
     fits = reward_environments(rewards)
@@ -311,9 +312,7 @@ def _sft_config_from_post(post: Any) -> dict[str, Any]:
     for name in ("teacher_model", "base_model", "environment"):
         if value := post.get(name, "").strip():
             config[name] = value
-    for name in SFT_NUMBERS:
-        if raw := post.get(name, "").strip():
-            config[name] = raw  # SFTConfig parses the number and names the field when it is not one
+    config.update(posted_numbers(post, SFT_NUMBERS))
     if text := post.get("env_params", "").strip():
         try:
             config["env_params"] = json.loads(text)
@@ -333,7 +332,7 @@ def sft_new(request: HttpRequest) -> HttpResponse:
     corpora = DatasetVersion.objects.filter(dataset__kind=DatasetKind.CORPUS).select_related("dataset")
     rewards = RewardConfigVersion.objects.select_related("config").order_by("config__name", "-number")
     errors: list[str] = []
-    values = {k: v for k, v in request.POST.dict().items() if k != "csrfmiddlewaretoken"}
+    values = posted_values(request)
     if request.method == "POST":
         try:
             dataset_version = versions.get(pk=int(request.POST.get("dataset_version", "0")))
@@ -356,14 +355,7 @@ def sft_new(request: HttpRequest) -> HttpResponse:
             else:
                 return redirect("runs:detail", run_id=run.pk)
     defaults = SFTConfig()
-    numbers = [
-        {
-            "name": name,
-            "value": values.get(name, getattr(defaults, name)),
-            "help": SFTConfig.model_fields[name].description or "",
-        }
-        for name in SFT_NUMBERS
-    ]
+    numbers = number_fields(SFTConfig, SFT_NUMBERS, values)
     return render(
         request,
         "runs/sft_new.html",
