@@ -81,11 +81,11 @@ def main() -> None:
     from apps.runs.services import run_cancel
     from apps.runs.storage import storage_uri, worker_storage_options
     from workers.envs.registry import arithmetic_tasks
-    from workers.jobs.common import write_checkpoint
     from workers.models.registry import resolve_base_model
     from workers.realtime.reward import default_session_reward_config
     from workers.rl.config import TrainConfig
     from workers.rl.learner import Learner
+    from workers.storage import write_checkpoint
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so the serving run is stopped on the way out
     stamp = time.strftime("%Y%m%d-%H%M%S")

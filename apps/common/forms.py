@@ -11,7 +11,7 @@ from django.http import HttpRequest
 from pydantic import BaseModel
 
 
-def posted_values(request: HttpRequest) -> dict[str, str]:
+def posted_values(request: HttpRequest) -> dict[str, Any]:
     """The posted form's values (the CSRF token left out), so a form shown again keeps what was typed."""
     return {k: str(v) for k, v in request.POST.items() if k != "csrfmiddlewaretoken"}
 

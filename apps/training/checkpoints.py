@@ -1,10 +1,10 @@
 """Which checkpoint a resume continues from: the latest one in the run's lineage, registered or only in storage.
 
 A training job writes each checkpoint to `runs/<id>/checkpoints/step-NNNNNN.pt` (a sharded one, from a learner
-of several ranks, to the folder `step-NNNNNN.dcp/`), then its checksum beside it (`workers.jobs.common`), then
+of several ranks, to the folder `step-NNNNNN.dcp/`), then its checksum beside it (`workers.storage`), then
 reports it. When the report is lost (the control plane was down as
 the job died), the file is still there: `recover_checkpoints` registers every checkpoint whose bytes match their
-checksum and whose checksum names this run (`workers.jobs.common.run_key`), so a resume finds it. A file
+checksum and whose checksum names this run (`workers.storage.run_key`), so a resume finds it. A file
 without a checksum, or whose bytes do not match, was cut short and is never used; one with another run's key was
 left by an earlier database whose run had the same id.
 """
@@ -20,7 +20,7 @@ from django.core.files.storage import default_storage
 from apps.runs.models import Checkpoint, Run, RunKind
 from apps.runs.services import ingest_token_for
 from apps.runs.storage import storage_uri
-from workers.jobs.common import CHECKSUM_SUFFIX, run_key, stream_digest
+from workers.storage import CHECKSUM_SUFFIX, run_key, stream_digest
 
 log = logging.getLogger(__name__)
 

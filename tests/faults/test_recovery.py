@@ -16,7 +16,7 @@ from apps.runs import ray_jobs, services
 from apps.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 from apps.runs.services.lifecycle import explain_ray_failure
 from workers.events import EVENTS_LIST
-from workers.jobs.common import run_key
+from workers.storage import run_key
 
 pytestmark = pytest.mark.django_db
 

@@ -135,7 +135,7 @@ class HiddenTests(BaseModel):
 
 class SnapshotRef(BaseModel):
     """Where a task's repository snapshot is: its content hash (workers.coding.archive.content_hash) and the uri of
-    its canonical tar.gz (a file path or a storage URI read with `workers.jobs.common.read_bytes`)."""
+    its canonical tar.gz (a file path or a storage URI read with `workers.storage.read_bytes`)."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -86,7 +86,7 @@ class Snapshot:
                 return cached
         if not ref.uri:
             raise SnapshotError(f"snapshot {ref.sha256[:12]} has no uri; store its archive and set snapshot.uri")
-        from workers.jobs.common import read_bytes  # here: it brings fsspec, which most users of this never need
+        from workers.storage import read_bytes  # here: it brings fsspec, which most users of this never need
 
         try:
             data = read_bytes(ref.uri, dict(storage_options or {}))

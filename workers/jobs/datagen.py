@@ -17,7 +17,7 @@ import logging
 import time
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, read_bytes, reporter_for, write_bytes
+from workers.jobs.common import configure_logging, load_spec, reporter_for
 from workers.jobs.specs import DatagenSpec
 from workers.reporting import Reporter
 from workers.search.synth import (
@@ -30,6 +30,7 @@ from workers.search.synth import (
     synthesize,
 )
 from workers.search.types import iter_chunks_jsonl
+from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.datagen")
 

@@ -26,17 +26,11 @@ from typing import Any
 from workers.detectors.base import Finding
 from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
-from workers.jobs.common import (
-    configure_logging,
-    load_spec,
-    read_bytes,
-    report_flags,
-    reporter_for,
-    write_bytes,
-)
+from workers.jobs.common import configure_logging, load_spec, report_flags, reporter_for
 from workers.jobs.specs import EvalConfig, EvalSpec
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.search.metrics import mean_metrics
+from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.evaluate")
 

@@ -23,19 +23,13 @@ import ray
 
 from workers.detectors.base import Finding
 from workers.detectors.registry import DetectorConfig, flag_metrics, run_detectors
-from workers.jobs.common import (
-    configure_logging,
-    load_spec,
-    read_bytes,
-    report_flags,
-    reporter_for,
-    write_bytes,
-)
+from workers.jobs.common import configure_logging, load_spec, report_flags, reporter_for
 from workers.jobs.specs import RescoreSpec
 from workers.realtime.reward import score_session
 from workers.realtime.samples import trajectory_from_row
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
+from workers.storage import read_bytes, write_bytes
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 
 log = logging.getLogger("crucible.rescore")

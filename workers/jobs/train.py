@@ -29,18 +29,7 @@ from ray.util.placement_group import PlacementGroup, placement_group, remove_pla
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.detectors.registry import flag_metrics
-from workers.jobs.common import (
-    SHARDED_CHECKPOINT_SUFFIX,
-    configure_logging,
-    is_sharded_checkpoint,
-    load_spec,
-    read_bytes,
-    report_flags,
-    reporter_for,
-    write_bytes,
-    write_checkpoint,
-    write_sharded_checksum,
-)
+from workers.jobs.common import configure_logging, load_spec, report_flags, reporter_for
 from workers.jobs.specs import TrainSpec
 from workers.reporting import Reporter
 from workers.rewards.schema import validate_reward_spec
@@ -51,6 +40,14 @@ from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import Curriculum, FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.rl.staleness import bound_staleness
 from workers.search.metrics import mean_metrics
+from workers.storage import (
+    SHARDED_SUFFIX,
+    is_sharded_checkpoint,
+    read_bytes,
+    write_bytes,
+    write_checkpoint,
+    write_sharded_checksum,
+)
 
 log = logging.getLogger("crucible.train")
 RESOURCE_WAIT_REPORT_SECONDS = 10.0
@@ -686,9 +683,7 @@ def run(spec: TrainSpec) -> dict[str, Any]:
             last_metrics = metrics
             if (step + 1) % config.checkpoint_every == 0 or step + 1 == config.steps:
                 sharded = config.learner.strategy != "single"
-                uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}" + (
-                    SHARDED_CHECKPOINT_SUFFIX if sharded else ".pt"
-                )
+                uri = f"{spec.output_prefix}/checkpoints/step-{step + 1:06d}" + (SHARDED_SUFFIX if sharded else ".pt")
                 if config.toggle is not None and budgets:  # first_rollout budgets grow: keep them for a resume
                     write_bytes(f"{spec.output_prefix}/{TOGGLE_BUDGETS_FILE}", json.dumps(budgets).encode(), opts)
                 # Before the checkpoint: a checkpoint with its checksum is complete.

@@ -13,8 +13,7 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
-SHARDED_SUFFIX = ".dcp"
-"""The name ending of a sharded checkpoint directory (`step-NNNNNN.dcp/`)."""
+from workers.storage import SHARDED_SUFFIX
 
 
 def checkpoint_policy_state(

@@ -32,7 +32,6 @@ from workers.envs.base import Task, TaskFieldError
 from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.registry import configure_storage
 from workers.evals import stats as evals_stats
-from workers.jobs.common import read_bytes, write_bytes
 from workers.jobs.specs import SimulateSpec
 from workers.realtime.records import Signal
 from workers.reporting import Reporter
@@ -47,6 +46,7 @@ from workers.simulator.session import (
     task_type_of,
 )
 from workers.simulator.users import flips, task_index, tolerates_questions, user_of
+from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.simulate")
 

@@ -15,7 +15,7 @@ import pytest
 
 from apps.runs.storage import storage_uri, worker_storage_options
 from tests.factories import trajectories_version
-from workers.jobs.common import read_bytes, write_bytes
+from workers.storage import read_bytes, write_bytes
 
 pytestmark = pytest.mark.django_db
 

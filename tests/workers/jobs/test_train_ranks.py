@@ -15,9 +15,9 @@ import torch
 
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.common import CHECKSUM_SUFFIX, sharded_manifest
 from workers.jobs.specs import TrainSpec
 from workers.rl.checkpoints import checkpoint_policy_state
+from workers.storage import CHECKSUM_SUFFIX, sharded_manifest
 
 from .test_train_dynamic_sampling import RecordingReporter
 
