@@ -31,13 +31,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from workers.evals.stats import eval_verdict, linear_trend, mcnemar_exact, paired_bootstrap  # noqa: E402
-from workers.jobs.train import data_order  # noqa: E402
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rl.config import TrainConfig  # noqa: E402
 from workers.rl.example_recipe import EXAMPLE_CONFIG, example_split  # noqa: E402
 from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
+from workers.rl.trainer import data_order  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
 
 REWARD = {"terms": [{"type": "normalized_match"}]}  # the example run's reward config ("exact-answer")

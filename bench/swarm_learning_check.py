@@ -328,9 +328,9 @@ def main() -> None:
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()
     receiver.receive(blob)
-    from workers.jobs.train import data_order
     from workers.rewards.schema import validate_reward_spec
     from workers.rewards.score import annealed_weights
+    from workers.rl.trainer import data_order
 
     spec = validate_reward_spec(reward)
     history = []

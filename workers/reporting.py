@@ -31,14 +31,14 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 from pydantic import ValidationError
 
-from workers.detectors.base import Severity
+from workers.detectors.base import Finding, Severity
 from workers.events import EVENT
 
 log = logging.getLogger(__name__)
@@ -482,3 +482,21 @@ class Reporter:
         except ValueError:
             pass
         self.close()
+
+
+def report_flags(reporter: Reporter, findings: Iterable[Finding], *, step: int) -> int:
+    """Send each trajectory finding as a `flag` event at `step`; returns how many were sent. Run-scope findings
+    (no trajectory) are left out: a flag names a trajectory."""
+    sent = 0
+    for finding in findings:
+        if finding.trajectory_id:
+            reporter.flag(
+                trajectory_id=finding.trajectory_id,
+                detector=finding.detector,
+                detector_version=finding.version,
+                severity=finding.severity,
+                evidence=finding.evidence,
+                step=step,
+            )
+            sent += 1
+    return sent

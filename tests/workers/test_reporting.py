@@ -156,7 +156,7 @@ def test_close_delivers_every_event_once_and_in_order_while_the_flusher_is_busy(
 
 def test_findings_are_sent_as_flag_events_after_their_trajectory():
     from workers.detectors import Finding
-    from workers.jobs.common import report_flags
+    from workers.reporting import report_flags
 
     events: list[dict] = []
 

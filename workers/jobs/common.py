@@ -6,11 +6,9 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterable
 from pathlib import Path
 from typing import TypeVar
 
-from workers.detectors.base import Finding
 from workers.jobs.specs import JobSpec
 from workers.reporting import Reporter, replay_spools
 
@@ -45,21 +43,3 @@ def reporter_for(spec: JobSpec) -> Reporter:
     threading.Thread(target=replay_spools, args=(directory,), name="crucible-spool-replay", daemon=True).start()
     outage = float(os.environ.get("CRUCIBLE_INGEST_OUTAGE_SECONDS", "900"))
     return Reporter(ingest_url=spec.ingest_url, token=token, spool_dir=directory, outage_seconds=outage)
-
-
-def report_flags(reporter: Reporter, findings: Iterable[Finding], *, step: int) -> int:
-    """Send each trajectory finding as a `flag` event at `step`; returns how many were sent. Run-scope findings
-    (no trajectory) are left out: a flag names a trajectory."""
-    sent = 0
-    for finding in findings:
-        if finding.trajectory_id:
-            reporter.flag(
-                trajectory_id=finding.trajectory_id,
-                detector=finding.detector,
-                detector_version=finding.version,
-                severity=finding.severity,
-                evidence=finding.evidence,
-                step=step,
-            )
-            sent += 1
-    return sent

@@ -26,8 +26,9 @@ from typing import Any
 from workers.detectors.base import Finding
 from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
-from workers.jobs.common import configure_logging, load_spec, report_flags, reporter_for
+from workers.jobs.common import configure_logging, load_spec, reporter_for
 from workers.jobs.specs import EvalConfig, EvalSpec
+from workers.reporting import report_flags
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.search.metrics import mean_metrics
 from workers.storage import read_bytes, write_bytes
@@ -88,8 +89,8 @@ def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
 
 def run(spec: EvalSpec) -> dict[str, Any]:
     from workers.envs.registry import configure_storage, get_environment
-    from workers.jobs.train import _trajectory_summary
     from workers.rl.rollout import RolloutWorker
+    from workers.rl.trainer import trajectory_summary
 
     config, opts = spec.config, spec.storage_options
     configure_storage(opts)
@@ -130,7 +131,7 @@ def run(spec: EvalSpec) -> dict[str, Any]:
             by_task: dict[str, list[Any]] = {}
             for sample in result.samples:
                 by_task.setdefault(sample.task_id, []).append(sample)
-                reporter.trajectory(**_trajectory_summary(sample, 0), storage_uri=uri)
+                reporter.trajectory(**trajectory_summary(sample, 0), storage_uri=uri)
                 report_flags(reporter, sample.findings, step=0)  # after its trajectory, so ingest links them
                 findings_per_attempt.append(sample.findings)
             for task_id, samples in by_task.items():

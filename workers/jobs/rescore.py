@@ -23,10 +23,11 @@ import ray
 
 from workers.detectors.base import Finding
 from workers.detectors.registry import DetectorConfig, flag_metrics, run_detectors
-from workers.jobs.common import configure_logging, load_spec, report_flags, reporter_for
+from workers.jobs.common import configure_logging, load_spec, reporter_for
 from workers.jobs.specs import RescoreSpec
 from workers.realtime.reward import score_session
 from workers.realtime.samples import trajectory_from_row
+from workers.reporting import report_flags
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
 from workers.storage import read_bytes, write_bytes

@@ -210,8 +210,8 @@ def run(spec: SFTSpec) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM
 
     from workers.envs.registry import configure_storage, get_environment
-    from workers.jobs.train import _trajectory_summary
     from workers.models.registry import resolve_base_model
+    from workers.rl.trainer import trajectory_summary
     from workers.search.metrics import mean_metrics
     from workers.search.rejection import select_trajectories
 
@@ -256,7 +256,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
         reporter.summary({"sft_filter": report})
         reporter.log(f"generated {len(samples)} trajectories in {generation_seconds:.0f}s; kept {len(kept_indices)}")
         for sample in samples:
-            reporter.trajectory(**_trajectory_summary(sample, 0))
+            reporter.trajectory(**trajectory_summary(sample, 0))
         kept = [samples[i] for i in kept_indices]
         write_bytes(
             f"{spec.output_prefix}/sft/kept.jsonl",

@@ -44,7 +44,7 @@ def refill_order(
 ) -> list[int]:
     """Row indices for refill round `round_` of `step`: `count` rows drawn at random (seeded by seed, step and
     round, so a resumed run draws the same), preferring rows this step has not used yet. The regular data order
-    (`workers.jobs.train.data_order`) is left alone, so checkpoints' data positions stay valid.
+    (`workers.rl.trainer.data_order`) is left alone, so checkpoints' data positions stay valid.
 
     With `weights` (one per row, hard-data upsampling) the rows are drawn with those weights (`weighted_order`);
     without, uniformly as before."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.jobs.train import annealed_beta
 from workers.rl.config import BetaSchedule, TrainConfig
+from workers.rl.trainer import annealed_beta
 
 
 def test_the_default_schedule_moves_from_4_to_2_over_five_epochs_and_stays() -> None:

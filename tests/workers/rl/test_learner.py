@@ -7,12 +7,12 @@ import random
 import pytest
 import torch
 
-from workers.jobs.train import data_order
 from workers.models.registry import TINY_LLAMA, resolve_base_model
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import Sample
+from workers.rl.trainer import data_order
 from workers.rl.weightsync import WeightSyncReceiver
 
 

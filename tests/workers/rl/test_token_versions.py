@@ -121,10 +121,10 @@ def test_within_the_bound_nothing_changes():
 def test_an_engine_with_partial_rollouts_queues_weights_sent_mid_rollout_and_takes_them_before_the_next_turn():
     """The Ray actor's logic, called in-process from two threads as Ray's threaded actor does: `apply` returns at
     once while the rollout runs; the rollout loads the weights (a real delta-encoded update) between its turns."""
-    from workers.jobs.train import _RolloutActor
+    from workers.rl.actors import RolloutActor
 
     backend = VersionedBackend(version=1)
-    actor = _RolloutActor.__new__(_RolloutActor)
+    actor = RolloutActor.__new__(RolloutActor)
     actor.worker, actor.receiver, actor.partial = _worker(backend), WeightSyncReceiver(), True
     actor._lock, actor._rolling, actor._pending, actor.index = threading.Lock(), False, [], 0
     sender = WeightSyncSender(threads=0)

@@ -13,6 +13,7 @@ import workers.jobs.train as train
 from tests.workers.jobs.test_train_dynamic_sampling import RecordingReporter
 from workers.jobs.specs import TrainSpec
 from workers.rewards.schema import parl_spec
+from workers.rl.trainer import TOGGLE_BUDGETS_FILE
 from workers.search.index import SearchIndex, save_index
 from workers.search.types import Chunk
 
@@ -60,7 +61,7 @@ def test_a_parl_run_on_the_swarm_with_kimis_loss_and_the_toggle(
     assert metrics[2]["reward/lambda/parallel_instantiation"] == pytest.approx(0.1)
     assert metrics[1]["toggle/phase"] == 0.0 and metrics[2]["toggle/phase"] == 1.0
     assert "env/critical_steps" in metrics[1] and metrics[1]["env/critical_steps"] >= 1
-    budgets = json.loads((tmp_path / "out" / train.TOGGLE_BUDGETS_FILE).read_text())
+    budgets = json.loads((tmp_path / "out" / TOGGLE_BUDGETS_FILE).read_text())
     assert list(budgets) == [wide_task["id"]]  # every sample counts as correct at correct_at 0
     logs = [args[0] for name, args, _ in reporter.calls if name == "log"]
     assert any("toggle: rolling out 1 tasks once" in line for line in logs)
