@@ -9,7 +9,9 @@ What it does, through the same services the API calls:
 2. A gate `rt-check-<stamp>` on two benchmarks: `no_regression` on pass@1 of 24 arithmetic tasks (exact_answer,
    the reply's last number; SmolLM2-135M answers some, so a broken model shows as a regression) and a `threshold`
    pass@1 >= 0 on four held-out repository tasks (reported, never blocking). No human approval.
-3. Deploys a step-0 LoRA checkpoint of SmolLM2-135M-Instruct, serves the gate on Ray Serve, configures the loop.
+3. Deploys a step-0 LoRA checkpoint of the base model (`--base-model`: SmolLM2-135M-Instruct, or a warmed-up
+   model directory), serves the gate on Ray Serve, configures the loop. `--tasks` and `--held-out` name the users'
+   tasks and the gate's coding benchmark when they are not the demo's.
 4. Each cycle: a simulate run plays `--sessions` coding sessions through the `openai` client (hidden tests decide
    edit kept or a dissatisfied follow-up); the loop collects them, trains one epoch (Composer's loss, LoRA), gates
    and deploys by hot swap. Per cycle: edit-kept rate with its Wilson 95% interval, the phase breakdown, eval
@@ -51,6 +53,20 @@ def main() -> None:
     parser.add_argument("--arith-tasks", type=int, default=24)
     parser.add_argument("--port", type=int, default=8100, help="Ray Serve's HTTP port")
     parser.add_argument("--cycle-timeout", type=float, default=3600.0)
+    parser.add_argument(
+        "--base-model",
+        default="smollm2-135m-instruct",
+        help="the model served at the start: a built-in name or a local model directory (e.g. the SFT model that "
+        "bench/coding_learning_check.py leaves in its --cache folder, one that solves some tasks)",
+    )
+    parser.add_argument(
+        "--tasks",
+        default="",
+        help="the repo_tasks dataset the simulated users play (default: the demo's demo-repo-tasks-train)",
+    )
+    parser.add_argument(
+        "--held-out", default="", help="the coding benchmark whose first 4 tasks the gate reports (default: the demo's)"
+    )
     args = parser.parse_args()
 
     stack = json.loads((args.var / "stack.json").read_text())
@@ -97,17 +113,25 @@ def main() -> None:
     deadline = time.monotonic() + 1800
     tasks: DatasetVersion | None = None
     while tasks is None:
-        for name in ("demo-repo-tasks-train", "demo-repo-tasks"):
+        for name in (args.tasks,) if args.tasks else ("demo-repo-tasks-train", "demo-repo-tasks"):
             tasks = DatasetVersion.objects.filter(dataset__name=name).order_by("-number").first()
             if tasks is not None:
                 break
         if tasks is None:
             if time.monotonic() > deadline:
-                raise SystemExit("no demo repository tasks after 30 minutes: is `make run` up with its demo?")
+                raise SystemExit(
+                    f"no repository tasks {args.tasks!r} after 30 minutes: import them (Coding tasks page)"
+                    if args.tasks
+                    else "no demo repository tasks after 30 minutes: is `make run` up with its demo?"
+                )
             log("waiting for the demo's generated repository tasks…")
             time.sleep(15)
     log(f"users' tasks: {tasks} ({tasks.row_count} tasks)")
-    held_out = BenchmarkVersion.objects.filter(benchmark__name="demo-coding-bench").order_by("-number").first()
+    held_out = (
+        BenchmarkVersion.objects.filter(benchmark__name=args.held_out or "demo-coding-bench")
+        .order_by("-number")
+        .first()
+    )
 
     # 2. The gate.
     arith = benchmark_create(name=f"rt-arith-{stamp}", environment="exact_answer", owner=user)
@@ -140,7 +164,7 @@ def main() -> None:
     )
 
     # 3. A step-0 LoRA checkpoint of the base model, deployed and served.
-    base_model = "smollm2-135m-instruct"
+    base_model = str(resolve_base_model(args.base_model)) if Path(args.base_model).is_dir() else args.base_model
     config = TrainConfig.model_validate({"base_model": base_model, "lora": {"rank": 16}, "seed": 0})
     learner = Learner(str(resolve_base_model(base_model)), config, threads=2)
     run = Run.objects.create(
