@@ -203,7 +203,8 @@ class Trainer:
         ray.get([r.apply.remote(blob_ref, self.version) for r in self.rollouts])
         per_step, workers = config.prompts_per_step, self.plan.engines
         self.shares = [per_step // workers + (1 if i < per_step % workers else 0) for i in range(workers)]
-        self.budgets = toggle_budgets(self.job, self.rows, self.rollouts, self.reporter) if config.toggle else {}
+        has_toggle = config.toggle is not None
+        self.budgets = toggle_budgets(self.job, self.rows, self.rollouts, self.reporter) if has_toggle else {}
         pending = self._launch(start_step) if start_step < config.steps else []
         step_started = time.perf_counter()
         for step in range(start_step, config.steps):
