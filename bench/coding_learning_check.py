@@ -527,7 +527,9 @@ def main() -> None:
     learner = Learner(sft_path, config, threads=args.threads)
     # The learner's state (LoRA weights, optimizer, random generators) and the history so far, written after every
     # step: a run stopped mid-way resumes at its last finished step under --reuse.
-    rl_key = stage_key("rl", {**sft_inputs, "rl": config.model_dump(mode="json", exclude={"base_model"})})
+    # Keyed without `steps`: a run asked for more steps under --reuse continues the same run (constant learning rate,
+    # and the data order depends on the step index only).
+    rl_key = stage_key("rl", {**sft_inputs, "rl": config.model_dump(mode="json", exclude={"base_model", "steps"})})
     checkpoint, steps_file = (
         args.cache / f"{rl_key.replace(':', '-')}.ckpt",
         args.cache / f"{rl_key.replace(':', '-')}.json",
@@ -536,6 +538,8 @@ def main() -> None:
     if args.reuse and checkpoint.exists() and steps_file.exists():
         learner.load_checkpoint(checkpoint.read_bytes())
         history = json.loads(steps_file.read_text())
+        if len(history) > config.steps:
+            raise SystemExit(f"--steps {config.steps}: the RL run in {checkpoint} has already trained {len(history)}")
         log(f"RL: resumed after step {len(history)} from {checkpoint}")
     rollout = worker_for(sft_path, config.sampling.temperature)
     receiver = WeightSyncReceiver()
