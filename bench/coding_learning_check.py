@@ -535,6 +535,7 @@ def main() -> None:
         args.cache / f"{rl_key.replace(':', '-')}.json",
     )
     history: list[dict[str, Any]] = []
+    log(f"RL state after each step: {checkpoint} and {steps_file.name}")
     if args.reuse and checkpoint.exists() and steps_file.exists():
         learner.load_checkpoint(checkpoint.read_bytes())
         history = json.loads(steps_file.read_text())
