@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from workers.envs.registry import get_environment
 from workers.jobs.common import configure_logging, load_spec, reporter_for
 from workers.jobs.specs import TrainSpec
 from workers.rl.trainer import Trainer
@@ -14,8 +15,6 @@ from workers.storage import read_bytes
 
 
 def run(spec: TrainSpec) -> dict[str, Any]:
-    from workers.envs.registry import get_environment
-
     with reporter_for(spec) as reporter:
         env_cls = get_environment(spec.config.environment)
         raw = read_bytes(spec.input_uri, spec.storage_options)

@@ -18,6 +18,7 @@ so a resumed run draws as the original would have.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import time
@@ -36,6 +37,7 @@ from workers.rl.placement import plan_resources
 from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import Curriculum, FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.rl.staleness import bound_staleness
+from workers.rl.toggle import apply_toggle, task_budgets
 from workers.search.metrics import mean_metrics
 from workers.storage import (
     SHARDED_SUFFIX,
@@ -90,8 +92,6 @@ def toggle_budgets(
     """K5's budgets, computed once and stored beside the run's outputs (a resumed run reads them back). With
     `budget_from="prepass"` every task is rolled out once (`group_size` samples) with the initial policy now; with
     "first_rollout" the budgets fill in as tasks are first rolled out (`toggled`)."""
-    from workers.rl.toggle import task_budgets
-
     config = job.config
     assert config.toggle is not None
     uri = f"{job.output_prefix}/{TOGGLE_BUDGETS_FILE}"
@@ -120,10 +120,6 @@ def toggled(
     batch: list[Sample], config: TrainConfig, step: int, budgets: dict[str, float]
 ) -> tuple[list[Sample], dict[str, float]]:
     """The batch with K4's rewards for `step` (copies: the rolled-out samples keep their task reward)."""
-    import dataclasses
-
-    from workers.rl.toggle import apply_toggle, task_budgets
-
     toggle = config.toggle
     assert toggle is not None
     if toggle.budget_from == "first_rollout":
