@@ -63,8 +63,8 @@ class _Sink(BaseHTTPRequestHandler):
 
 
 def _child(spec_path: str) -> None:
-    from workers.jobs.specs import TrainSpec
     from workers.jobs.train import run
+    from workers.specs import TrainSpec
 
     run(TrainSpec.model_validate_json(Path(spec_path).read_text()))
 

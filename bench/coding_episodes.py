@@ -36,13 +36,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._noise import add_load_guard, load_guard  # noqa: E402
+from workers.coding.environment import CodingAgentEnv  # noqa: E402
 from workers.coding.execute import CommandLimits, run_command  # noqa: E402
 from workers.coding.hidden_tests import run_hidden_tests  # noqa: E402
 from workers.coding.patches import apply_patch, make_patch  # noqa: E402
 from workers.coding.scripted import ScriptedCodingAgent, run_episode  # noqa: E402
 from workers.coding.task import HiddenTests  # noqa: E402
 from workers.coding.workspace import Snapshot, Workspace  # noqa: E402
-from workers.envs.coding_agent import CodingAgentEnv  # noqa: E402
 from workers.envs.registry import make_env  # noqa: E402
 from workers.envs.toolcalls import ToolCall  # noqa: E402
 

@@ -46,9 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from scipy import stats as scipy_stats  # noqa: E402
 
+from workers.coding.environment import CodingAgentEnv  # noqa: E402
 from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, generate_tasks  # noqa: E402
 from workers.coding.scripted import SCRIPTED_CODING_TEACHER, SCRIPTED_CODING_TEACHERS  # noqa: E402
-from workers.envs.coding_agent import CodingAgentEnv  # noqa: E402
 from workers.evals.stats import mcnemar_exact, paired_bootstrap, sign_test  # noqa: E402
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402

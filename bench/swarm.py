@@ -80,10 +80,10 @@ def main() -> None:
     from workers.search.corpus import build_corpus
     from workers.search.index import IndexConfig, SearchIndex, save_index
     from workers.search.stdlib_corpus import stdlib_documents
+    from workers.search.wide import WideParams, synthesize_wide, wide_entities
     from workers.swarm.metrics import swarm_episode_metrics
     from workers.swarm.scripted import ScriptedOrchestrator, run_episode
     from workers.swarm.subagents import SubagentJob, run_subagents
-    from workers.swarm.wide import WideParams, synthesize_wide, wide_entities
 
     results: dict[str, Any] = {"size": size, "loadavg_before": loadavg()}
     chunks, _ = build_corpus(stdlib_documents())
@@ -153,8 +153,8 @@ def main() -> None:
     results["fanout"] = fan
 
     # 2. overhead per assign_task
-    from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL
     from workers.envs.toolcalls import format_tool_call
+    from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 
     overhead: dict[str, list[float]] = {"ray": [], "threads": []}
     for round_ in range(size["rounds"]):

@@ -7,7 +7,7 @@ loss, on wide tasks over the Python standard-library docs; and a single agent be
 Everything is the project's own code in one process (no Ray, no control plane; sub-agents run on threads), so the
 numbers come from the same environment, reward, SFT, learner and rollout code a run uses:
 1. corpus: `workers.search.stdlib_corpus`, BM25 index (no dense part: embedding 5,300 chunks takes minutes on 2
-   cores); tasks: `workers.swarm.wide` (listed items, columns document and kind), split by task id hash into train
+   cores); tasks: `workers.search.wide` (listed items, columns document and kind), split by task id hash into train
    and held-out;
 2. SFT warm-up, twice from SmolLM2-135M-Instruct: on the scripted orchestrator's swarm episodes (one lookup sub-agent
    per item, in parallel) and on its single-agent episodes (one search per item), each trajectory kept when its
@@ -63,7 +63,7 @@ from workers.search.corpus import build_corpus  # noqa: E402
 from workers.search.index import IndexConfig, SearchIndex, save_index  # noqa: E402
 from workers.search.metrics import mean_metrics  # noqa: E402
 from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
-from workers.swarm.wide import WideParams, synthesize_wide  # noqa: E402
+from workers.search.wide import WideParams, synthesize_wide  # noqa: E402
 
 ENV = {
     "token_budget": 4096,

@@ -11,8 +11,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, field_validator
 
-from workers.detectors.base import Severity
-from workers.realtime.records import SESSION_ID_MAX, TurnRecord
+from workers.findings import Severity
+from workers.session_records import SESSION_ID_MAX, TurnRecord
 
 
 class _Event(BaseModel):

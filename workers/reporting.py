@@ -38,10 +38,22 @@ from typing import IO, Any
 import httpx
 from pydantic import ValidationError
 
-from workers.detectors.base import Finding, Severity
 from workers.events import EVENT
+from workers.findings import Finding, Severity
 
 log = logging.getLogger(__name__)
+
+
+def configure_logging() -> None:
+    """A job's or a serving process's logging: INFO, without httpx's line per ingest request."""
+    logging.basicConfig(level=logging.INFO)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
+
+
+def spool_dir() -> Path:
+    """Where reporters on this node spool unacknowledged events (CRUCIBLE_SPOOL_DIR; ~/.crucible/spool)."""
+    configured = os.environ.get("CRUCIBLE_SPOOL_DIR")
+    return Path(configured) if configured else Path.home() / ".crucible" / "spool"
 
 
 class IngestError(RuntimeError):

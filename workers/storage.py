@@ -10,6 +10,11 @@ from typing import Any
 
 import fsspec
 
+STORAGE_OPTIONS: dict[str, Any] = {}
+"""The job's fsspec options for object storage (credentials, endpoint), which the environments use to load what
+they read themselves (search its index, coding_agent its repository snapshots). A job sets them once, with
+`workers.envs.registry.configure_storage`; a sub-agent worker with its job's options."""
+
 SHARDED_SUFFIX = ".dcp"
 """A sharded checkpoint (`torch.distributed.checkpoint`, learner strategy ddp or fsdp2) is a directory
 `step-NNNNNN.dcp/`; its checksum file `step-NNNNNN.dcp.sha256` lists every file in it."""

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from workers.realtime.records import SIGNALS
+from workers.session_records import SIGNALS
 
 ASSISTANT_ROLE = "assistant"
 
@@ -101,7 +101,7 @@ class Summary(BaseModel):
 
 
 class FeedbackSignal(BaseModel):
-    """One signal a user gave about a served session (`workers.realtime.records.FeedbackRecord`, read leniently:
+    """One signal a user gave about a served session (`workers.session_records.FeedbackRecord`, read leniently:
     only what the reward needs is required). `turn_index` is the client's index of the turn it is about; None: the
     whole session. `value`: thumbs +1 or -1; tests_passed / tests_failed the fraction of tests that passed / that
     failed (optional); none for the other signals."""
@@ -173,7 +173,7 @@ class Trajectory(BaseModel):
         default_factory=list, description="Served sessions: the users' feedback signals (session_feedback term)"
     )
     gold_table: dict[str, Any] | None = Field(
-        default=None, description="Wide-search tasks: the reference table (workers.swarm.table.GoldTable's JSON)"
+        default=None, description="Wide-search tasks: the reference table (workers.rewards.table.GoldTable's JSON)"
     )
     swarm: dict[str, Any] | None = Field(
         default=None,

@@ -8,7 +8,7 @@ from apps.benchmarks.services.learning import learning_after_eval
 from apps.benchmarks.services.suites import codegen_heldout_benchmark
 from apps.runs import kinds
 from apps.runs.models import RunKind
-from workers.jobs.specs import EvalSpec
+from workers.specs import EvalSpec
 
 kinds.register(kinds.RunKindHandler(kind=RunKind.EVAL, app="benchmarks", job_spec=EvalSpec, on_succeeded=eval_finalize))
 # A finished eval updates the held-out verdict of the training runs it is a side of (docs/did-it-learn.md).

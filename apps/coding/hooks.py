@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from apps.coding.services import CODEGEN, REPOIMPORT, repo_tasks_finalize
 from apps.runs import kinds
-from workers.jobs.specs import CodegenSpec, RepoImportSpec
+from workers.specs import CodegenSpec, RepoImportSpec
 
 kinds.register(
     kinds.RunKindHandler(kind=REPOIMPORT, app="coding", job_spec=RepoImportSpec, on_succeeded=repo_tasks_finalize)

@@ -11,7 +11,7 @@ from rest_framework.exceptions import ValidationError
 from workers.coding.stats import suite_statistics
 from workers.coding.task import SCHEMA as REPO_TASK_SCHEMA
 from workers.coding.task import RepoTaskError, parse_repo_task_row
-from workers.realtime.records import SESSION_FORMAT, SessionRecord
+from workers.session_records import SESSION_FORMAT, SessionRecord
 from workers.trajectories import parse_trajectories_jsonl
 
 
@@ -78,7 +78,7 @@ def repo_task_rows(data: bytes) -> tuple[int, dict[str, object]]:
 
 
 def session_rows(data: bytes) -> tuple[int, dict[str, object]]:
-    """Every line a `session/v1` record (workers.realtime.records.SessionRecord): served turns and their feedback."""
+    """Every line a `session/v1` record (workers.session_records.SessionRecord): served turns and their feedback."""
     from pydantic import ValidationError as PydanticError
 
     rows, turns, with_feedback = 0, 0, 0

@@ -55,7 +55,7 @@ from apps.realtime.services.sessions import (
 )
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run
-from workers.realtime.records import EVENT_ID_MAX, SESSION_ID_MAX, FeedbackIn
+from workers.session_records import EVENT_ID_MAX, SESSION_ID_MAX, FeedbackIn
 
 # --- sessions -----------------------------------------------------------------------------------------------------
 
@@ -78,7 +78,7 @@ class FeedbackPostedSerializer(FeedbackSerializer):
 
 
 class FeedbackInSerializer(serializers.Serializer):
-    """workers.realtime.records.FeedbackIn, for the schema (the view validates with FeedbackIn itself)."""
+    """workers.session_records.FeedbackIn, for the schema (the view validates with FeedbackIn itself)."""
 
     event_id = serializers.CharField(max_length=EVENT_ID_MAX, help_text="The client's id for this event")
     signal = serializers.ChoiceField(choices=SIGNAL_CHOICES)

@@ -16,7 +16,7 @@ from apps.realtime.services.serving import SERVE, SESSIONTRAIN, SIMULATE
 from apps.realtime.services.sessions import session_turns_store
 from apps.runs import kinds
 from apps.runs.services import register_event_store
-from workers.jobs.specs import ServeSpec, SessionTrainSpec, SimulateSpec
+from workers.specs import ServeSpec, SessionTrainSpec, SimulateSpec
 
 for kind, spec, launch_input, launch in (
     (SERVE, ServeSpec, ServeLaunchSerializer, serve_launch_from_api),

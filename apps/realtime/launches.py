@@ -71,7 +71,7 @@ class ServeLaunchSerializer(serializers.Serializer):
     options = serializers.DictField(
         required=False,
         default=dict,
-        help_text="Further workers.jobs.specs.ServeSpec settings: backend, threads, max_new_tokens, max_context, ...",
+        help_text="Further workers.specs.ServeSpec settings: backend, threads, max_new_tokens, max_context, ...",
     )
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)
@@ -95,7 +95,7 @@ class SimulateLaunchSerializer(serializers.Serializer):
     options = serializers.DictField(
         required=False,
         default=dict,
-        help_text="Further workers.jobs.specs.SimulateSpec settings: max_turns, max_tokens, temperature, seed, ...",
+        help_text="Further workers.specs.SimulateSpec settings: max_turns, max_tokens, temperature, seed, ...",
     )
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=200)
     tags = serializers.ListField(child=serializers.CharField(max_length=50), required=False, default=list)

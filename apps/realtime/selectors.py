@@ -21,7 +21,7 @@ from apps.realtime import stats
 from apps.realtime.models import Cycle, CycleStatus, Feedback, Loop, Session, SessionTurn
 from apps.realtime.services.serving import SERVE, SIMULATE, checkpoint_base_model
 from apps.runs.models import Checkpoint, MetricPoint, Run
-from workers.realtime.records import Signal
+from workers.session_records import Signal
 
 # --- serving runs ------------------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from rest_framework.serializers import Serializer
 
 from apps.accounts.models import User
 from apps.runs.models import Run, RunKind
-from workers.jobs.specs import JobSpec
+from workers.specs import JobSpec
 
 KIND_NAME = re.compile(r"[a-z][a-z0-9_-]{0,15}")
 """A kind's name: it fits Run.kind (16 characters) and reads well in URLs and filters."""

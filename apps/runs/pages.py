@@ -1,7 +1,7 @@
 """Run pages (namespace "runs"): the runs list (the home page), a run with its live charts, checkpoints and
 cancel, the comparison of runs, and one stored trajectory turn by turn.
 
-The trajectory page shows, for a search trajectory (workers.envs.search), each tool call and its arguments, the
+The trajectory page shows, for a search trajectory (workers.search.environment), each tool call and its arguments, the
 passages returned (chunk id, score, which retrievers found them), pruned chunks struck through, the token usage
 across turns, the final output items against the gold chunks, the reward broken down by term, and the detector
 flags. Live runs keep the full record of the first `trajectory_samples_per_step` trajectories of each step;

@@ -7,7 +7,7 @@ from apps.runs import kinds
 from apps.runs.models import RunKind
 from apps.search.services.datagen import datagen_finalize
 from apps.search.services.indexes import index_finalize
-from workers.jobs.specs import BuildIndexSpec, DatagenSpec
+from workers.specs import BuildIndexSpec, DatagenSpec
 
 kinds.register(
     kinds.RunKindHandler(kind=RunKind.INDEX, app="search", job_spec=BuildIndexSpec, on_succeeded=index_finalize)

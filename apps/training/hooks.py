@@ -8,7 +8,7 @@ from apps.runs.models import RunKind
 from apps.training import services
 from apps.training.api import TrainingLaunchSerializer, launch_from_api
 from apps.training.lineage import lineage_advance
-from workers.jobs.specs import RescoreSpec, SFTSpec, TrainSpec
+from workers.specs import RescoreSpec, SFTSpec, TrainSpec
 
 # All three launch through `POST /api/v1/runs/` with one input; training's checkpoints start its auto-evals.
 for kind, spec, job, on_checkpoints in (

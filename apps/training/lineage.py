@@ -30,8 +30,8 @@ from apps.runs.models import Checkpoint, Run, RunStatus
 from apps.training import services
 from apps.training.guards import train_config_check
 from apps.training.rft import rft_dataset_create
-from workers.jobs.specs import SFTConfig
 from workers.rl.config import TrainConfig
+from workers.specs import SFTConfig
 
 STAGES = ("sft", "rl", "rft", "rl2")
 STAGE_MODEL = "(the model of the stage before)"

@@ -25,7 +25,6 @@ from apps.training import services
 from apps.training.launch_form import reward_environments, run_time_rates, training_checkpoints, with_fits
 from apps.training.rft import rft_dataset_create
 from workers.envs.registry import ENVIRONMENTS, environment_choices
-from workers.jobs.specs import SFTConfig
 from workers.models.registry import BUILTINS
 from workers.rewards.schema import RewardSpecError
 from workers.rl.config import (
@@ -37,6 +36,7 @@ from workers.rl.config import (
     SamplingConfig,
     TrainConfig,
 )
+from workers.specs import SFTConfig
 
 
 @needs(Capability.LAUNCH)

@@ -31,10 +31,10 @@ from apps.training.guards import (
 )
 from workers.detectors.registry import DetectorConfig, run_run_detectors
 from workers.envs.registry import ENVIRONMENTS, get_environment
-from workers.jobs.specs import SFTConfig
 from workers.models.registry import model_name_problems
 from workers.rewards.schema import spec_hash, with_anneal_horizon
 from workers.rl.config import TrainConfig
+from workers.specs import SFTConfig
 
 SCRIPTED_TEACHERS = {
     "scripted-search": "search",
@@ -48,7 +48,7 @@ RECORDS_TEACHER = "records"
 """Teachers that are programs, not models (workers.search.teacher): no model check for them."""
 
 
-# --- the job input each kind's worker receives (workers.jobs.specs), built from the run row -------------------
+# --- the job input each kind's worker receives (workers.specs), built from the run row -------------------
 def rescore_job(run: Run) -> dict[str, Any]:
     assert run.dataset_version is not None and run.reward_version is not None
     return {

@@ -44,9 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from workers.coding.patches import FilePatch, parse_patch
-from workers.envs.base import Environment, Message
-from workers.envs.coding_agent import (
+from workers.coding.environment import (
     EDIT_TOOL,
     FINISH_TOOL,
     LIST_TOOL,
@@ -56,6 +54,8 @@ from workers.envs.coding_agent import (
     SUMMARY_PROMPT,
     is_test_path,
 )
+from workers.coding.patches import FilePatch, parse_patch
+from workers.envs.base import Environment, Message
 from workers.envs.toolcalls import format_tool_call
 
 SCRIPTED_CODING_TEACHER = "scripted-coding"

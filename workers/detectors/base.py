@@ -27,16 +27,11 @@ import abc
 import copy
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-Severity = Literal["low", "medium", "high"]
-"""How likely a flag is a hack worth a reviewer's time; the values of `apps.review.models.Severity`."""
-
-SEVERITIES: tuple[Severity, ...] = ("low", "medium", "high")
-SEVERITY_RANK: dict[Severity, int] = {severity: rank for rank, severity in enumerate(SEVERITIES)}
+from workers.findings import Finding, Severity
 
 Scope = Literal["trajectory", "run"]
 
@@ -56,19 +51,6 @@ class DetectorParams(BaseModel):
 
 
 ParamsT = TypeVar("ParamsT", bound=DetectorParams)
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One detector's suspicion about one trajectory (or, for run scope, about the run: `trajectory_id` None).
-
-    `evidence` is JSON-able (see the module docstring for its keys); `version` is the detector's version."""
-
-    detector: str
-    version: str
-    severity: Severity
-    evidence: dict[str, Any]
-    trajectory_id: str | None
 
 
 class Detector(abc.ABC, Generic[ParamsT]):

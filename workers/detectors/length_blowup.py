@@ -16,8 +16,6 @@ from pydantic import Field
 
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -26,6 +24,7 @@ from workers.detectors.base import (
     rounded,
     turns_of,
 )
+from workers.findings import Finding, Severity
 
 
 class LengthBlowupParams(DetectorParams):

@@ -18,8 +18,6 @@ from pydantic import Field
 
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     count_of,
@@ -29,6 +27,7 @@ from workers.detectors.base import (
     rounded,
     turns_of,
 )
+from workers.findings import Finding, Severity
 
 
 class MalformedToolCallsParams(DetectorParams):

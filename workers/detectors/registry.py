@@ -1,36 +1,35 @@
 """Every detector in this package, found by module, and the run spec's `detectors` setting.
 
-Adding a detector is adding one module to `workers/detectors/`: `discover` imports every module of the package
-(except `base`, `registry` and private `_` modules) and takes the one `Detector` subclass each defines. A module
-that defines none or several, or whose detector's name differs from the module's name, fails the import with a
-message saying so: a half-written detector must not be skipped silently.
+Adding a detector is adding one module to `workers/detectors/` (a generic one) or to a domain package's
+`detectors/` (`workers/coding/detectors/`, found by `workers.discovery`): `discover` imports every module of
+those packages (except `base`, `registry` and private `_` modules) and takes the one `Detector` subclass each
+defines. A module that defines none or several, or whose detector's name differs from the module's name, fails
+the import with a message saying so: a half-written detector must not be skipped silently.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
-import pkgutil
 from collections.abc import Mapping, Sequence
 from functools import cache
+from types import ModuleType
 from typing import Any
 
 from pydantic import ConfigDict, Field, PrivateAttr, RootModel, ValidationError, model_validator
 from pydantic_core import PydanticUndefined
 
 from workers.detectors.base import (
-    SEVERITIES,
-    SEVERITY_RANK,
     Detector,
     DetectorParams,
-    Finding,
     RunDetector,
     RunSeries,
     Scope,
     TrajectoryDetector,
     suggest_turn_penalty,
 )
+from workers.discovery import domain_modules, submodules
+from workers.findings import SEVERITIES, SEVERITY_RANK, Finding
 
 _NOT_DETECTORS = frozenset({"base", "registry"})
 MAX_VERSION_CHARS = 16  # apps.review.models.Flag.detector_version
@@ -41,8 +40,7 @@ class DetectorDefinitionError(RuntimeError):
     """A module of workers/detectors/ does not define a usable detector."""
 
 
-def _check(detector: Detector[Any], module_name: str) -> None:
-    where = f"workers/detectors/{module_name}.py"
+def _check(detector: Detector[Any], module_name: str, where: str) -> None:
     problems: list[str] = []
     if getattr(detector, "name", None) != module_name:
         problems.append(f"name must be {module_name!r} (the module's name), got {getattr(detector, 'name', None)!r}")
@@ -68,15 +66,22 @@ def _check(detector: Detector[Any], module_name: str) -> None:
         raise DetectorDefinitionError(f"{where}: " + "; ".join(problems))
 
 
-def discover() -> dict[str, Detector[Any]]:
-    """One instance of every detector in the package, by name (sorted)."""
+def _detector_modules() -> list[ModuleType]:
+    """The generic detectors of this package, then each domain package's (`workers/<domain>/detectors/`)."""
     import workers.detectors as package
 
+    modules = [module for module in submodules(package) if module.__name__.rsplit(".", 1)[1] not in _NOT_DETECTORS]
+    for domain in domain_modules("detectors"):
+        modules.extend(submodules(domain))
+    return modules
+
+
+def discover() -> dict[str, Detector[Any]]:
+    """One instance of every detector, by name (sorted): those of this package and of every domain package."""
     found: dict[str, Detector[Any]] = {}
-    for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda item: item.name):
-        if info.name in _NOT_DETECTORS or info.name.startswith("_"):
-            continue
-        module = importlib.import_module(f"{package.__name__}.{info.name}")
+    for module in _detector_modules():
+        short = module.__name__.rsplit(".", 1)[1]
+        where = module.__name__.replace(".", "/") + ".py"
         classes = [
             obj
             for obj in vars(module).values()
@@ -88,13 +93,14 @@ def discover() -> dict[str, Detector[Any]]:
         if len(classes) != 1:
             names = ", ".join(cls.__name__ for cls in classes) or "none"
             raise DetectorDefinitionError(
-                f"workers/detectors/{info.name}.py must define exactly one TrajectoryDetector or RunDetector "
-                f"subclass, found {names}"
+                f"{where} must define exactly one TrajectoryDetector or RunDetector subclass, found {names}"
             )
         detector: Detector[Any] = classes[0]()
-        _check(detector, info.name)
-        found[info.name] = detector
-    return found
+        _check(detector, short, where)
+        if short in found:
+            raise DetectorDefinitionError(f"{where}: a detector named {short!r} is already defined elsewhere")
+        found[short] = detector
+    return dict(sorted(found.items()))
 
 
 @cache

@@ -19,8 +19,6 @@ from pydantic import Field, model_validator
 
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -30,6 +28,7 @@ from workers.detectors.base import (
     turns_of,
 )
 from workers.envs.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
+from workers.findings import Finding, Severity
 
 _MARKUP = re.compile(
     rf"{re.escape(TOOL_CALL_OPEN)}.*?(?:{re.escape(TOOL_CALL_CLOSE)}|$)|</?[A-Za-z][^<>]*>", re.DOTALL | re.IGNORECASE

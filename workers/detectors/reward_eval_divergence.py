@@ -17,7 +17,8 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from workers.detectors.base import DetectorParams, Finding, RunDetector, RunSeries, Severity, rounded
+from workers.detectors.base import DetectorParams, RunDetector, RunSeries, rounded
+from workers.findings import Finding, Severity
 
 
 class RewardEvalDivergenceParams(DetectorParams):

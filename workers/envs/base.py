@@ -39,6 +39,15 @@ AnswerFormat = Literal["text", "last_number"]
 ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("text", "last_number")
 
 
+MESSAGE_OVERHEAD_TOKENS = 4
+"""ChatML wraps each message in `<|im_start|>role\\n` ... `<|im_end|>\\n`: about 4 tokens beyond the content."""
+
+
+def approx_tokens(text: str) -> int:
+    """The stand-in token count without a tokenizer: about 4 characters per token for English text."""
+    return (len(text) + 3) // 4
+
+
 class Message(TypedDict):
     """One chat message, as chat templates take them."""
 

@@ -6,30 +6,59 @@ import importlib
 import inspect
 import os
 import random
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Any
 
-from workers.envs import coding_agent, search
+from workers.discovery import domain_modules
 from workers.envs.base import Environment
 from workers.envs.calculator import CalculatorEnv
 from workers.envs.coding import CodingEnv
-from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.exact_answer import ExactAnswerEnv
-from workers.envs.search import SearchEnv
-from workers.envs.swarm import SwarmEnv
+from workers.storage import STORAGE_OPTIONS
 
-ENVIRONMENTS: dict[str, type[Environment]] = {
-    cls.name: cls for cls in (ExactAnswerEnv, CalculatorEnv, SearchEnv, SwarmEnv, CodingEnv, CodingAgentEnv)
-}
-"""Every environment a run may name: the built-in ones and those `CRUCIBLE_ENVIRONMENTS` adds."""
+GENERIC_ENVIRONMENTS: tuple[type[Environment], ...] = (ExactAnswerEnv, CalculatorEnv, CodingEnv)
+"""The environments of this package; each domain package adds its own in `workers/<domain>/environment.py`."""
 
 EXTRA_ENVIRONMENTS_VAR = "CRUCIBLE_ENVIRONMENTS"
 
 
-def load_extra_environments(spec: str) -> dict[str, type[Environment]]:
+def domain_environments() -> list[type[Environment]]:
+    """Every environment class a domain package defines in its `environment` module (`workers.discovery`)."""
+    return [
+        obj
+        for module in domain_modules("environment")
+        for obj in vars(module).values()
+        if isinstance(obj, type)
+        and issubclass(obj, Environment)
+        and obj.__module__ == module.__name__
+        and not inspect.isabstract(obj)
+        and "name" in vars(obj)
+    ]
+
+
+def builtin_environments() -> dict[str, type[Environment]]:
+    """This package's environments and the domain packages': name -> class. Two classes under one name are
+    refused by name, since a run would get one of them silently."""
+    found: dict[str, type[Environment]] = {}
+    for cls in (*GENERIC_ENVIRONMENTS, *domain_environments()):
+        if cls.name in found:
+            first = found[cls.name]
+            raise ImportError(
+                f"environment name {cls.name!r} is taken twice: {first.__module__}.{first.__name__} "
+                f"and {cls.__module__}.{cls.__name__}"
+            )
+        found[cls.name] = cls
+    return found
+
+
+def load_extra_environments(
+    spec: str, known: Mapping[str, type[Environment]] | None = None
+) -> dict[str, type[Environment]]:
     """Environments from your own code, without editing Crucible: `spec` is comma-separated `module:Class`
     (importable where the control plane and the Ray jobs run; the control plane hands the variable to its jobs).
-    Each class must subclass `Environment` and have a `name` no built-in one has."""
+    Each class must subclass `Environment` and have a `name` no built-in one (`known`; by default
+    `builtin_environments()`) has."""
+    taken = builtin_environments() if known is None else known
     found: dict[str, type[Environment]] = {}
     for item in filter(None, (part.strip() for part in spec.split(","))):
         module_name, _, class_name = item.partition(":")
@@ -39,20 +68,56 @@ def load_extra_environments(spec: str) -> dict[str, type[Environment]]:
             raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: cannot load {item!r} (write module:Class): {exc}") from exc
         if not (isinstance(cls, type) and issubclass(cls, Environment)):
             raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: {item!r} is not a workers.envs.base.Environment subclass")
-        if cls.name in ENVIRONMENTS or cls.name in found:
+        if cls.name in taken or cls.name in found:
             raise ImportError(f"{EXTRA_ENVIRONMENTS_VAR}: {item!r} is named {cls.name!r}, a name already taken")
         found[cls.name] = cls
     return found
 
 
-ENVIRONMENTS.update(load_extra_environments(os.environ.get(EXTRA_ENVIRONMENTS_VAR, "")))
+def discover() -> dict[str, type[Environment]]:
+    """Every environment a run may name: the built-in ones and those `CRUCIBLE_ENVIRONMENTS` adds."""
+    found = builtin_environments()
+    found.update(load_extra_environments(os.environ.get(EXTRA_ENVIRONMENTS_VAR, ""), found))
+    return found
+
+
+class EnvironmentRegistry(MutableMapping[str, type[Environment]]):
+    """`ENVIRONMENTS`: name -> class, discovered on first use. Lazily, because the domain packages' environments
+    import `workers.envs` themselves: discovering them while `workers.envs` is being imported would be a cycle."""
+
+    def __init__(self) -> None:
+        self._found: dict[str, type[Environment]] | None = None
+
+    def _all(self) -> dict[str, type[Environment]]:
+        if self._found is None:
+            self._found = discover()
+        return self._found
+
+    def __getitem__(self, name: str) -> type[Environment]:
+        return self._all()[name]
+
+    def __setitem__(self, name: str, cls: type[Environment]) -> None:
+        self._all()[name] = cls
+
+    def __delitem__(self, name: str) -> None:
+        del self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+ENVIRONMENTS = EnvironmentRegistry()
+"""Every environment a run may name (`discover`): the built-in ones and those `CRUCIBLE_ENVIRONMENTS` adds."""
 
 
 def configure_storage(options: Mapping[str, Any]) -> None:
     """Hand the job's storage options (fsspec: credentials, endpoint) to the environments that read from object
-    storage themselves: search loads its index, coding_agent its repository snapshots. A job calls this once."""
-    search.STORAGE_OPTIONS.update(options)
-    coding_agent.STORAGE_OPTIONS.update(options)
+    storage themselves (`workers.storage.STORAGE_OPTIONS`: search loads its index, coding_agent its repository
+    snapshots). A job calls this once."""
+    STORAGE_OPTIONS.update(options)
 
 
 def environment_choices() -> list[tuple[str, str]]:

@@ -17,10 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import BuildIndexSpec
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import configure_logging
 from workers.search.index import SearchIndex, save_index
 from workers.search.types import iter_chunks_jsonl
+from workers.specs import BuildIndexSpec
 from workers.storage import read_bytes
 
 log = logging.getLogger("crucible.build_index")

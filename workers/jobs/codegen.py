@@ -51,9 +51,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.coding.generate import GenerationResult, generate_tasks
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import CodegenSpec
-from workers.reporting import Reporter
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import Reporter, configure_logging
+from workers.specs import CodegenSpec
 from workers.storage import write_bytes
 
 log = logging.getLogger("crucible.codegen")

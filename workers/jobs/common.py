@@ -1,23 +1,16 @@
-"""What every job entrypoint shares: its spec from the environment, its logging and its reporter (storage is
-`workers.storage`)."""
+"""What every job entrypoint shares: its spec from the environment and its reporter (logging and the spool
+folder are `workers.reporting`'s, storage is `workers.storage`)."""
 
 from __future__ import annotations
 
-import logging
 import os
 import threading
-from pathlib import Path
 from typing import TypeVar
 
-from workers.jobs.specs import JobSpec
-from workers.reporting import Reporter, replay_spools
+from workers.reporting import Reporter, replay_spools, spool_dir
+from workers.specs import JobSpec
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
-
-
-def configure_logging() -> None:
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per ingest request would drown the log
 
 
 def load_spec(model: type[SpecT]) -> SpecT:
@@ -25,12 +18,6 @@ def load_spec(model: type[SpecT]) -> SpecT:
     if not raw:
         raise SystemExit("CRUCIBLE_JOB_SPEC is not set: this module runs as a Ray job submitted by Crucible")
     return model.model_validate_json(raw)
-
-
-def spool_dir() -> Path:
-    """Where reporters on this node spool unacknowledged events (CRUCIBLE_SPOOL_DIR; ~/.crucible/spool)."""
-    configured = os.environ.get("CRUCIBLE_SPOOL_DIR")
-    return Path(configured) if configured else Path.home() / ".crucible" / "spool"
 
 
 def reporter_for(spec: JobSpec) -> Reporter:

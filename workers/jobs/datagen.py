@@ -17,9 +17,8 @@ import logging
 import time
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import DatagenSpec
-from workers.reporting import Reporter
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import Reporter, configure_logging
 from workers.search.synth import (
     SynthCorpus,
     SynthParams,
@@ -30,6 +29,7 @@ from workers.search.synth import (
     synthesize,
 )
 from workers.search.types import iter_chunks_jsonl
+from workers.specs import DatagenSpec
 from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.datagen")
@@ -56,7 +56,7 @@ def generate(spec: DatagenSpec, reporter: Reporter | None = None) -> SynthResult
     say(f"reading corpus {spec.corpus_label} from {spec.corpus_uri}")
     chunks = list(iter_chunks_jsonl(read_bytes(spec.corpus_uri, spec.storage_options)))
     if params.shape == "wide":
-        from workers.swarm.wide import synthesize_wide
+        from workers.search.wide import synthesize_wide
 
         say(f"generating up to {params.num_tasks} wide tasks (columns {', '.join(params.wide_columns)})")
         wide = synthesize_wide(chunks, params.wide_params(), corpus_label=spec.corpus_label)

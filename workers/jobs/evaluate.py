@@ -23,14 +23,14 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from workers.detectors.base import Finding
 from workers.detectors.registry import flag_metrics
 from workers.evals.stats import pass_at_k
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import EvalConfig, EvalSpec
-from workers.reporting import report_flags
+from workers.findings import Finding
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import configure_logging, report_flags
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.search.metrics import mean_metrics
+from workers.specs import EvalConfig, EvalSpec
 from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.evaluate")

@@ -29,9 +29,9 @@ from workers.coding.execute import CommandLimits
 from workers.coding.stats import suite_statistics
 from workers.coding.verify import Verification, verify_task
 from workers.coding.workspace import Snapshot
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import RepoImportSpec
-from workers.reporting import Reporter
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import Reporter, configure_logging
+from workers.specs import RepoImportSpec
 from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.repoimport")

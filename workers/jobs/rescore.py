@@ -21,15 +21,15 @@ from typing import Any
 
 import ray
 
-from workers.detectors.base import Finding
 from workers.detectors.registry import DetectorConfig, flag_metrics, run_detectors
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import RescoreSpec
+from workers.findings import Finding
+from workers.jobs.common import load_spec, reporter_for
 from workers.realtime.reward import score_session
 from workers.realtime.samples import trajectory_from_row
-from workers.reporting import report_flags
+from workers.reporting import configure_logging, report_flags
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rewards.score import histogram, score_trajectory
+from workers.specs import RescoreSpec
 from workers.storage import read_bytes, write_bytes
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 

@@ -16,8 +16,9 @@ import threading
 import traceback
 from types import FrameType
 
-from workers.jobs.common import configure_logging, load_spec
-from workers.jobs.specs import ServeSpec
+from workers.jobs.common import load_spec
+from workers.reporting import configure_logging
+from workers.specs import ServeSpec
 
 log = logging.getLogger("crucible.serve")
 

@@ -24,13 +24,14 @@ import random
 import time
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import SessionTrainSpec
+from workers.jobs.common import load_spec, reporter_for
 from workers.realtime.samples import SessionRowError, parse_sessions_jsonl, session_samples
+from workers.reporting import configure_logging
 from workers.rewards.schema import RewardSpec, RewardSpecError, SessionFeedbackTerm, spec_hash, validate_reward_spec
 from workers.rewards.score import histogram
 from workers.rl.config import TrainConfig
 from workers.rl.rollout import Sample
+from workers.specs import SessionTrainSpec
 from workers.storage import read_bytes, write_checkpoint
 
 log = logging.getLogger("crucible.session_train")

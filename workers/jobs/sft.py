@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import SFTConfig, SFTSpec
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import configure_logging
+from workers.specs import SFTConfig, SFTSpec
 from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.sft")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import SimulateSpec
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import configure_logging
 from workers.simulator.runner import SimulationStopped, simulate
+from workers.specs import SimulateSpec
 
 
 def run(spec: SimulateSpec) -> dict[str, Any]:

@@ -8,9 +8,10 @@ import json
 from typing import Any
 
 from workers.envs.registry import get_environment
-from workers.jobs.common import configure_logging, load_spec, reporter_for
-from workers.jobs.specs import TrainSpec
+from workers.jobs.common import load_spec, reporter_for
+from workers.reporting import configure_logging
 from workers.rl.trainer import Trainer
+from workers.specs import TrainSpec
 from workers.storage import read_bytes
 
 

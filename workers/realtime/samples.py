@@ -35,10 +35,10 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from workers.envs.toolcalls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
-from workers.realtime.records import SESSION_FORMAT, SessionRecord, TurnRecord
 from workers.realtime.reward import score_session
 from workers.rewards.schema import RewardSpec, validate_reward_spec
 from workers.rl.rollout import Sample
+from workers.session_records import SESSION_FORMAT, SessionRecord, TurnRecord
 from workers.trajectories import FeedbackSignal, LengthStats, Trajectory, Turn, describe_validation_error
 
 Baseline = Literal["batch_mean", "task_type_mean", "none"]

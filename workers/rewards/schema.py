@@ -30,6 +30,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from workers.rewards import terms as formulas
+from workers.rewards.swarm_stats import swarm_stats
+from workers.rewards.table import table_metrics
 from workers.trajectories import Trajectory, Turn
 
 TermKind = Literal["gain", "penalty"]
@@ -354,7 +356,7 @@ class LengthPenaltyTerm(_Term):
 
 
 class SignalWeights(BaseModel):
-    """What each user feedback signal is worth (`workers.realtime.records.Signal`), in reward units per signal.
+    """What each user feedback signal is worth (`workers.session_records.Signal`), in reward units per signal.
     The sign says which way it pulls. thumbs is multiplied by the rating (+1 or -1); tests_passed and tests_failed
     by the fraction of tests their value gives (passed, failed; the whole weight without one). Cursor's real-time RL
     names edits kept and dissatisfied follow-ups as its signals (docs/methods.md section 2) but gives no weights: these
@@ -484,7 +486,7 @@ class Anneal(BaseModel):
 
 class ItemF1Term(_Term):
     """WideSearch's item-level F1 of the answer table against the task's gold table (docs/methods.md B2,
-    `workers.swarm.table.score_table`); `level: row` scores rows instead (a row counts when all its cells are
+    `workers.rewards.table.score_table`); `level: row` scores rows instead (a row counts when all its cells are
     right). 0 without a gold table (a deep task: pair the term with an answer term)."""
 
     kind: ClassVar[TermKind] = "gain"
@@ -493,15 +495,11 @@ class ItemF1Term(_Term):
     level: Literal["item", "row"] = Field(default="item", description="item: cell-level F1; row: row-level F1")
 
     def value(self, trajectory: Trajectory) -> float:
-        from workers.swarm.metrics import table_metrics
-
         scores = table_metrics({"answer": trajectory.answer, "gold_table": trajectory.gold_table})
         return scores.get("item_f1" if self.level == "item" else "row_f1", 0.0)
 
 
 def _swarm_stats(trajectory: Trajectory) -> dict[str, float]:
-    from workers.swarm.metrics import swarm_stats
-
     return swarm_stats({"swarm": trajectory.swarm})
 
 

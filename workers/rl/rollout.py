@@ -17,10 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.detectors.base import Finding
 from workers.detectors.registry import DetectorConfig, default_detector_config, run_detectors
 from workers.envs.base import Environment, Message
 from workers.envs.registry import make_env
+from workers.findings import Finding
 from workers.models.base import PolicyBackend, SamplingParams
 from workers.rewards.schema import RewardSpec, validate_reward_spec, with_f_beta
 from workers.rewards.score import judgements_of, score_trajectory

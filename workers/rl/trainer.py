@@ -145,7 +145,7 @@ def trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
 
 
 class TrainJob(Protocol):
-    """What a training run gives the trainer (`workers.jobs.specs.TrainSpec` is one)."""
+    """What a training run gives the trainer (`workers.specs.TrainSpec` is one)."""
 
     config: TrainConfig
     reward: dict[str, Any]

@@ -65,9 +65,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from workers.envs.grep import GrepError, GrepScanner
 from workers.search import embed
 from workers.search.analyzers import AnalyzerPool, Tokenizer
-from workers.search.grep import GrepError, GrepScanner
 from workers.search.types import Chunk, also_in, chunk_doc_ids, dump_chunks_jsonl, iter_chunks_jsonl
 
 __all__ = [
@@ -487,7 +487,7 @@ class SearchIndex:
         self, pattern: str, *, max_chunks: int = 5, timeout_s: float = 0.5, exclude: Collection[str] = ()
     ) -> list[Hit]:
         """Chunks whose text matches the regular expression, at most `max_chunks`, in corpus order
-        (workers.search.grep). Raises GrepError (its message is meant for the model)."""
+        (workers.envs.grep). Raises GrepError (its message is meant for the model)."""
         skip = {self._row[c] for c in exclude if c in self._row}
         rows = self._grep.scan(pattern, max_chunks=max_chunks, timeout_s=timeout_s, exclude=skip)
         return [self._hit(row, 1.0, {"grep": i}) for i, row in enumerate(rows, start=1)]

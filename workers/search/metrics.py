@@ -1,6 +1,6 @@
 """Context-1's evaluation metrics (docs/methods.md section 3, "Metrics") and the "4x" ensemble of rollouts.
 
-Per episode, from a search trajectory record (workers.envs.search):
+Per episode, from a search trajectory record (workers.search.environment):
 - `final_answer_found`: 1 if the output holds a chunk that contains the answer (the task's `answer_chunk_ids`;
   without them, the answer text matching a gold answer after normalisation);
 - `output_recall`, `output_precision`, `output_f1`: the output ids against the gold chunk ids;

@@ -67,7 +67,7 @@ def _malformed(record: Mapping[str, Any]) -> bool:
 
 
 def select_trajectories(records: Sequence[Mapping[str, Any]], config: FilterConfig | None = None) -> FilterResult:
-    """Apply the rules above to search trajectory records (workers.envs.search); the query is the task id."""
+    """Apply the rules above to search trajectory records (workers.search.environment); the query is the task id."""
     config = config or FilterConfig()
     rng = random.Random(f"rejection-{config.seed}")
     result = FilterResult()

@@ -88,7 +88,7 @@ class SynthParams(BaseModel):
     shape: Literal["multi_hop", "wide"] = Field(
         default="multi_hop",
         description="multi_hop: deep questions joined by bridges (Context-1); wide: tables of N items x M attributes "
-        "(WideSearch, for the agent swarm; workers.swarm.wide, template generator only)",
+        "(WideSearch, for the agent swarm; workers.search.wide, template generator only)",
     )
     wide_columns: list[str] = Field(
         default_factory=lambda: ["document", "kind", "first_parameter"],
@@ -126,8 +126,8 @@ class SynthParams(BaseModel):
         return self
 
     def wide_params(self) -> Any:
-        """The wide generator's parameters (`workers.swarm.wide.WideParams`)."""
-        from workers.swarm.wide import WideParams
+        """The wide generator's parameters (`workers.search.wide.WideParams`)."""
+        from workers.search.wide import WideParams
 
         return WideParams(
             num_tasks=min(self.num_tasks, 10_000),

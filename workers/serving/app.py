@@ -37,7 +37,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from workers.realtime.records import SESSION_ID_MAX
 from workers.serving.control import KeyVerifier, pick_arm
 from workers.serving.openai_api import (
     APIError,
@@ -53,6 +52,7 @@ from workers.serving.openai_api import (
     tool_specs,
 )
 from workers.serving.recorder import Shipper
+from workers.session_records import SESSION_ID_MAX
 
 log = logging.getLogger("crucible.serve")
 
@@ -115,8 +115,8 @@ class ArmReplica:
     `settings`: arm, run_id, base_model, backend, threads, max_new_tokens, max_context, record."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from workers.jobs.common import configure_logging
         from workers.models import make_backend
+        from workers.reporting import configure_logging
         from workers.rl.weightsync import WeightSyncReceiver
 
         configure_logging()
@@ -384,7 +384,7 @@ class Router:
     """The ingress of a serving run. `settings`: run_id, model_name, control_url, token, key_cache_seconds."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from workers.jobs.common import configure_logging
+        from workers.reporting import configure_logging
 
         configure_logging()
         self.names = Names(int(settings["run_id"]))

@@ -27,11 +27,11 @@ import httpx
 import ray
 from ray import serve
 
-from workers.jobs.specs import ServeSpec
 from workers.serving.app import NAMESPACE, ArmDeployment, Names, RouterDeployment
 from workers.serving.control import Target, TargetArm, fetch_target
 from workers.serving.recorder import DEFAULT_METRICS_SECONDS, Recorder
 from workers.serving.weights import WeightStore, policy_state
+from workers.specs import ServeSpec
 from workers.storage import read_bytes
 
 log = logging.getLogger("crucible.serve")

@@ -53,8 +53,7 @@ class Recorder:
         metrics_seconds: float = DEFAULT_METRICS_SECONDS,
         spool: bool = True,
     ) -> None:
-        from workers.jobs.common import configure_logging, spool_dir
-        from workers.reporting import Reporter, replay_spools
+        from workers.reporting import Reporter, configure_logging, replay_spools, spool_dir
 
         configure_logging()
         directory = spool_dir() if spool else None

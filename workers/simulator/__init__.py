@@ -1,7 +1,7 @@
 """Simulated users for the real-time RL loop (issue 18, section 6; the `simulate` job).
 
 Each simulated user plays coding sessions against the serving endpoint through the official `openai` client, as an
-editor plug-in would: the coding harness (`workers.envs.coding_agent`) runs client-side on a repository task, the
+editor plug-in would: the coding harness (`workers.coding.environment`) runs client-side on a repository task, the
 agent's tool calls run in its workspace and sandbox, the hidden tests run at the end, and the user posts feedback
 derived from them, with configurable noise and a configurable reward-hack opportunity (users who never complain
 about a clarifying question).

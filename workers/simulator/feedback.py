@@ -1,6 +1,6 @@
 """Posting feedback about a session, as an editor plug-in does: `POST <feedback_url>sessions/<id>/feedback/`.
 
-One signal per request (`workers.realtime.records.FeedbackIn`), each with its own `event_id`, so a retry is safe:
+One signal per request (`workers.session_records.FeedbackIn`), each with its own `event_id`, so a retry is safe:
 the control plane answers 201 for a new event and 200 for one it already holds. A post is retried, with backoff,
 for up to `wait_seconds` on network errors, 5xx and 429, and on 404: the serving run records turns through its
 batched ingest, so a session can be a moment behind the reply that ended it. 401 and 403 mean the run's token is
@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import httpx
 
-from workers.realtime.records import FeedbackIn
+from workers.session_records import FeedbackIn
 
 
 class FeedbackRefused(RuntimeError):

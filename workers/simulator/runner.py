@@ -28,13 +28,12 @@ from typing import Any
 
 import openai
 
+from workers.coding.environment import CodingAgentEnv
 from workers.envs.base import Task, TaskFieldError
-from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.registry import configure_storage
 from workers.evals import stats as evals_stats
-from workers.jobs.specs import SimulateSpec
-from workers.realtime.records import Signal
 from workers.reporting import Reporter
+from workers.session_records import Signal
 from workers.simulator.feedback import FeedbackPoster, FeedbackRefused
 from workers.simulator.session import (
     ServingRefused,
@@ -46,6 +45,7 @@ from workers.simulator.session import (
     task_type_of,
 )
 from workers.simulator.users import flips, task_index, tolerates_questions, user_of
+from workers.specs import SimulateSpec
 from workers.storage import read_bytes, write_bytes
 
 log = logging.getLogger("crucible.simulate")

@@ -22,9 +22,9 @@ from typing import Any
 
 import openai
 
+from workers.coding.environment import CodingAgentEnv
 from workers.envs.base import Task
-from workers.envs.coding_agent import CodingAgentEnv
-from workers.realtime.records import FeedbackIn
+from workers.session_records import FeedbackIn
 from workers.simulator.feedback import FeedbackFailed, FeedbackPoster
 from workers.simulator.harness import WireCall, encode_reply, observation_messages, openai_tools, request_messages
 from workers.simulator.users import asks_question, verdict

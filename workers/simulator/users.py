@@ -12,7 +12,7 @@ the session's index only, never on which thread played it first or on the server
   With probability `noise` the verdict is flipped (a user who keeps a broken edit, or complains about a good
   one). Then the reward-hack opportunity: a complaint about a session whose final message asked the user a
   question becomes `accepted` when the user tolerates questions (Composer 2's policy learned to defer edits with
-  clarifying questions; `workers.detectors.asks_instead_of_acting` finds such episodes).
+  clarifying questions; `workers.coding.detectors.asks_instead_of_acting` finds such episodes).
 - Tests: the editor plug-in ran the tests, so `tests_passed` (value: the fraction of hidden tests that passed) or
   `tests_failed` (value: the fraction that failed) is posted too; it is what the tests said, never flipped.
 """
@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from workers.detectors.asks_instead_of_acting import asking_span
-from workers.realtime.records import Signal
+from workers.coding.detectors.asks_instead_of_acting import asking_span
+from workers.session_records import Signal
 
 
 def stream(seed: int, what: str, index: int) -> random.Random:

@@ -20,13 +20,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from workers.envs.base import Environment, Message
-from workers.envs.search import GREP_TOOL, READ_TOOL, SEARCH_TOOL
-from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL
 from workers.envs.toolcalls import format_tool_call
+from workers.rewards.table import render_markdown_table
+from workers.search.environment import GREP_TOOL, READ_TOOL, SEARCH_TOOL
 from workers.search.types import Chunk
+from workers.search.wide import HEADING_PATTERN, entity_heading, read_attributes
+from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 from workers.swarm.subagents import passages
-from workers.swarm.table import render_markdown_table
-from workers.swarm.wide import HEADING_PATTERN, entity_heading, read_attributes
 
 SCRIPTED_SWARM_TEACHER = "scripted-swarm"
 """The SFT job's `teacher_model` value that selects the scripted orchestrator (swarm mode)."""

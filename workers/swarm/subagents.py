@@ -1,6 +1,6 @@
 """Frozen sub-agents (docs/methods.md section 1, Kimi K2.5's Agent Swarm): each `assign_task` runs one.
 
-A sub-agent is an episode of the Context-1 search harness (`workers.envs.search.SearchEnv`) over the run's corpus
+A sub-agent is an episode of the Context-1 search harness (`workers.search.environment.SearchEnv`) over the run's corpus
 index, with its own context, its own step limit (one step is one reply: a tool-calling reply or the final
 message) and the agent's system prompt. Its final reply (no tool call) is the one message it returns to the
 orchestrator. A sub-agent that raises, runs out of steps or is cut at its time limit returns that as its message
@@ -9,7 +9,7 @@ and counts as unfinished.
 Sub-agents are frozen: the policy is named by `checkpoint`, never trained:
 - `scripted`: a deterministic searcher (`ScriptedSearcher`) for machines without a large model. It searches
   for the item the task names, finds the chunk whose heading documents it and reports the attributes the task asks
-  for (read by code, as `workers.swarm.wide` reads them), or the best passages it found;
+  for (read by code, as `workers.search.wide` reads them), or the best passages it found;
 - a built-in model name or a model directory: that checkpoint, served by the transformers backend (loaded once per
   process and cached), sampling at the environment's sub-agent temperature.
 Their conversations are stored with the orchestrator's trajectory (`SubagentResult.turns`); their messages reach
@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from workers import storage
 
 if TYPE_CHECKING:
     from workers.envs.base import Message
@@ -138,14 +140,14 @@ class ScriptedSearcher:
         self._seen: list[tuple[str, str, str]] = []
 
     def _reply(self, text: str) -> str:
-        from workers.envs.search import approx_tokens
+        from workers.envs.base import approx_tokens
 
         self.tokens += approx_tokens(text)
         return text
 
     def act(self, messages: Sequence[Message]) -> str:
-        from workers.envs.search import MAX_QUERY_CHARS, SEARCH_TOOL
         from workers.envs.toolcalls import format_tool_call
+        from workers.search.environment import MAX_QUERY_CHARS, SEARCH_TOOL
 
         if self._phase > 0 and messages and messages[-1]["role"] == "tool":
             for message in reversed(messages):
@@ -164,7 +166,7 @@ class ScriptedSearcher:
         return self._reply(self._report(found))
 
     def _find(self) -> tuple[str, str, str] | None:
-        from workers.swarm.wide import entity_heading
+        from workers.search.wide import entity_heading
 
         if not self.target:
             return None
@@ -175,7 +177,7 @@ class ScriptedSearcher:
 
     def _report(self, found: tuple[str, str, str] | None) -> str:
         from workers.search.types import Chunk
-        from workers.swarm.wide import read_attributes
+        from workers.search.wide import read_attributes
 
         if found is not None and self.target:
             chunk_id, doc_id, text = found
@@ -237,7 +239,7 @@ def make_policy(job: SubagentJob) -> SubagentPolicy:
 def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> SubagentResult:
     """Run one sub-agent to its final message, its step limit or an error; never raises."""
     from workers.envs.base import Task
-    from workers.envs.search import SearchEnv
+    from workers.search.environment import SearchEnv
 
     started = time.perf_counter()
     try:
@@ -256,9 +258,7 @@ def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> Subagent
     if index is not None:
         env.bind_index(index)
     elif job.storage_options:
-        from workers.envs import search
-
-        search.STORAGE_OPTIONS.update(job.storage_options)
+        storage.STORAGE_OPTIONS.update(job.storage_options)
     policy: SubagentPolicy | None = None
     error: str | None = None
     message = ""

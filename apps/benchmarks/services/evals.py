@@ -23,9 +23,9 @@ from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import file_uri, storage_uri, worker_storage_options
 from workers.envs.registry import get_environment
-from workers.jobs.specs import EvalConfig
 from workers.models.registry import model_name_problems
 from workers.rewards.schema import validate_reward_spec
+from workers.specs import EvalConfig
 
 DEFAULT_EVAL_TOKENS = 384
 """An eval's completion budget per turn when its caller names none."""

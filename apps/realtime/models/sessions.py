@@ -13,12 +13,12 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
-from workers.realtime.records import EVENT_ID_MAX, SESSION_ID_MAX, SIGNALS
+from workers.session_records import EVENT_ID_MAX, SESSION_ID_MAX, SIGNALS
 
 __all__ = ["Feedback", "Session", "SessionTurn"]
 
 SIGNAL_CHOICES = [(signal, signal.replace("_", " ")) for signal in SIGNALS]
-"""workers.realtime.records.Signal as model choices."""
+"""workers.session_records.Signal as model choices."""
 
 
 class Session(models.Model):
@@ -92,7 +92,7 @@ class Session(models.Model):
 
 
 class SessionTurn(models.Model):
-    """One completion (workers.realtime.records.TurnRecord), stored once per (serve run, request id)."""
+    """One completion (workers.session_records.TurnRecord), stored once per (serve run, request id)."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="turns")
     serve_run = models.ForeignKey("runs.Run", on_delete=models.CASCADE, related_name="+")
@@ -130,7 +130,7 @@ class SessionTurn(models.Model):
 
 
 class Feedback(models.Model):
-    """One typed signal about a session (workers.realtime.records.FeedbackIn), once per (session, event id)."""
+    """One typed signal about a session (workers.session_records.FeedbackIn), once per (session, event id)."""
 
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="feedback")
     event_id = models.CharField(max_length=EVENT_ID_MAX, help_text="The client's id for this event")

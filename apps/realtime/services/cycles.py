@@ -48,7 +48,7 @@ from apps.realtime.models.sessions import Session
 from apps.realtime.selectors import served_version
 from apps.realtime.services.serving import session_train_launch
 from apps.runs.models import Checkpoint, Run, RunStatus
-from workers.realtime.records import SessionRecord
+from workers.session_records import SessionRecord
 
 log = logging.getLogger("crucible.realtime")
 

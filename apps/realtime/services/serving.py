@@ -34,9 +34,9 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Checkpoint, Run, RunKind
 from apps.runs.services import ingest_token_valid, run_create
 from apps.runs.storage import file_uri, storage_uri, worker_storage_options
-from workers.jobs.specs import JobSpec, ServeSpec, SessionTrainSpec, SimulateSpec
 from workers.models.registry import model_name_problems
 from workers.rl.config import TrainConfig
+from workers.specs import JobSpec, ServeSpec, SessionTrainSpec, SimulateSpec
 
 SERVE = "serve"
 SIMULATE = "simulate"

@@ -7,7 +7,7 @@ The sessions a batch touches are upserted, then their roll-ups (turns, tokens, f
 and deployment of the first turn, first and last time) are recomputed from their stored turns, so turns arriving
 out of order still leave the right first and last.
 
-`feedback_create` stores one typed signal (workers.realtime.records.FeedbackIn) about a session, once per
+`feedback_create` stores one typed signal (workers.session_records.FeedbackIn) about a session, once per
 (session, event id), within `CRUCIBLE_FEEDBACK_WINDOW_HOURS` of the session's last turn, about one of its turns
 (or the whole session). An event id repeated with other content is a conflict, never silently dropped.
 """
@@ -30,7 +30,7 @@ from apps.realtime.models import Feedback, Session, SessionTurn
 from apps.realtime.services.serving import SERVE
 from apps.runs.models import Run
 from apps.runs.services import IngestContext
-from workers.realtime.records import FeedbackIn
+from workers.session_records import FeedbackIn
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from apps.runs import kinds, tasks
 from apps.runs.models import Run
 from apps.runs.services import queue
 from apps.runs.storage import worker_storage_options
-from workers.jobs.specs import JobSpec
+from workers.specs import JobSpec
 
 JobInput = dict[str, Any]
 
 
 def job_envelope(run: Run) -> dict[str, Any]:
-    """What every job gets besides its kind's own input (`workers.jobs.specs.JobSpec`)."""
+    """What every job gets besides its kind's own input (`workers.specs.JobSpec`)."""
     ingest_url = f"{settings.CRUCIBLE_PUBLIC_URL.rstrip('/')}/api/v1/runs/{run.pk}/ingest/"
     return {"run_id": run.pk, "kind": run.kind, "ingest_url": ingest_url, "storage_options": worker_storage_options()}
 

@@ -16,8 +16,8 @@ from typing import Any
 
 from django import template
 
-from workers.swarm.metrics import swarm_stats
-from workers.swarm.table import (
+from workers.rewards.swarm_stats import swarm_stats
+from workers.rewards.table import (
     TableSpecError,
     columns_problem,
     gold_table_from,

@@ -12,7 +12,7 @@ from apps.datasets.models import DatasetKind
 from apps.datasets.services import dataset_create
 from apps.runs.models import Run
 from apps.runs.services import worker_spec
-from workers.jobs.specs import CodegenSpec
+from workers.specs import CodegenSpec
 
 pytestmark = pytest.mark.django_db
 

@@ -19,7 +19,7 @@ from apps.datasets.services import dataset_create, dataset_version_create
 from apps.runs.models import Run, RunStatus
 from apps.runs.services import worker_spec
 from workers.jobs.repoimport import import_tasks
-from workers.jobs.specs import RepoImportSpec
+from workers.specs import RepoImportSpec
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from apps.realtime import stats
 from apps.realtime.models import Session
 from apps.realtime.services.sessions import feedback_create
 from tests.apps.realtime.session_factories import ingest, serve_run, turn_event
-from workers.realtime.records import FeedbackIn
+from workers.session_records import FeedbackIn
 
 
 def test_the_wilson_interval_matches_the_hand_computed_and_scipys():

@@ -18,7 +18,7 @@ from apps.runs.models import Run
 from apps.runs.services import worker_spec
 from tests.apps.realtime.session_factories import TINY, serve_run, turn_event
 from tests.factories import exact_answer_version
-from workers.jobs.specs import ServeSpec, SessionTrainSpec, SimulateSpec
+from workers.specs import ServeSpec, SessionTrainSpec, SimulateSpec
 
 pytestmark = pytest.mark.django_db
 

@@ -23,7 +23,7 @@ from apps.runs.models import Checkpoint, MetricPoint, Run, RunStatus
 from apps.runs.services import ingest_batch
 from tests.factories import checkpoint_for, coding_version, exact_answer_version, finish_eval
 from workers.events import EVENTS_LIST
-from workers.realtime.records import SessionRecord
+from workers.session_records import SessionRecord
 
 pytestmark = pytest.mark.django_db
 

@@ -12,7 +12,7 @@ from apps.accounts.models import Role
 from apps.realtime.models import Session
 from apps.realtime.services.sessions import feedback_create
 from tests.apps.realtime.session_factories import ingest, serve_run, turn_event
-from workers.realtime.records import FeedbackIn
+from workers.session_records import FeedbackIn
 
 pytestmark = pytest.mark.django_db
 

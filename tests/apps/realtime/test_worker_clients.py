@@ -14,9 +14,9 @@ from apps.realtime.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import ingest_token_for
 from tests.apps.realtime.session_factories import ingest, serve_run, turn_event
-from workers.realtime.records import FeedbackIn
 from workers.serving.control import KeyVerifier, fetch_target
 from workers.serving.openai_api import APIError
+from workers.session_records import FeedbackIn
 from workers.simulator.feedback import FeedbackFailed, FeedbackPoster, FeedbackRefused
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -11,9 +11,9 @@ from apps.review.models import Flag, Severity
 from apps.runs import services
 from apps.runs.models import Run, RunEvent, TrajectorySummary
 from apps.training import services as training_services
-from workers.detectors.base import SEVERITIES
-from workers.detectors.base import Severity as WorkerSeverity
 from workers.events import FlagEvent
+from workers.findings import SEVERITIES
+from workers.findings import Severity as WorkerSeverity
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

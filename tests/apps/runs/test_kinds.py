@@ -30,8 +30,8 @@ from tests.apps.realtime.session_factories import serve_run, turn_event
 from tests.apps.realtime.test_launches import _repo_tasks_version as repo_tasks_version
 from tests.factories import coding_version, context1_version, exact_answer_version, tasks_version, trajectories_version
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.specs import JOB_SPECS, RescoreSpec
 from workers.search.types import Chunk, dump_chunks_jsonl
+from workers.specs import JOB_SPECS, RescoreSpec
 
 pytestmark = pytest.mark.django_db
 

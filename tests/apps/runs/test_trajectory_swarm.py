@@ -12,10 +12,10 @@ import pytest
 
 from tests.apps.runs.test_trajectory_chain import _page, _stored
 from workers.envs.registry import make_env
-from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL
 from workers.envs.toolcalls import format_tool_call
 from workers.search.index import IndexConfig, SearchIndex
 from workers.search.types import Chunk
+from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 
 pytestmark = pytest.mark.django_db
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from workers.coding.environment import CodingAgentEnv
 from workers.coding.patches import make_patch
 from workers.coding.scripted import ScriptedCodingAgent, coding_teacher_for, run_episode
 from workers.detectors import run_detectors
-from workers.envs.coding_agent import CodingAgentEnv
 from workers.envs.registry import make_env
 from workers.rewards.score import score_trajectory
 from workers.rl.teacher import teacher_rollout

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 from workers.detectors import DetectorConfig, Finding, detectors, run_detectors, suggest_penalty
-from workers.detectors.base import EXCERPT_CHARS, SEVERITIES
+from workers.detectors.base import EXCERPT_CHARS
 from workers.envs.toolcalls import format_tool_call
+from workers.findings import SEVERITIES
 
 QUESTION = "Should the function round half up or half to even? Let me know and I will change it."
 FIX_DIFF = """diff --git a/calc/ops.py b/calc/ops.py

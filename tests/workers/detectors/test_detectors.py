@@ -24,11 +24,12 @@ from workers.detectors import (
     run_detectors,
     run_run_detectors,
 )
-from workers.detectors.base import EXCERPT_CHARS, SEVERITIES, DetectorParams
+from workers.detectors.base import EXCERPT_CHARS, DetectorParams
 from workers.detectors.registry import DetectorDefinitionError, discover
 from workers.detectors.reward_eval_divergence import least_squares_slope
 from workers.envs import CalculatorEnv, Task
 from workers.envs.toolcalls import format_tool_call
+from workers.findings import SEVERITIES
 from workers.rl.config import TrainConfig
 
 TRAJECTORY_DETECTORS = [

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 
 from workers.coding.archive import content_hash, pack
+from workers.coding.environment import SUMMARY_HEADER, SUMMARY_PROMPT, CodingAgentEnv
 from workers.coding.patches import make_patch
 from workers.coding.task import RepoTask
 from workers.coding.workspace import Snapshot, SnapshotError, Workspace
 from workers.envs.base import EpisodeStateError, TaskFieldError, check_reward_compatible
-from workers.envs.coding_agent import SUMMARY_HEADER, SUMMARY_PROMPT, CodingAgentEnv
 from workers.envs.registry import ENVIRONMENTS, make_env
 from workers.envs.toolcalls import format_tool_call
 from workers.rewards.schema import coding_agent_spec, context1_spec

@@ -757,7 +757,7 @@ def test_an_environments_eval_reward_can_score_its_own_episodes() -> None:
 
 
 def test_only_the_search_environments_name_corpus_chunks() -> None:
-    from workers.envs.search import SearchEnv
+    from workers.search.environment import SearchEnv
 
     row = {"gold_chunk_ids": ["a", "b"], "answer_chunk_ids": ["b"], "distractor_chunk_ids": ["c"], "other": ["d"]}
     assert SearchEnv.referenced_chunk_ids(row) == {"a", "b", "c"}

@@ -16,8 +16,8 @@ from workers.coding.generate import DROP_REASONS
 from workers.coding.task import parse_repo_task_row
 from workers.coding.workspace import Snapshot
 from workers.jobs import codegen
-from workers.jobs.specs import JOB_SPECS, CodegenSpec
 from workers.reporting import Reporter
+from workers.specs import JOB_SPECS, CodegenSpec
 
 
 @pytest.fixture

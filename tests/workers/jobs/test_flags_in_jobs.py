@@ -179,8 +179,8 @@ class PerAttemptBackend(ScriptedBackend):
 def test_the_eval_job_scores_search_attempts_fused_as_context1_kx(
     ingested: list[dict[str, Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from workers.envs.search import SearchEnv
     from workers.jobs import evaluate
+    from workers.search.environment import SearchEnv
     from workers.search.index import IndexConfig, SearchIndex, save_index
     from workers.search.types import Chunk
 

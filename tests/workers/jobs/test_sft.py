@@ -68,7 +68,7 @@ def test_the_scripted_coding_teacher_solves_a_task_and_the_environment_keeps_onl
     """Phase 1 with `teacher_model: scripted-coding`: the agent's episodes in the student's tokens, then the
     coding environment's own SFT rule (solved, no error, no malformed call, once per task and diff)."""
     from tests.apps.coding.test_import import task_row
-    from workers.envs.coding_agent import CodingAgentEnv
+    from workers.coding.environment import CodingAgentEnv
     from workers.jobs.sft import generate
     from workers.rewards.schema import coding_agent_spec
 

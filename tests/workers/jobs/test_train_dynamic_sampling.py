@@ -12,7 +12,7 @@ import pytest
 
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.specs import TrainSpec
+from workers.specs import TrainSpec
 
 
 class RecordingReporter:

@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.specs import TrainSpec
 from workers.models import SamplingParams, make_backend
 from workers.rl.config import TrainConfig
 from workers.rl.placement import GB, plan_resources, shortfall
+from workers.specs import TrainSpec
 
 from .test_train_dynamic_sampling import RecordingReporter
 

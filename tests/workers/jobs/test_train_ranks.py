@@ -15,8 +15,8 @@ import torch
 
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.specs import TrainSpec
 from workers.rl.checkpoints import checkpoint_policy_state
+from workers.specs import TrainSpec
 from workers.storage import CHECKSUM_SUFFIX, sharded_manifest
 
 from .test_train_dynamic_sampling import RecordingReporter

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workers.realtime.records import FeedbackRecord, SessionRecord, TurnRecord
+from workers.session_records import FeedbackRecord, SessionRecord, TurnRecord
 
 
 def turn(

@@ -18,13 +18,13 @@ import torch
 from tests.workers.realtime.sessions import feedback, session, turn
 from workers.jobs import session_train
 from workers.jobs.evaluate import load_policy
-from workers.jobs.specs import EvalConfig, SessionTrainSpec
 from workers.models.registry import TINY_LLAMA, resolve_base_model
-from workers.realtime.records import SessionRecord
 from workers.realtime.reward import default_session_reward_config
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.packing import completion_logprobs
+from workers.session_records import SessionRecord
+from workers.specs import EvalConfig, SessionTrainSpec
 
 PROMPT = [1, 1130, 9690, 198, 4238, 314, 2]
 KEPT = [2012, 2013, 2014, 2015]

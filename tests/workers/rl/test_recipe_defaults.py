@@ -12,9 +12,6 @@ from pydantic import ValidationError
 
 from workers.envs import registry
 from workers.envs.exact_answer import ExactAnswerEnv
-from workers.envs.search import SearchEnv
-from workers.envs.swarm import SwarmEnv
-from workers.jobs.specs import TrainSpec
 from workers.rewards.schema import (
     Anneal,
     anneal_horizons,
@@ -31,6 +28,9 @@ from workers.rl.config import (
     loss_config_for,
     settings_for,
 )
+from workers.search.environment import SearchEnv
+from workers.specs import TrainSpec
+from workers.swarm.environment import SwarmEnv
 
 
 def test_a_swarm_run_that_names_nothing_trains_with_kimis_loss() -> None:

@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 import workers.jobs.train as train
 from workers.envs.registry import arithmetic_tasks
-from workers.jobs.specs import TrainSpec
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.rollout import Sample
 from workers.rl.sampling import (
@@ -26,6 +25,7 @@ from workers.rl.sampling import (
     weighted_order,
 )
 from workers.rl.trainer import data_order, step_prompts
+from workers.specs import TrainSpec
 
 
 def _sample(task_id: str, *, turns: int = 1, tokens: int = 1) -> Sample:

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from workers.envs.registry import make_env
-from workers.envs.search import SearchEnv
 from workers.envs.toolcalls import format_tool_call
 from workers.search.corpus import ChunkerConfig, CorpusError, Document, build_corpus, validate_canonical
 from workers.search.dedup import merge_copies
+from workers.search.environment import SearchEnv
 from workers.search.index import IndexConfig, SearchIndex
 from workers.search.retrieval_eval import lost_evidence, with_stored_ids
 from workers.search.synth import normalize

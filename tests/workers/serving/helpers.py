@@ -176,8 +176,8 @@ class ServingHarness:
     """A serving run against `plane`, on the Ray already initialised in this process."""
 
     def __init__(self, plane: StubControlPlane, *, run_id: int = 9001, record: bool = True, **spec: Any) -> None:
-        from workers.jobs.specs import ServeSpec
         from workers.models.registry import TINY_LLAMA
+        from workers.specs import ServeSpec
 
         self.plane = plane
         self.port = free_port()

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_job_serves_until_sigterm_then_deletes_its_apps_and_ends_its_run(ray_local: None, tmp_path: Path) -> None:
-    from workers.jobs.specs import ServeSpec
+    from workers.specs import ServeSpec
 
     with StubControlPlane() as plane:  # its own control plane: no arms, so no model is loaded
         port = free_port()
@@ -87,7 +87,7 @@ def test_the_job_serves_until_sigterm_then_deletes_its_apps_and_ends_its_run(ray
 @pytest.mark.parametrize("missing", ["CRUCIBLE_INGEST_TOKEN"])
 def test_the_job_refuses_to_start_without_its_token(missing: str) -> None:
     from workers.jobs import serve as serve_job
-    from workers.jobs.specs import ServeSpec
+    from workers.specs import ServeSpec
 
     spec = ServeSpec(
         run_id=1,

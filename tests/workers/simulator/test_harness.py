@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from tests.workers.simulator.tasks import task_row
-from workers.envs.coding_agent import SUMMARY_PROMPT, CodingAgentEnv
+from workers.coding.environment import SUMMARY_PROMPT, CodingAgentEnv
 from workers.envs.toolcalls import render_tool_prompt
-from workers.realtime.records import FeedbackIn, Signal
+from workers.session_records import FeedbackIn, Signal
 from workers.simulator.feedback import FeedbackFailed, FeedbackPoster, FeedbackRefused
 from workers.simulator.harness import WireCall, encode_reply, observation_messages, request_messages
 from workers.simulator.runner import wilson_interval

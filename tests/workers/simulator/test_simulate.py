@@ -13,12 +13,12 @@ from pydantic import ValidationError
 
 from tests.workers.simulator.standins import KEY, Reply, StandIn, serving
 from tests.workers.simulator.tasks import INSTRUCTIONS, QUESTION, TASK_OF, scripted, task_row, write_tasks
+from workers.coding.environment import DEFAULT_SYSTEM_PROMPT, CodingAgentEnv
 from workers.detectors.registry import run_detectors
-from workers.envs.coding_agent import DEFAULT_SYSTEM_PROMPT, CodingAgentEnv
 from workers.envs.toolcalls import render_tool_prompt
 from workers.jobs import simulate as simulate_job
-from workers.jobs.specs import JOB_SPECS, SimulateSpec
 from workers.simulator.runner import SimulationStopped, simulate
+from workers.specs import JOB_SPECS, SimulateSpec
 
 
 def _spec(standin: StandIn, tasks_uri: str, **fields: Any) -> SimulateSpec:

@@ -50,7 +50,7 @@ def swarm_index(swarm_chunks: list[Chunk]) -> SearchIndex:
 
 @pytest.fixture
 def wide_task(swarm_chunks: list[Chunk]) -> dict[str, Any]:
-    from workers.swarm.wide import WideParams, synthesize_wide
+    from workers.search.wide import WideParams, synthesize_wide
 
     result = synthesize_wide(swarm_chunks, WideParams(num_tasks=1, min_rows=4, max_rows=4, seed=3))
     assert result.tasks, result.report

@@ -10,7 +10,7 @@ import pytest
 from workers.rewards.schema import RewardSpecError, parl_spec, validate_reward_spec
 from workers.rewards.score import annealed_weights, score_trajectory
 from workers.search.types import Chunk
-from workers.swarm.wide import WideParams, synthesize_wide, verify_wide_row
+from workers.search.wide import WideParams, synthesize_wide, verify_wide_row
 from workers.trajectories import Trajectory
 
 

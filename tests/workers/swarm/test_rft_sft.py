@@ -12,9 +12,9 @@ import pytest
 import workers.jobs.sft as sft
 from tests.workers.jobs.test_train_dynamic_sampling import RecordingReporter
 from workers.envs.registry import make_env
-from workers.jobs.specs import SFTSpec
 from workers.models.registry import TINY_LLAMA, load_tokenizer, resolve_base_model
 from workers.search.index import SearchIndex
+from workers.specs import SFTSpec
 from workers.swarm.scripted import ScriptedOrchestrator, run_episode
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from workers.detectors.registry import DetectorConfig, run_detectors
-from workers.detectors.serial_collapse import SerialCollapse
-from workers.detectors.spurious_parallelism import SpuriousParallelism
 from workers.envs.registry import make_env
-from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL
 from workers.envs.toolcalls import format_tool_call
 from workers.search.index import SearchIndex
+from workers.swarm.detectors.serial_collapse import SerialCollapse
+from workers.swarm.detectors.spurious_parallelism import SpuriousParallelism
+from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 from workers.swarm.scripted import ScriptedOrchestrator, run_episode
 
 

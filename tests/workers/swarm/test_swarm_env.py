@@ -14,12 +14,12 @@ import pytest
 
 from workers.envs.base import Message
 from workers.envs.registry import make_env
-from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL, SwarmEnv
 from workers.envs.toolcalls import format_tool_call
 from workers.rewards.schema import parl_spec
 from workers.rewards.score import score_trajectory
 from workers.search.index import SearchIndex
 from workers.swarm import subagents
+from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL, SwarmEnv
 from workers.swarm.metrics import swarm_episode_metrics
 from workers.swarm.scripted import ScriptedOrchestrator, run_episode
 from workers.trajectories import Trajectory

@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.workers.jobs.test_flags_in_jobs import ScriptedBackend
-from workers.envs.swarm import ASSIGN_TOOL, CREATE_TOOL
 from workers.envs.toolcalls import format_tool_call
 from workers.models.registry import TINY_LLAMA, resolve_base_model
 from workers.rewards.schema import parl_spec
@@ -17,6 +16,7 @@ from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.rollout import RolloutWorker
 from workers.search.index import SearchIndex, save_index
+from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 
 
 def test_a_swarm_rollout_anneals_parl_and_trains_with_kimis_loss(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workers.swarm.table import (
+from workers.rewards.table import (
     TableSpecError,
     cell_score,
     gold_table_from,

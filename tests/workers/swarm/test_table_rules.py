@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from workers.swarm.table import (
+from workers.rewards.table import (
     TableSpecError,
     build_key_spellings,
     cell_score,

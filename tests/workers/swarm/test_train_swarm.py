@@ -11,11 +11,11 @@ import pytest
 
 import workers.jobs.train as train
 from tests.workers.jobs.test_train_dynamic_sampling import RecordingReporter
-from workers.jobs.specs import TrainSpec
 from workers.rewards.schema import parl_spec
 from workers.rl.trainer import TOGGLE_BUDGETS_FILE
 from workers.search.index import SearchIndex, save_index
 from workers.search.types import Chunk
+from workers.specs import TrainSpec
 
 
 @pytest.mark.slow

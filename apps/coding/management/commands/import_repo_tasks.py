@@ -21,7 +21,7 @@ from apps.common.errors import validation_messages
 from apps.datasets.services import dataset_file_check_size
 from workers.coding.bundle import BundleError, parse_upload
 from workers.jobs.repoimport import import_tasks
-from workers.jobs.specs import RepoImportSpec
+from workers.specs import RepoImportSpec
 
 
 class Command(BaseCommand):

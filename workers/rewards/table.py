@@ -609,3 +609,16 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
         parsed=True,
         extra_columns=columns.extra,
     )
+
+
+def table_metrics(record: Mapping[str, Any]) -> dict[str, float]:
+    """Item- and row-level scores of the answer table against the record's `gold_table` ({} without one)."""
+    gold = record.get("gold_table")
+    if not isinstance(gold, Mapping):
+        return {}
+    try:
+        table = gold_table_from(gold)
+    except TableSpecError:
+        return {}
+    answer = record.get("answer")
+    return score_table(answer if isinstance(answer, str) else None, table).metrics()

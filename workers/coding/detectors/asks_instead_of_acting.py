@@ -18,12 +18,10 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from workers.detectors._coding import ended_cleanly, final_diff, final_message, is_coding_record
+from workers.coding.detectors._coding import ended_cleanly, final_diff, final_message, is_coding_record
 from workers.detectors.base import (
     TIGHTEN,
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -33,6 +31,7 @@ from workers.detectors.base import (
     term_of_type,
     turns_of,
 )
+from workers.findings import Finding, Severity
 
 _QUESTION = re.compile(r"[^.!?\n]*\?(?=\s|$)")
 _CODE = re.compile(r"`[^`]*`")

@@ -15,11 +15,9 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from workers.detectors._coding import is_coding_record, run_changes, run_command_of, tool_edits
+from workers.coding.detectors._coding import is_coding_record, run_changes, run_command_of, tool_edits
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -27,6 +25,7 @@ from workers.detectors.base import (
     rounded,
     turns_of,
 )
+from workers.findings import Finding, Severity
 
 
 class TerminalOnlyParams(DetectorParams):

@@ -14,11 +14,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from workers.detectors._swarm import errors_of, first_turn_calling, subagents_of, suggest_parl_term, swarm_of
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -26,6 +23,8 @@ from workers.detectors.base import (
     rounded,
     turns_of,
 )
+from workers.findings import Finding, Severity
+from workers.swarm.detectors._swarm import errors_of, first_turn_calling, subagents_of, suggest_parl_term, swarm_of
 
 
 class SpuriousParallelismParams(DetectorParams):

@@ -1,6 +1,6 @@
 """Kimi K2.5's Agent Swarm on the Context-1 search harness (docs/methods.md section 1, K2 and E.8).
 
-The trainable orchestrator has the search tools of `workers.envs.search` and two more (schemas as in E.8):
+The trainable orchestrator has the search tools of `workers.search.environment` and two more (schemas as in E.8):
 
 - `create_subagent{name, system_prompt}`: define a sub-agent for reuse; a name is defined once, and at most
   `max_subagents` are defined per episode;
@@ -36,11 +36,12 @@ import re
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
+from workers import storage
 from workers.envs.base import StepResult, Task, TaskFieldError, ToolError
-from workers.envs.search import _DOCUMENT, SearchEnv, _Block, _render
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
+from workers.rewards.table import TableSpecError, gold_table_from, normalize_cell
+from workers.search.environment import _DOCUMENT, SearchEnv, _Block, _render
 from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, run_subagents
-from workers.swarm.table import TableSpecError, gold_table_from, normalize_cell
 
 CREATE_TOOL, ASSIGN_TOOL = "create_subagent", "assign_task"
 STEP_PRESETS: dict[str, tuple[int, int]] = {"browsecomp": (15, 100), "widesearch": (100, 100), "in_house": (100, 50)}
@@ -458,6 +459,4 @@ class SwarmEnv(SearchEnv):
 
 
 def _storage_options() -> dict[str, Any]:
-    from workers.envs import search
-
-    return dict(search.STORAGE_OPTIONS)
+    return dict(storage.STORAGE_OPTIONS)

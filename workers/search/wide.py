@@ -33,9 +33,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from workers.rewards.table import GoldTable, normalize_key
 from workers.search.synth import SynthCorpus, normalize, task_id_for
 from workers.search.types import Chunk
-from workers.swarm.table import GoldTable, normalize_key
 
 WIDE_GENERATOR = "wide/v1"
 KEY_COLUMN = "name"

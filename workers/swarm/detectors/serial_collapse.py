@@ -13,10 +13,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from workers.detectors._swarm import subagents_of, suggest_parl_term, swarm_of
 from workers.detectors.base import (
     DetectorParams,
-    Finding,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -24,6 +22,8 @@ from workers.detectors.base import (
     record_id,
     turns_of,
 )
+from workers.findings import Finding
+from workers.swarm.detectors._swarm import subagents_of, suggest_parl_term, swarm_of
 
 
 class SerialCollapseParams(DetectorParams):

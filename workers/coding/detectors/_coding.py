@@ -1,6 +1,6 @@
 """Readers shared by the coding-agent detectors (asks_instead_of_acting, edits_tests, terminal_only).
 
-Records come from the `coding_agent` environment (`workers.envs.coding_agent`), which writes the final diff, the
+Records come from the `coding_agent` environment (`workers.coding.environment`), which writes the final diff, the
 files changed and by which means (`edited_files`, `files_edited_by_run`, per-turn `path`/`edit` on edit_file
 results and `changed_files` on run results), or from uploads that may hold only some of these. Every reader here
 tolerates missing or oddly typed fields. A private module (its name starts with "_"), so the registry does not
@@ -13,8 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from workers.coding.environment import EDIT_TOOL, ENV_NAME, FINISH_TOOL, RUN_TOOL, is_artifact_path
 from workers.detectors.base import content_of, is_assistant, turns_of
-from workers.envs.coding_agent import EDIT_TOOL, ENV_NAME, FINISH_TOOL, RUN_TOOL, is_artifact_path
 
 CREATED, MODIFIED, DELETED = "created", "modified", "deleted"
 

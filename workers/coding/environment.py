@@ -47,7 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from workers import storage
 from workers.envs.base import (
+    MESSAGE_OVERHEAD_TOKENS,
     EpisodeStateError,
     Message,
     Observation,
@@ -56,8 +58,8 @@ from workers.envs.base import (
     TaskFieldError,
     ToolError,
     ToolUseEnvironment,
+    approx_tokens,
 )
-from workers.envs.search import MESSAGE_OVERHEAD_TOKENS, approx_tokens
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind, parse_tool_calls
 from workers.rewards.schema import coding_agent_spec
 
@@ -100,9 +102,6 @@ DEFAULT_SYSTEM_PROMPT = (
 ARTIFACT_DIRS = frozenset({"__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis"})
 ARTIFACT_SUFFIXES = (".pyc", ".pyo")
 
-STORAGE_OPTIONS: dict[str, Any] = {}
-"""fsspec options for reading task snapshots from object storage; the jobs set them, as for search's index
-(`search.STORAGE_OPTIONS`): train, evaluate and sft must update this dict too."""
 
 MAX_LINE_CHARS = 400
 """read_file and search_code cut longer lines (minified files would otherwise fill the output)."""
@@ -457,7 +456,7 @@ class CodingAgentEnv(ToolUseEnvironment):
         if isinstance(repo, Mapping):
             snapshot = _inline_snapshot(repo_task.snapshot.sha256, repo["files"])
         else:
-            snapshot = Snapshot.load(repo_task.snapshot, storage_options=STORAGE_OPTIONS or None)
+            snapshot = Snapshot.load(repo_task.snapshot, storage_options=storage.STORAGE_OPTIONS or None)
         messages = super().reset(task)
         self._repo_task = repo_task
         self._snapshot = snapshot
@@ -784,7 +783,7 @@ class CodingAgentEnv(ToolUseEnvironment):
         return truncate_head(text_out, self.max_output_chars, "read a smaller range of lines")
 
     def _search(self, pattern: str, raw_path: str) -> str:
-        from workers.search.grep import GrepError, compile_pattern
+        from workers.envs.grep import GrepError, compile_pattern
 
         try:
             compiled = compile_pattern(pattern)

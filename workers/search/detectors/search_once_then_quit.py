@@ -17,8 +17,6 @@ from pydantic import Field
 from workers.detectors.base import (
     TIGHTEN,
     DetectorParams,
-    Finding,
-    Severity,
     TrajectoryDetector,
     content_of,
     excerpt,
@@ -30,7 +28,8 @@ from workers.detectors.base import (
     term_of_type,
     turns_of,
 )
-from workers.envs.search import GREP_TOOL, READ_TOOL, SEARCH_TOOL
+from workers.findings import Finding, Severity
+from workers.search.environment import GREP_TOOL, READ_TOOL, SEARCH_TOOL
 
 RETRIEVAL_TOOLS = frozenset({SEARCH_TOOL, GREP_TOOL, READ_TOOL})
 """Calls that look for evidence; prune_chunks is not one."""

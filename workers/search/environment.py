@@ -34,7 +34,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from workers import storage
 from workers.envs.base import (
+    MESSAGE_OVERHEAD_TOKENS,
     Message,
     Observation,
     StepResult,
@@ -42,6 +44,7 @@ from workers.envs.base import (
     TaskFieldError,
     ToolError,
     ToolUseEnvironment,
+    approx_tokens,
 )
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
 from workers.rewards.schema import context1_spec
@@ -51,11 +54,7 @@ if TYPE_CHECKING:
     from workers.search.index import Hit, SearchIndex
 
 SEARCH_TOOL, GREP_TOOL, READ_TOOL, PRUNE_TOOL = "search_corpus", "grep_corpus", "read_document", "prune_chunks"
-MESSAGE_OVERHEAD_TOKENS = 4
-"""ChatML wraps each message in `<|im_start|>role\\n` ... `<|im_end|>\\n`: about 4 tokens beyond the content."""
 MAX_QUERY_CHARS = 500
-STORAGE_OPTIONS: dict[str, Any] = {}
-"""fsspec options for loading indexes from object storage; the trainer's rollout actors set them from the job."""
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a search agent. Find the passages of the corpus that answer the user's question. Search with "
@@ -71,11 +70,6 @@ _DOCUMENT = re.compile(
     re.DOTALL | re.IGNORECASE,
 )
 _JUSTIFICATION = re.compile(r"<Justification>(.*?)(?:</Justification>|$)", re.DOTALL | re.IGNORECASE)
-
-
-def approx_tokens(text: str) -> int:
-    """The stand-in token count without a tokenizer: about 4 characters per token for English text."""
-    return (len(text) + 3) // 4
 
 
 @dataclass(frozen=True)
@@ -242,7 +236,7 @@ class SearchEnv(ToolUseEnvironment):
             # parameters and must not load an index for that. load_index caches per process (once per actor).
             from workers.search.index import load_index
 
-            self._index = load_index(self.index_uri, STORAGE_OPTIONS or None)
+            self._index = load_index(self.index_uri, storage.STORAGE_OPTIONS or None)
         return self._index
 
     # --- tasks ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,1 @@
+"""The coding agent's detectors (found by `workers.detectors.registry` through `workers.discovery`)."""

@@ -1,0 +1,1 @@
+"""The search agent's detectors (found by `workers.detectors.registry` through `workers.discovery`)."""
