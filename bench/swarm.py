@@ -95,7 +95,7 @@ def main() -> None:
     save_index(index, uri)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, namespace="crucible-bench-swarm")
 
-    from workers.search.synth import SynthCorpus
+    from workers.search.synth_corpus import SynthCorpus
 
     columns = ["document", "kind", "first_parameter"]
     items = [name for name, _, _ in wide_entities(SynthCorpus(chunks), columns)]

@@ -19,7 +19,7 @@ def eval_metrics(results: Iterable[TaskResult], k: int, task_count: int | None =
     """Headline metrics from per-task results: pass@1..k (unbiased), mean_score, the task count, and how many of
     the version's `task_count` tasks reported nothing (`missing_tasks`; each counts as k failed attempts, so a
     lost result can only lower a score, never raise it)."""
-    from workers.jobs.evaluate import pass_at_ks
+    from workers.evals.stats import pass_at_ks
 
     rows = list(results)
     missing = max(0, (task_count or len(rows)) - len(rows))

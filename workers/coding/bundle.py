@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from workers.coding.archive import ArchiveError, content_hash, unpack
+from workers.coding.archive import ArchiveError, content_hash, pack, unpack
 from workers.coding.task import RepoTask, RepoTaskError, parse_repo_task_row
 
 TASKS_FILE = "tasks.jsonl"
@@ -170,8 +170,6 @@ def _snapshot_files(where: str, row: Mapping[str, Any], members: Mapping[str, by
             raise BundleError([f"{where}: field 'repo.files' holds non-text content for {', '.join(bad[:5])}"])
         try:
             # Through the archive's own checks, so an inline tree obeys the same rules as an uploaded one.
-            from workers.coding.archive import pack
-
             return unpack(pack({name: content.encode() for name, content in raw.items()}))
         except (ArchiveError, ValueError) as exc:
             raise BundleError([f"{where}: field 'repo.files': {exc}"]) from None

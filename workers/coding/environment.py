@@ -48,6 +48,11 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from workers import storage
+from workers.coding.archive import content_hash, normalize_path
+from workers.coding.execute import CommandLimits, run_command
+from workers.coding.hidden_tests import run_hidden_tests
+from workers.coding.task import RepoTaskError, parse_repo_task_row
+from workers.coding.workspace import Snapshot, Workspace
 from workers.envs.base import (
     MESSAGE_OVERHEAD_TOKENS,
     EpisodeStateError,
@@ -60,6 +65,7 @@ from workers.envs.base import (
     ToolUseEnvironment,
     approx_tokens,
 )
+from workers.envs.grep import GrepError, compile_pattern
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind, parse_tool_calls
 from workers.rewards.schema import coding_agent_spec
 
@@ -399,9 +405,6 @@ class CodingAgentEnv(ToolUseEnvironment):
 
     @classmethod
     def _parse_repo_task(cls, fields: Mapping[str, Any], *, index: int | None = None) -> RepoTask:
-        from workers.coding.archive import content_hash
-        from workers.coding.task import RepoTaskError, parse_repo_task_row
-
         where = f"task row {index}" if index is not None else "task row"
         row = {key: value for key, value in fields.items() if key not in ("repo", "prompt", "answer", "aliases")}
         repo = fields.get("repo")
@@ -449,7 +452,6 @@ class CodingAgentEnv(ToolUseEnvironment):
     def reset(self, task: Task, *, workspace: Workspace | None = None) -> list[Message]:
         """Start an episode on `task`, in a fresh workspace over its snapshot or, given `workspace`, in a fork of
         it (the caller's workspace is left as it is)."""
-        from workers.coding.workspace import Snapshot, Workspace
 
         repo_task = self._parse_repo_task(task.metadata | {"id": task.id, "instruction": _prompt_text(task)})
         repo = task.metadata.get("repo")
@@ -639,8 +641,6 @@ class CodingAgentEnv(ToolUseEnvironment):
     def _run_hidden_tests(self) -> str | None:
         """Run the task's hidden tests; returns an error message when they could not run at all (an
         infrastructure failure, never counted as the policy's)."""
-        from workers.coding.execute import CommandLimits
-        from workers.coding.hidden_tests import run_hidden_tests
 
         assert self._repo_task is not None and self._workspace is not None
         limits = CommandLimits(
@@ -692,8 +692,6 @@ class CodingAgentEnv(ToolUseEnvironment):
         raise ToolError(f"unknown tool '{call.name}'")  # parse_tool_calls lets no other name through
 
     def _path(self, raw: str, *, allow_root: bool = False) -> str:
-        from workers.coding.archive import normalize_path
-
         text = raw.strip()
         if allow_root and text in ("", ".", "./", "/"):
             return ""
@@ -783,8 +781,6 @@ class CodingAgentEnv(ToolUseEnvironment):
         return truncate_head(text_out, self.max_output_chars, "read a smaller range of lines")
 
     def _search(self, pattern: str, raw_path: str) -> str:
-        from workers.envs.grep import GrepError, compile_pattern
-
         try:
             compiled = compile_pattern(pattern)
         except GrepError as exc:
@@ -902,8 +898,6 @@ class CodingAgentEnv(ToolUseEnvironment):
         return "modified" if _snapshot_has(self._snapshot, path) else "created"
 
     def _command(self, command: str) -> tuple[str, dict[str, Any]]:
-        from workers.coding.execute import CommandLimits, run_command
-
         if not command.strip():
             raise ToolError("the command is empty; give a shell command such as 'python -m pytest -q'")
         limits = CommandLimits(
@@ -1015,7 +1009,6 @@ _INLINE_CACHE_SIZE = 8
 def _inline_snapshot(sha256: str, files: Mapping[str, str]) -> Snapshot:
     """The snapshot of a task's inline files, built once per process for the episodes of one task (like
     `Snapshot.load`'s cache for stored ones)."""
-    from workers.coding.workspace import Snapshot
 
     snapshot = _INLINE_SNAPSHOTS.get(sha256)
     if snapshot is None:

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from workers.coding.archive import check_tree, content_hash, normalize_path, unpack
 from workers.coding.patches import lines_changed, make_patch
+from workers.storage import read_bytes
 
 if TYPE_CHECKING:
     from workers.coding.task import SnapshotRef
@@ -86,7 +87,6 @@ class Snapshot:
                 return cached
         if not ref.uri:
             raise SnapshotError(f"snapshot {ref.sha256[:12]} has no uri; store its archive and set snapshot.uri")
-        from workers.storage import read_bytes  # here: it brings fsspec, which most users of this never need
 
         try:
             data = read_bytes(ref.uri, dict(storage_options or {}))

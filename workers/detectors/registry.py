@@ -68,7 +68,7 @@ def _check(detector: Detector[Any], module_name: str, where: str) -> None:
 
 def _detector_modules() -> list[ModuleType]:
     """The generic detectors of this package, then each domain package's (`workers/<domain>/detectors/`)."""
-    import workers.detectors as package
+    import workers.detectors as package  # local: the package's __init__ imports this module
 
     modules = [module for module in submodules(package) if module.__name__.rsplit(".", 1)[1] not in _NOT_DETECTORS]
     for domain in domain_modules("detectors"):

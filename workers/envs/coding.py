@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from workers.envs.base import Environment, StepResult, Task, TaskFieldError
 from workers.envs.toolcalls import json_kind
+from workers.sandbox.runner import Outcome, SandboxLimits, run_python
 
 if TYPE_CHECKING:
     from workers.sandbox.runner import SandboxLimits
@@ -99,7 +100,6 @@ class CodingEnv(Environment):
                 raise ValueError(f"{name} must be a number >= {low}, got {value!r}")
         if isinstance(max_processes, bool) or not isinstance(max_processes, int) or max_processes < 1:
             raise ValueError(f"max_processes must be an integer >= 1, got {max_processes!r}")
-        from workers.sandbox.runner import SandboxLimits  # imported on use: other environments never need it
 
         self.limits: SandboxLimits = SandboxLimits(
             wall_seconds=float(timeout_seconds),
@@ -138,7 +138,6 @@ class CodingEnv(Environment):
     def step(self, action_text: str) -> StepResult:
         self._begin_step(action_text)
         self._turns.append({"role": "assistant", "content": action_text})
-        from workers.sandbox.runner import Outcome, run_python
 
         meta = self.task.metadata
         program = build_program(meta["code_prompt"], meta["test"], meta["entry_point"], action_text)

@@ -98,6 +98,14 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - fail_all
 
 
+def pass_at_ks(counts: Sequence[tuple[int, int]], k: int) -> dict[str, float]:
+    """pass@j for j in 1, 2, 5, 10, ... up to `k` (and k itself), averaged over tasks of (samples, passed)."""
+    ks = sorted({j for j in (1, 2, 5, 10, 20, 50, 100) if j <= k} | {k})
+    if not counts:
+        return {}
+    return {f"pass@{j}": sum(pass_at_k(n, c, j) for n, c in counts) / len(counts) for j in ks}
+
+
 def mean_pass_at_k(counts: Sequence[tuple[int, int]], k: int) -> float:
     """Benchmark-level pass@k: the mean over tasks of `pass_at_k` for each task's ``(n, c)`` sample counts.
 

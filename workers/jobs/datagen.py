@@ -20,7 +20,6 @@ from typing import Any
 from workers.jobs.common import load_spec, reporter_for
 from workers.reporting import Reporter, configure_logging
 from workers.search.synth import (
-    SynthCorpus,
     SynthParams,
     SynthResult,
     TaskGenerator,
@@ -28,7 +27,10 @@ from workers.search.synth import (
     dump_tasks_jsonl,
     synthesize,
 )
+from workers.search.synth_corpus import SynthCorpus
+from workers.search.synth_llm import make_llm_generator
 from workers.search.types import iter_chunks_jsonl
+from workers.search.wide import synthesize_wide
 from workers.specs import DatagenSpec
 from workers.storage import read_bytes, write_bytes
 
@@ -37,8 +39,6 @@ log = logging.getLogger("crucible.datagen")
 
 def make_generator(params: SynthParams, corpus: SynthCorpus) -> TaskGenerator:
     if params.generator == "llm":
-        from workers.search.synth_llm import make_llm_generator
-
         return make_llm_generator(params.model, backend=params.backend, max_new_tokens=params.max_new_tokens)
     return TemplateGenerator(corpus)
 
@@ -56,8 +56,6 @@ def generate(spec: DatagenSpec, reporter: Reporter | None = None) -> SynthResult
     say(f"reading corpus {spec.corpus_label} from {spec.corpus_uri}")
     chunks = list(iter_chunks_jsonl(read_bytes(spec.corpus_uri, spec.storage_options)))
     if params.shape == "wide":
-        from workers.search.wide import synthesize_wide
-
         say(f"generating up to {params.num_tasks} wide tasks (columns {', '.join(params.wide_columns)})")
         wide = synthesize_wide(chunks, params.wide_params(), corpus_label=spec.corpus_label)
         result = SynthResult(tasks=wide.tasks, report=wide.report)

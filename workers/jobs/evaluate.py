@@ -24,11 +24,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from workers.detectors.registry import flag_metrics
-from workers.evals.stats import pass_at_k
+from workers.envs.registry import configure_storage, get_environment
+from workers.evals.stats import pass_at_ks
 from workers.findings import Finding
 from workers.jobs.common import load_spec, reporter_for
+from workers.models import make_backend
+from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging, report_flags
 from workers.rl.checkpoints import checkpoint_policy_state
+from workers.rl.rollout import RolloutWorker
+from workers.rl.trainer import trajectory_summary
 from workers.search.metrics import mean_metrics
 from workers.specs import EvalConfig, EvalSpec
 from workers.storage import read_bytes, write_bytes
@@ -37,14 +42,6 @@ log = logging.getLogger("crucible.evaluate")
 
 PASS_THRESHOLD = 1.0 - 1e-9
 """An attempt passes when its score reaches 1 (all tests, the exact answer); a partial score counts in `score`."""
-
-
-def pass_at_ks(counts: Sequence[tuple[int, int]], k: int) -> dict[str, float]:
-    """pass@j for j in 1, 2, 5, 10, ... up to `k` (and k itself), averaged over tasks of (samples, passed)."""
-    ks = sorted({j for j in (1, 2, 5, 10, 20, 50, 100) if j <= k} | {k})
-    if not counts:
-        return {}
-    return {f"pass@{j}": sum(pass_at_k(n, c, j) for n, c in counts) / len(counts) for j in ks}
 
 
 def task_result(task_id: str, samples: Sequence[Any], score_field: str) -> dict[str, Any]:
@@ -77,8 +74,6 @@ def attempt_score(sample: Any, score_field: str) -> float:
 
 def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
     """The transformers backend for the base model, with the checkpoint's weights loaded when one is named."""
-    from workers.models import make_backend
-    from workers.models.registry import resolve_base_model
 
     backend = make_backend("transformers", str(resolve_base_model(config.base_model)), threads=config.threads)
     if config.checkpoint_uri:
@@ -88,10 +83,6 @@ def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
 
 
 def run(spec: EvalSpec) -> dict[str, Any]:
-    from workers.envs.registry import configure_storage, get_environment
-    from workers.rl.rollout import RolloutWorker
-    from workers.rl.trainer import trajectory_summary
-
     config, opts = spec.config, spec.storage_options
     configure_storage(opts)
     started = time.perf_counter()

@@ -18,6 +18,7 @@ from types import FrameType
 
 from workers.jobs.common import load_spec
 from workers.reporting import configure_logging
+from workers.serving.controller import ServingController
 from workers.specs import ServeSpec
 
 log = logging.getLogger("crucible.serve")
@@ -25,8 +26,6 @@ log = logging.getLogger("crucible.serve")
 
 def run(spec: ServeSpec, stop: threading.Event | None = None) -> dict[str, int]:
     """Serve until `stop` is set (the job sets it on SIGTERM / SIGINT); returns the recorder's totals."""
-    from workers.serving.controller import ServingController
-
     token = os.environ.get("CRUCIBLE_INGEST_TOKEN", "")
     if not token:
         raise SystemExit("CRUCIBLE_INGEST_TOKEN is not set: the run's ingest token is handed over by Crucible")

@@ -25,11 +25,14 @@ import time
 from typing import Any
 
 from workers.jobs.common import load_spec, reporter_for
+from workers.models.registry import resolve_base_model
 from workers.realtime.samples import SessionRowError, parse_sessions_jsonl, session_samples
 from workers.reporting import configure_logging
 from workers.rewards.schema import RewardSpec, RewardSpecError, SessionFeedbackTerm, spec_hash, validate_reward_spec
 from workers.rewards.score import histogram
+from workers.rl.algorithms import CONSTANT_NORMALISER
 from workers.rl.config import TrainConfig
+from workers.rl.learner import Learner
 from workers.rl.rollout import Sample
 from workers.specs import SessionTrainSpec
 from workers.storage import read_bytes, write_checkpoint
@@ -76,7 +79,6 @@ def batches(
 def _check_fits(samples: list[Sample], learner: Any) -> None:
     """Refuse turns the model cannot score: token ids beyond its vocabulary, or (Dr. GRPO, Composer) a completion
     longer than the constant normaliser."""
-    from workers.rl.algorithms import CONSTANT_NORMALISER
 
     vocab = int(learner.model.get_input_embeddings().num_embeddings)
     for sample in samples:
@@ -99,9 +101,6 @@ def _check_fits(samples: list[Sample], learner: Any) -> None:
 
 def run(spec: SessionTrainSpec) -> dict[str, Any]:
     import torch
-
-    from workers.models.registry import resolve_base_model
-    from workers.rl.learner import Learner
 
     started = time.monotonic()
     opts = spec.storage_options

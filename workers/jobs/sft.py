@@ -19,10 +19,26 @@ import time
 from pathlib import Path
 from typing import Any
 
+from workers.coding.scripted import SCRIPTED_CODING_TEACHERS, coding_teacher_for
+from workers.envs.base import Message
+from workers.envs.registry import configure_storage, get_environment
 from workers.jobs.common import load_spec, reporter_for
+from workers.models import make_backend
+from workers.models.base import encode_chat
+from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging
+from workers.rl.checkpoints import checkpoint_policy_state
+from workers.rl.learner import _flatten_segments, _micro_batches, _padded, _per_sample
+from workers.rl.packing import completion_logprobs
+from workers.rl.rollout import RolloutWorker, Sample, chatml_continuation
+from workers.rl.teacher import AgentFor, teacher_rollout, the_same_agent
+from workers.rl.trainer import trajectory_summary
+from workers.search.metrics import mean_metrics
+from workers.search.rejection import select_trajectories
+from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent
 from workers.specs import SFTConfig, SFTSpec
 from workers.storage import read_bytes, write_bytes
+from workers.swarm.scripted import SCRIPTED_SWARM_TEACHER, ScriptedOrchestrator
 
 log = logging.getLogger("crucible.sft")
 
@@ -37,9 +53,6 @@ def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any =
     """Cross-entropy on each sample's sampled tokens (loss_mask), one AdamW step per packed micro-batch; returns
     the mean loss of every epoch."""
     import torch
-
-    from workers.rl.learner import _flatten_segments, _micro_batches, _padded, _per_sample
-    from workers.rl.packing import completion_logprobs
 
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate)
@@ -88,9 +101,6 @@ def record_samples(records: list[dict[str, Any]], tokenizer: Any) -> list[Any]:
     that made several tool calls is stored as one assistant turn with its text and one empty turn per further call;
     those empty turns are skipped. Rewritten contexts (prunes, self-summaries) are not replayed: the record's turns
     are trained as one conversation."""
-    from workers.envs.base import Message
-    from workers.models.base import encode_chat
-    from workers.rl.rollout import Sample, chatml_continuation
 
     samples: list[Any] = []
     for group, record in enumerate(records):
@@ -147,19 +157,10 @@ def generate(
 ) -> list[Any]:
     """Phase 1: the teacher's episodes on `rows` (`rollouts_per_task` each), as samples in the student's tokens.
     `progress(tasks_done)` after each batch; `bind(env)` prepares scripted-teacher environments."""
-    from workers.coding.scripted import SCRIPTED_CODING_TEACHERS, coding_teacher_for
-    from workers.models import make_backend
-    from workers.models.registry import resolve_base_model
-    from workers.rl.rollout import RolloutWorker
-    from workers.rl.teacher import AgentFor, teacher_rollout, the_same_agent
-    from workers.search.teacher import SCRIPTED_TEACHER, ScriptedSearchAgent
-    from workers.swarm.scripted import SCRIPTED_SWARM_TEACHER, ScriptedOrchestrator
 
     samples: list[Any] = []
     if config.teacher_model in (SCRIPTED_TEACHER, *SCRIPTED_CODING_TEACHERS, SCRIPTED_SWARM_TEACHER):
         from transformers import AutoTokenizer
-
-        from workers.models.base import encode_chat
 
         tokenizer = AutoTokenizer.from_pretrained(str(resolve_base_model(config.base_model)), local_files_only=True)
         for _ in range(config.rollouts_per_task):  # deterministic: repeats are dropped as duplicates by the filter
@@ -209,12 +210,6 @@ def generate(
 def run(spec: SFTSpec) -> dict[str, Any]:
     import torch
     from transformers import AutoModelForCausalLM
-
-    from workers.envs.registry import configure_storage, get_environment
-    from workers.models.registry import resolve_base_model
-    from workers.rl.trainer import trajectory_summary
-    from workers.search.metrics import mean_metrics
-    from workers.search.rejection import select_trajectories
 
     config, opts = spec.config, spec.storage_options
     configure_storage(opts)
@@ -275,8 +270,6 @@ def run(spec: SFTSpec) -> dict[str, Any]:
             str(resolve_base_model(config.base_model)), dtype=torch.float32, local_files_only=True
         )
         if config.checkpoint_uri:
-            from workers.rl.checkpoints import checkpoint_policy_state
-
             state, version = checkpoint_policy_state(config.base_model, config.checkpoint_uri, opts, config.threads)
             missing, unexpected = model.load_state_dict(state, strict=False)
             if unexpected:

@@ -61,9 +61,9 @@ def make_backend(kind: BackendKind, model_path: str | os.PathLike[str], **kwargs
         raise ValueError(f"kind must be one of {', '.join(BACKEND_KINDS)}; got {kind!r}")
     path = resolve_base_model(model_path)
     if kind == "transformers":
-        from workers.models.hf import HFBackend
+        from workers.models.hf import HFBackend  # local: it loads torch, which the control plane never needs
 
         return HFBackend(path, **kwargs)
-    from workers.models.vllm_backend import VLLMBackend
+    from workers.models.vllm_backend import VLLMBackend  # local: vllm is installed only where GPUs are
 
     return VLLMBackend(path, **kwargs)

@@ -35,6 +35,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workers.models.base import SamplingParams
+from workers.models.frozen import frozen_backend
+
 DEFAULT_CRITERIA: tuple[tuple[str, str], ...] = (
     ("helpfulness", "Does the final answer give the user what the task asked for?"),
     ("instruction_following", "Does it follow every instruction of the task, including the requested format?"),
@@ -205,8 +208,6 @@ def judge_trajectory(
             f"term {term_name!r}: this record carries no judgement by {judge} for its current content, and no judge "
             "model runs here; re-score it in a job (a re-scoring run) to judge it"
         )
-    from workers.models.base import SamplingParams
-    from workers.models.frozen import frozen_backend
 
     started = time.perf_counter()
     backend, lock = frozen_backend(judge)

@@ -29,7 +29,9 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from workers.models.registry import model_name_problems
 from workers.rewards import terms as formulas
+from workers.rewards.judge import DEFAULT_CRITERIA, judge_trajectory
 from workers.rewards.swarm_stats import swarm_stats
 from workers.rewards.table import table_metrics
 from workers.trajectories import Trajectory, Turn
@@ -582,8 +584,6 @@ class Criterion(BaseModel):
 
 
 def _default_criteria() -> list[Criterion]:
-    from workers.rewards.judge import DEFAULT_CRITERIA
-
     return [Criterion(name=name, description=description) for name, description in DEFAULT_CRITERIA]
 
 
@@ -607,8 +607,6 @@ class RubricJudgeTerm(_Term):
     @field_validator("judge")
     @classmethod
     def _judge_is_a_model(cls, value: str) -> str:
-        from workers.models.registry import model_name_problems
-
         problems = model_name_problems(value)
         if problems:
             raise ValueError(problems[0])
@@ -625,8 +623,6 @@ class RubricJudgeTerm(_Term):
         return value
 
     def judgement(self, trajectory: Trajectory) -> Any:
-        from workers.rewards.judge import judge_trajectory
-
         return judge_trajectory(
             trajectory.model_dump(mode="json"),
             term_name=self.name,

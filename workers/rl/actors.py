@@ -12,10 +12,15 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from workers.envs.registry import configure_storage
+from workers.models import make_backend
 from workers.reporting import Reporter
 from workers.rl.config import TrainConfig
+from workers.rl.learner import Learner
+from workers.rl.learner_group import LearnerGroup, placement_of
 from workers.rl.placement import ResourcePlan, describe, plan_resources, ray_options
-from workers.rl.rollout import RolloutResult, Sample
+from workers.rl.rollout import RolloutResult, RolloutWorker, Sample
+from workers.rl.weightsync import WeightSyncReceiver
 
 RESOURCE_WAIT_REPORT_SECONDS = 10.0
 
@@ -35,13 +40,7 @@ class RolloutActor:
     ) -> None:
         import torch
 
-        from workers.envs.registry import configure_storage
-
         configure_storage(storage_options or {})  # search loads its index, coding_agent its snapshots with them
-
-        from workers.models import make_backend
-        from workers.rl.rollout import RolloutWorker
-        from workers.rl.weightsync import WeightSyncReceiver
 
         torch.set_num_threads(threads)
         plan = plan_resources(config)
@@ -75,8 +74,6 @@ class RolloutActor:
         return True
 
     def placement(self) -> dict[str, Any]:
-        from workers.rl.learner_group import placement_of
-
         return placement_of("engine", self.index)
 
     def sleep(self) -> int:
@@ -145,16 +142,12 @@ class LearnerActor:
     def __init__(
         self, model_path: str, config: TrainConfig, threads: int, device: str, storage_options: dict[str, Any]
     ) -> None:
-        from workers.rl.learner import Learner
-
         self.learner = Learner(model_path, config, threads=threads, device=device, storage_options=storage_options)
 
     def ready(self) -> bool:
         return True
 
     def placement(self) -> list[dict[str, Any]]:
-        from workers.rl.learner_group import placement_of
-
         return [placement_of("learner")]
 
     def state(self) -> tuple[int, int]:
@@ -245,7 +238,6 @@ def learner_for(
             .remote(model_path, config, plan.rank_threads(), device, opts)
         )
         return SingleLearner(actor)
-    from workers.rl.learner_group import LearnerGroup
 
     claims = [plan.rank_claim(rank) for rank in range(plan.ranks)]
     return LearnerGroup(

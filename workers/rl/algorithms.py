@@ -26,6 +26,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from workers.envs.registry import make_env
+
 if TYPE_CHECKING:
     from workers.rl.config import TrainConfig
 
@@ -366,7 +368,6 @@ class EffectiveSettings:
 def environment_max_turns(environment: str, env_params: dict[str, Any]) -> int | None:
     """The environment's limit on policy replies per episode (None when it cannot be built: the environment check
     reports why)."""
-    from workers.envs.registry import make_env
 
     try:
         return int(make_env(environment, **env_params).max_turns)

@@ -13,6 +13,9 @@ import io
 from collections.abc import Mapping
 from typing import Any
 
+from workers.models.registry import resolve_base_model
+from workers.rl.config import LearnerConfig, TrainConfig
+from workers.rl.distributed import read_sharded_extra
 from workers.storage import SHARDED_SUFFIX
 
 
@@ -23,10 +26,7 @@ def checkpoint_policy_state(
     import fsspec
     import torch
 
-    from workers.models.registry import resolve_base_model
-    from workers.rl.config import LearnerConfig, TrainConfig
-    from workers.rl.distributed import read_sharded_extra
-    from workers.rl.learner import Learner
+    from workers.rl.learner import Learner  # local: rl.learner imports this module (a run may start from a checkpoint)
 
     options = dict(opts or {})
     path = str(resolve_base_model(base_model))

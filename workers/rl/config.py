@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from workers.detectors.registry import DetectorConfig, default_detector_config
+from workers.envs.registry import get_environment
 from workers.models.registry import ModelShape
 from workers.rl.algorithms import (
     ALGORITHMS,
@@ -28,6 +29,7 @@ from workers.rl.algorithms import (
     environment_max_turns,
     loss_config,
 )
+from workers.rl.capacity import rank_memory
 from workers.rl.placement import plan_resources
 
 __all__ = [
@@ -279,7 +281,6 @@ def environment_default_algorithm(environment: str) -> Algorithm | None:
     """The algorithm environment `environment` trains with when a run names none (`Environment.default_algorithm`);
     None for an unknown environment (the environment check names it) or one without a default. Raises ValueError
     when an environment declares an algorithm that does not exist."""
-    from workers.envs.registry import get_environment
 
     try:
         declared = get_environment(environment).default_algorithm
@@ -299,7 +300,6 @@ def environment_default_algorithm(environment: str) -> Algorithm | None:
 def _environment_default_int(environment: str, attribute: str, bounds: tuple[int, int]) -> int | None:
     """An environment's declared integer recipe default `attribute`; None for an unknown environment or one without
     it. Raises ValueError when an environment declares a value out of `bounds`."""
-    from workers.envs.registry import get_environment
 
     try:
         declared = getattr(get_environment(environment), attribute)
@@ -740,8 +740,6 @@ def estimate_memory_gb(config: TrainConfig, shape: ModelShape) -> dict[str, floa
     tokens = config.max_tokens_per_pack
     activations = (tokens * per_token + tokens * shape.vocab * 8) / gb
     if config.learner.strategy != "single":  # every rank: its state (whole or sharded) and its own micro-batch
-        from workers.rl.capacity import rank_memory
-
         rank = rank_memory(
             shape,
             config.learner.strategy,

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from workers.rl import distributed, mismatch
 from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_advantages
+from workers.rl.checkpoints import checkpoint_policy_state
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
 from workers.rl.packing import completion_logprobs
@@ -197,8 +198,6 @@ class Learner:
     def _load_initial(
         model: Any, config: TrainConfig, storage_options: Mapping[str, Any] | None, threads: int | None
     ) -> None:
-        from workers.rl.checkpoints import checkpoint_policy_state
-
         assert config.checkpoint_uri
         state, _ = checkpoint_policy_state(config.base_model, config.checkpoint_uri, storage_options, threads)
         _, unexpected = model.load_state_dict(state, strict=False)

@@ -22,6 +22,8 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from workers.rl.config import TrainConfig
+from workers.rl.distributed import free_port, init_process_group
+from workers.rl.learner import Learner
 from workers.rl.placement import ray_options, readable
 
 __all__ = ["LearnerGroup", "RankActor", "placement_of"]
@@ -65,14 +67,10 @@ class RankActor:
 
     def rendezvous(self) -> tuple[str, int]:
         """Rank 0's address and a free port on its node, where the others meet it."""
-        from workers.rl.distributed import free_port
 
         return ray.util.get_node_ip_address(), free_port()  # type: ignore[no-untyped-call]
 
     def join(self, rank: int, world_size: int, address: str, port: int) -> dict[str, Any]:
-        from workers.rl.distributed import init_process_group
-        from workers.rl.learner import Learner
-
         init_process_group(rank, world_size, address, port, device=self.device)
         self.learner = Learner(
             self.model_path, self.config, threads=self.threads, device=self.device, storage_options=self.storage_options

@@ -28,6 +28,7 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from workers.detectors.registry import flag_metrics
+from workers.models.registry import resolve_base_model
 from workers.reporting import Reporter, report_flags
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import annealed_weights, histogram
@@ -176,8 +177,6 @@ class Trainer:
 
     # --- the run ---------------------------------------------------------------------------------------------
     def run(self) -> dict[str, Any]:
-        from workers.models.registry import resolve_base_model
-
         config = self.config
         self._log_settings()
         ray.init(ignore_reinit_error=True, log_to_driver=False)

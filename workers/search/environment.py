@@ -48,6 +48,8 @@ from workers.envs.base import (
 )
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
 from workers.rewards.schema import context1_spec
+from workers.search.index import GrepError, Hit, load_index
+from workers.search.metrics import ensemble_metrics, episode_metrics
 from workers.search.types import also_in, chunk_doc_ids
 
 if TYPE_CHECKING:
@@ -234,7 +236,6 @@ class SearchEnv(ToolUseEnvironment):
         if self._index is None:
             # Loaded on first use, not at construction: the control plane builds environments to check a run's
             # parameters and must not load an index for that. load_index caches per process (once per actor).
-            from workers.search.index import load_index
 
             self._index = load_index(self.index_uri, storage.STORAGE_OPTIONS or None)
         return self._index
@@ -427,8 +428,6 @@ class SearchEnv(ToolUseEnvironment):
             hits = self.index.search(query, k=self.top_k, exclude=self._seen_set)
             return self._show(hits, allowance, empty="no new passages match; try other words")
         if call.name == GREP_TOOL:
-            from workers.search.index import GrepError
-
             try:
                 hits = self.index.grep(
                     call.arguments["pattern"],
@@ -447,8 +446,6 @@ class SearchEnv(ToolUseEnvironment):
         query = self._last_query or (self.task.prompt if isinstance(self.task.prompt, str) else "")
         hits = self.index.rerank(query, [c.chunk_id for c in chunks]) if query else []
         if not hits:
-            from workers.search.index import Hit
-
             hits = [Hit(chunk=c, score=0.0, ranks={}) for c in chunks]
         return self._show(hits, allowance, empty="the document is empty", repeat_seen=False)
 
@@ -548,14 +545,11 @@ class SearchEnv(ToolUseEnvironment):
         return counts
 
     def episode_metrics(self, record: Mapping[str, Any]) -> dict[str, float]:
-        from workers.search.metrics import episode_metrics
-
         return episode_metrics(record)
 
     @classmethod
     def ensemble_metrics(cls, records: Sequence[Mapping[str, Any]]) -> dict[str, float] | None:
         """Context-1 (kx): the k attempts' output lists fused with RRF (docs/methods.md section 3), scored as one."""
-        from workers.search.metrics import ensemble_metrics
 
         return ensemble_metrics(records) if len(records) > 1 else None
 

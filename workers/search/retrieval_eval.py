@@ -27,7 +27,7 @@ from typing import Any
 
 from workers.search import embed
 from workers.search.index import IndexConfig, SearchIndex, bm25_index, index_text
-from workers.search.synth import CLOSE_QUOTE, OPEN_QUOTE, SynthCorpus, normalize
+from workers.search.synth_corpus import CLOSE_QUOTE, OPEN_QUOTE, SynthCorpus, normalize
 from workers.search.types import Chunk, also_in, chunk_doc_ids, doc_of
 
 KS = (1, 5, 10)

@@ -1,7 +1,7 @@
 """Wide-search tasks in the manner of WideSearch (docs/methods.md B2): N entities × M attributes, answered as a table.
 
 An entity is a name a chunk documents under a heading (`## bisect.insort_left(a, x, lo=0, hi=None, *, key=None)`,
-`## class csv.Sniffer()`, `### Path.stem (property)`: `workers.search.synth.SynthCorpus`'s heading names), so any
+`## class csv.Sniffer()`, `### Path.stem (property)`: `workers.search.synth_corpus.SynthCorpus`'s heading names), so any
 corpus with headed sections yields entities. Its attributes are read by code from that chunk (`ATTRIBUTES`):
 
 | column | value | verified by |
@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from workers.rewards.table import GoldTable, normalize_key
-from workers.search.synth import SynthCorpus, normalize, task_id_for
+from workers.search.synth_corpus import SynthCorpus, normalize, task_id_for
 from workers.search.types import Chunk
 
 WIDE_GENERATOR = "wide/v1"

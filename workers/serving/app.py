@@ -37,6 +37,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from workers.models import make_backend
+from workers.models.base import SamplingParams
+from workers.reporting import configure_logging
+from workers.rl.weightsync import WeightSyncError, WeightSyncReceiver
 from workers.serving.control import KeyVerifier, pick_arm
 from workers.serving.openai_api import (
     APIError,
@@ -115,10 +119,6 @@ class ArmReplica:
     `settings`: arm, run_id, base_model, backend, threads, max_new_tokens, max_context, record."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from workers.models import make_backend
-        from workers.reporting import configure_logging
-        from workers.rl.weightsync import WeightSyncReceiver
-
         configure_logging()
         self.arm = str(settings["arm"])
         self.names = Names(int(settings["run_id"]))
@@ -145,8 +145,6 @@ class ArmReplica:
 
     # --- weights -------------------------------------------------------------------------------------------------
     def _follow_weights(self) -> None:
-        from workers.rl.weightsync import WeightSyncError, WeightSyncReceiver
-
         store: Any = None
         while not self._stop.is_set():
             try:
@@ -244,8 +242,6 @@ class ArmReplica:
             self.shipper.turn(outcome.turn)
 
     def _run(self, payload: dict[str, Any], streamed: bool) -> _Outcome:
-        from workers.models.base import SamplingParams
-
         request = parse_request(payload["request"])
         tools = tool_specs(request.tools or []) if request.uses_tools else []
         messages = render_messages(request, tools)
@@ -384,8 +380,6 @@ class Router:
     """The ingress of a serving run. `settings`: run_id, model_name, control_url, token, key_cache_seconds."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
-        from workers.reporting import configure_logging
-
         configure_logging()
         self.names = Names(int(settings["run_id"]))
         self.model_name = str(settings["model_name"])

@@ -27,6 +27,7 @@ import httpx
 import ray
 from ray import serve
 
+from workers.rl.weightsync import WeightSyncSender, encode_full
 from workers.serving.app import NAMESPACE, ArmDeployment, Names, RouterDeployment
 from workers.serving.control import Target, TargetArm, fetch_target
 from workers.serving.recorder import DEFAULT_METRICS_SECONDS, Recorder
@@ -287,7 +288,6 @@ class ServingController:
 
     def _deploy_arms(self, arms: list[TargetArm]) -> None:
         """Start a Serve application per new arm, all at once; each joins with its first (full) sync in `swap`."""
-        from workers.rl.weightsync import WeightSyncSender
 
         spec = self.spec
         resources: dict[str, Any] = {"num_cpus": spec.threads} if spec.backend == "transformers" else {"num_gpus": 1}
@@ -327,7 +327,6 @@ class ServingController:
     def swap(self, name: str, arm: TargetArm) -> dict[str, float]:
         """Bring arm `name`'s replicas to `arm`'s checkpoint (its first weights: a full sync); returns the swap's
         figures, which are also reported."""
-        from workers.rl.weightsync import encode_full
 
         state = self.arms[name]
         started = time.perf_counter()

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from workers.reporting import IngestError, Reporter, configure_logging, replay_spools, spool_dir
+
 log = logging.getLogger("crucible.serve.recorder")
 
 DEFAULT_METRICS_SECONDS = 10.0
@@ -53,8 +55,6 @@ class Recorder:
         metrics_seconds: float = DEFAULT_METRICS_SECONDS,
         spool: bool = True,
     ) -> None:
-        from workers.reporting import Reporter, configure_logging, replay_spools, spool_dir
-
         configure_logging()
         directory = spool_dir() if spool else None
         if directory is not None:
@@ -127,7 +127,6 @@ class Recorder:
     def flush_metrics(self) -> dict[str, float] | None:
         """Report the interval's metrics now (also what the periodic thread does); returns them, None when
         nothing happened since the last report."""
-        from workers.reporting import IngestError
 
         now = time.monotonic()
         with self._lock:

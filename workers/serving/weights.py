@@ -30,6 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from workers.models.registry import resolve_base_model
+from workers.rl.config import TrainConfig
+from workers.rl.learner import CHECKPOINT_FORMAT, Learner, untied
+
 if TYPE_CHECKING:
     from torch import Tensor
 
@@ -48,18 +52,12 @@ def policy_state(
     import torch
     from transformers import AutoModelForCausalLM
 
-    from workers.models.registry import resolve_base_model
-    from workers.rl.learner import untied
-
     path = str(resolve_base_model(base_model))
     if threads:
         torch.set_num_threads(threads)
     if checkpoint is None:
         model: Any = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True)
         return untied({k: v.detach() for k, v in model.state_dict().items()}), None
-    from workers.rl.config import TrainConfig
-    from workers.rl.learner import CHECKPOINT_FORMAT, Learner
-
     payload: dict[str, Any] = torch.load(io.BytesIO(checkpoint), weights_only=False)
     if payload.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint format {payload.get('format')!r} is not {CHECKPOINT_FORMAT}")

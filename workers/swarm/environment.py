@@ -39,9 +39,11 @@ from typing import Any, ClassVar
 from workers import storage
 from workers.envs.base import StepResult, Task, TaskFieldError, ToolError
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
+from workers.rewards.schema import parl_spec
 from workers.rewards.table import TableSpecError, gold_table_from, normalize_cell
 from workers.search.environment import _DOCUMENT, SearchEnv, _Block, _render
-from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, run_subagents
+from workers.swarm.metrics import swarm_episode_metrics
+from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, resolve_runner, run_subagents
 
 CREATE_TOOL, ASSIGN_TOOL = "create_subagent", "assign_task"
 STEP_PRESETS: dict[str, tuple[int, int]] = {"browsecomp": (15, 100), "widesearch": (100, 100), "in_house": (100, 50)}
@@ -212,14 +214,11 @@ class SwarmEnv(SearchEnv):
     def default_reward(cls) -> dict[str, Any] | None:
         """Kimi K2.5's PARL reward (docs/methods.md K1): r_perf + λ1·r_parallel + λ2·r_finish, λ1 and λ2 (0.1 each,
         ours) annealed to 0 over the run's own steps (`Anneal.steps` left empty)."""
-        from workers.rewards.schema import parl_spec
 
         return parl_spec().model_dump(mode="json")
 
     @classmethod
     def eval_reward(cls) -> dict[str, Any]:
-        from workers.rewards.schema import parl_spec
-
         return parl_spec(lambda_parallel=0.0, lambda_finish=0.0).model_dump(mode="json")
 
     # --- episode --------------------------------------------------------------------------------------------------
@@ -403,7 +402,6 @@ class SwarmEnv(SearchEnv):
         if not jobs:
             return
         runner = self.subagent_runner
-        from workers.swarm.subagents import resolve_runner
 
         index = self.index if resolve_runner(runner) != "ray" else None
         results = run_subagents(
@@ -453,8 +451,6 @@ class SwarmEnv(SearchEnv):
         return fields
 
     def episode_metrics(self, record: Mapping[str, Any]) -> dict[str, float]:
-        from workers.swarm.metrics import swarm_episode_metrics
-
         return swarm_episode_metrics(record)
 
 

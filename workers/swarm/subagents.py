@@ -32,13 +32,17 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from workers import storage
+from workers.envs.base import Task, approx_tokens
+from workers.envs.toolcalls import format_tool_call
+from workers.models.base import SamplingParams
+from workers.models.frozen import frozen_backend
+from workers.search.environment import MAX_QUERY_CHARS, SEARCH_TOOL, SearchEnv
+from workers.search.types import Chunk
+from workers.search.wide import entity_heading, read_attributes
 
 if TYPE_CHECKING:
     from workers.envs.base import Message
     from workers.search.index import SearchIndex
-
-# workers.envs is imported inside functions: the swarm environment imports this module, so importing workers.envs
-# here first (as a Ray worker unpickling a task does) would be circular.
 
 SCRIPTED = "scripted"
 Runner = Literal["auto", "ray", "threads", "serial"]
@@ -140,15 +144,10 @@ class ScriptedSearcher:
         self._seen: list[tuple[str, str, str]] = []
 
     def _reply(self, text: str) -> str:
-        from workers.envs.base import approx_tokens
-
         self.tokens += approx_tokens(text)
         return text
 
     def act(self, messages: Sequence[Message]) -> str:
-        from workers.envs.toolcalls import format_tool_call
-        from workers.search.environment import MAX_QUERY_CHARS, SEARCH_TOOL
-
         if self._phase > 0 and messages and messages[-1]["role"] == "tool":
             for message in reversed(messages):
                 if message["role"] != "tool":
@@ -166,8 +165,6 @@ class ScriptedSearcher:
         return self._reply(self._report(found))
 
     def _find(self) -> tuple[str, str, str] | None:
-        from workers.search.wide import entity_heading
-
         if not self.target:
             return None
         for passage in self._seen:
@@ -176,9 +173,6 @@ class ScriptedSearcher:
         return None
 
     def _report(self, found: tuple[str, str, str] | None) -> str:
-        from workers.search.types import Chunk
-        from workers.search.wide import read_attributes
-
         if found is not None and self.target:
             chunk_id, doc_id, text = found
             values = read_attributes(Chunk(chunk_id, doc_id, 0, text), self.target, self.columns or None)
@@ -201,16 +195,12 @@ class ModelPolicy:
     """A frozen checkpoint as a sub-agent: each reply is sampled from the re-encoded conversation."""
 
     def __init__(self, job: SubagentJob) -> None:
-        from workers.models.frozen import frozen_backend
-
         self.backend, self._lock = frozen_backend(job.checkpoint)
         self.job = job
         self.tokens = 0
         self._turn = 0
 
     def act(self, messages: Sequence[Message]) -> str:
-        from workers.models.base import SamplingParams
-
         params = SamplingParams(
             temperature=self.job.temperature,
             max_new_tokens=self.job.max_new_tokens,
@@ -238,8 +228,6 @@ def make_policy(job: SubagentJob) -> SubagentPolicy:
 
 def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> SubagentResult:
     """Run one sub-agent to its final message, its step limit or an error; never raises."""
-    from workers.envs.base import Task
-    from workers.search.environment import SearchEnv
 
     started = time.perf_counter()
     try:

@@ -11,7 +11,8 @@ from workers.benchmarks.humaneval import humaneval_rows
 from workers.envs.base import TaskFieldError
 from workers.envs.coding import CodingEnv, extract_code
 from workers.envs.registry import make_env
-from workers.jobs.evaluate import pass_at_ks, task_result
+from workers.evals.stats import pass_at_ks
+from workers.jobs.evaluate import task_result
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import score_trajectory
 from workers.trajectories import Trajectory

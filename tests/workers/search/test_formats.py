@@ -6,7 +6,7 @@ import pytest
 
 from workers.search.corpus import ChunkerConfig, CorpusError, build_corpus, document_from_file, html_to_text
 from workers.search.formats import plain_text_to_markdown, python_to_markdown, rst_to_markdown
-from workers.search.synth import SynthCorpus
+from workers.search.synth_corpus import SynthCorpus
 
 RST = """\
 =========

@@ -18,7 +18,7 @@ from workers.search.dedup import merge_copies
 from workers.search.environment import SearchEnv
 from workers.search.index import IndexConfig, SearchIndex
 from workers.search.retrieval_eval import lost_evidence, with_stored_ids
-from workers.search.synth import normalize
+from workers.search.synth_corpus import normalize
 from workers.search.types import Chunk, also_in, chunk_doc_ids, dump_chunks_jsonl
 
 OPTIONS = (

@@ -19,19 +19,16 @@ from workers.search.synth import (
     Bundle,
     Extraction,
     Proposal,
-    SynthCorpus,
     SynthParams,
     TemplateGenerator,
-    contains_answer_any_form,
     extract_quotes_by_code,
     find_distractors,
     gather_bundle,
-    mentions_name,
-    normalize,
     seed_chunks,
     synthesize,
     verify_candidate,
 )
+from workers.search.synth_corpus import SynthCorpus, contains_answer_any_form, mentions_name, normalize
 from workers.search.synth_llm import REPLY_START, LLMGenerator, bundle_prompt, parse_reply
 from workers.search.types import Chunk, chunk_id_for, dump_chunks_jsonl
 
