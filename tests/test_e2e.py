@@ -646,6 +646,8 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     assert Run.objects.filter(pk=run.pk, kind="sft").exists()
 
 
+# About a minute: slow. Its pieces run in tests/workers/coding, tests/workers/jobs/test_sft.py and the gate tests.
+@pytest.mark.slow
 def test_the_coding_agent_runs_from_generated_tasks_through_sft_and_rl_to_a_gate(stack, users, client):
     """Issue 17's "done when", through the real services with the tiny model: a generation run of repository tasks
     (mutations of a vendored library, verified in the sandbox) whose held-out part becomes a benchmark; an SFT
@@ -1074,6 +1076,8 @@ def _stored_repo_task(folder: Path, row: dict) -> dict:  # type: ignore[type-arg
     }  # fmt: skip
 
 
+# About 2 minutes: slow. Serving, recording, session training and gating each run in tests/workers, tests/apps/realtime.
+@pytest.mark.slow
 def test_one_real_time_cycle_serves_records_trains_gates_and_hot_swaps(stack, users, tmp_path, settings):
     """Issue 18, one short cycle with the tiny model on the real services: a gate's deployment served on Ray Serve
     (OpenAI-compatible), simulated users playing coding sessions through the `openai` client and posting feedback,

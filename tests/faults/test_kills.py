@@ -94,6 +94,8 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
 
 
+# About a minute: slow. tests/faults/test_delivery.py and test_supervisor.py kill single processes in the default suite.
+@pytest.mark.slow
 def test_every_kill_of_the_issue_in_one_run_loses_nothing_and_the_run_resumes(stack, users):
     """One training run, and in turn: the Celery worker, Redis and the web process are SIGKILLed (the run goes on);
     then the worst moment: the web process is stopped as a checkpoint is written and the driver is SIGKILLed with

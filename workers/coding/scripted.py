@@ -44,17 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from workers.coding.environment import (
-    EDIT_TOOL,
-    FINISH_TOOL,
-    LIST_TOOL,
-    READ_TOOL,
-    RUN_TOOL,
-    SEARCH_TOOL,
-    SUMMARY_PROMPT,
-    is_test_path,
-)
+from workers.coding.environment import SUMMARY_PROMPT
 from workers.coding.patches import FilePatch, parse_patch
+from workers.coding.tools import EDIT_TOOL, FINISH_TOOL, LIST_TOOL, READ_TOOL, RUN_TOOL, SEARCH_TOOL, is_test_path
 from workers.envs.base import Environment, Message
 from workers.envs.toolcalls import format_tool_call
 

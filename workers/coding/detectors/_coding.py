@@ -13,7 +13,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from workers.coding.environment import EDIT_TOOL, ENV_NAME, FINISH_TOOL, RUN_TOOL, is_artifact_path
+from workers.coding.environment import ENV_NAME
+from workers.coding.tools import EDIT_TOOL, FINISH_TOOL, RUN_TOOL, is_artifact_path
 from workers.detectors.base import content_of, is_assistant, turns_of
 
 CREATED, MODIFIED, DELETED = "created", "modified", "deleted"

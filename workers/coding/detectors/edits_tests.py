@@ -27,7 +27,7 @@ from workers.coding.detectors._coding import (
     run_command_of,
     tool_edits,
 )
-from workers.coding.environment import is_test_path
+from workers.coding.tools import is_test_path
 from workers.detectors.base import (
     DetectorParams,
     TrajectoryDetector,
