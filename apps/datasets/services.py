@@ -22,8 +22,10 @@ from workers.search.corpus import (
     CorpusError,
     DocumentSource,
     build_corpus,
-    canonical_report,
     chunker_config_from,
+)
+from workers.search.corpus_files import (
+    canonical_report,
     is_zip,
     looks_like_canonical_chunks,
     other_archive,

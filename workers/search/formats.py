@@ -15,7 +15,7 @@ turned into plain text whose sections are Markdown headings:
   function and method, headed by its qualified name and signature (`## package.module.Class.method(self, x)`),
   holding its docstring and the comments in its body; code itself is left out (it is not prose a search agent
   quotes, and the signature names it).
-- **HTML** stays in `workers.search.corpus.html_to_text` (headings and `<dt>` terms as headings; navigation,
+- **HTML** stays in `workers.search.corpus_files.html_to_text` (headings and `<dt>` terms as headings; navigation,
   headers, footers and sidebars dropped).
 """
 

@@ -76,7 +76,7 @@ def test_a_record_without_its_judgement_is_not_judged_in_the_web_request(client,
     def no_model(checkpoint: str) -> None:
         raise AssertionError("the page loaded a judge model")
 
-    monkeypatch.setattr("workers.models.frozen.frozen_backend", no_model)
+    monkeypatch.setattr("workers.rewards.judge.frozen_backend", no_model)
     spec = {"terms": [{"type": "rubric_judge", "judge": "tiny-llama-smollm2-tokenizer"}]}
     config = reward_config_create(name="judged-page", description="", spec=spec, owner=users["operator"])
     run.reward_version = config.versions.get()

@@ -67,7 +67,7 @@ def test_a_tiny_judge_scores_once_and_the_record_carries_its_judgement(
     def no_model(checkpoint: str) -> Any:
         raise AssertionError("the judge model was called again")
 
-    monkeypatch.setattr("workers.models.frozen.frozen_backend", no_model)
+    monkeypatch.setattr("workers.rewards.judge.frozen_backend", no_model)
     assert score_trajectory(spec, trajectory).terms["rubric_judge"] == first.terms["rubric_judge"]  # cache
     monkeypatch.setattr(judge, "CACHE", judge.JudgementCache(None))
     with_record = Trajectory.model_validate({**RECORD, "judgements": {"rubric_judge": stored}})
@@ -119,7 +119,7 @@ def test_where_no_model_may_run_a_missing_judgement_is_refused_not_computed(
     def no_model(checkpoint: str) -> Any:
         raise AssertionError("a judge model was loaded")
 
-    monkeypatch.setattr("workers.models.frozen.frozen_backend", no_model)
+    monkeypatch.setattr("workers.rewards.judge.frozen_backend", no_model)
     spec = validate_reward_spec({"terms": [{"type": "rubric_judge", "judge": "tiny-llama-smollm2-tokenizer"}]})
     with judge.stored_judgements_only(), pytest.raises(judge.JudgeUnavailable, match="re-score it in a job"):
         score_trajectory(spec, Trajectory.model_validate(RECORD))

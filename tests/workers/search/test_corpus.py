@@ -15,6 +15,8 @@ from workers.search.corpus import (
     build_corpus,
     chunk_document,
     chunker_config_from,
+)
+from workers.search.corpus_files import (
     html_to_text,
     looks_like_canonical_chunks,
     parse_documents_folder,

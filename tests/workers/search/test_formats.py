@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.search.corpus import ChunkerConfig, CorpusError, build_corpus, document_from_file, html_to_text
+from workers.search.corpus import ChunkerConfig, CorpusError, build_corpus
+from workers.search.corpus_files import document_from_file, html_to_text
 from workers.search.formats import plain_text_to_markdown, python_to_markdown, rst_to_markdown
 from workers.search.synth_corpus import SynthCorpus
 

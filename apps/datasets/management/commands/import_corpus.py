@@ -19,7 +19,8 @@ from apps.datasets.services import (
     dataset_file_check_size,
     dataset_version_create,
 )
-from workers.search.corpus import CorpusError, DocumentSource, chunker_config_from, parse_documents_folder
+from workers.search.corpus import CorpusError, DocumentSource, chunker_config_from
+from workers.search.corpus_files import parse_documents_folder
 from workers.search.stdlib_corpus import stdlib_documents
 
 BUILTIN_CORPORA = ("python-docs",)
