@@ -26,7 +26,7 @@ from apps.datasets.services import dataset_file_check_size
 from apps.runs import selectors
 from apps.runs.api import RunSerializer
 from apps.runs.models import Run
-from workers.coding.generate import vendored_sources
+from workers.coding.libraries import vendored_sources
 
 
 class ImportSerializer(serializers.Serializer):

@@ -44,14 +44,12 @@ the same tasks, rows and report (timings aside) whatever the number of workers.
 
 from __future__ import annotations
 
-import fnmatch
 import hashlib
 import json
 import logging
 import random
 import re
 import statistics
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -62,9 +60,20 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from workers.coding.archive import content_hash, pack, unpack
-from workers.coding.execute import CommandLimits, CommandResult, run_command
+from workers.coding.archive import content_hash, pack
+from workers.coding.execute import CommandLimits
 from workers.coding.instructions import InstructionFacts, write_instruction
+from workers.coding.libraries import (
+    SOURCES_DIR,
+    Baseline,
+    Library,
+    TestRun,
+    baseline,
+    load_library,
+    run_tests,
+    test_family,
+    vendored_sources,
+)
 from workers.coding.mutations import (
     REPAIR_OPERATORS,
     FunctionInfo,
@@ -80,12 +89,9 @@ from workers.coding.stats import suite_statistics
 from workers.coding.task import DEFAULT_TEST_COMMAND, HiddenTests, RepoTask, SnapshotRef, node_id_file
 from workers.coding.verify import verify_task
 from workers.coding.workspace import Snapshot, Workspace
-from workers.sandbox import Outcome
 
 log = logging.getLogger("crucible.codegen")
 
-SOURCES_DIR = Path(__file__).with_name("sources")
-MANIFEST = "manifest.json"
 REPORT_SCHEMA = "codegen_report/v1"
 Family = Literal["repair", "implement"]
 FAMILIES: tuple[Family, ...] = ("repair", "implement")
@@ -117,9 +123,6 @@ DROP_REASONS = (
 
 MIN_CHECK_SECONDS = 15.0
 CHECK_SLACK = 10.0  # a candidate's test run may take this many times the pristine suite's
-_PLUGIN = "crucible_codegen_report"
-_PLUGIN_DIR = ".crucible_codegen"
-_REPORT = f"{_PLUGIN_DIR}/report.jsonl"
 
 
 class CodegenParams(BaseModel):
@@ -198,221 +201,6 @@ class CodegenParams(BaseModel):
         if baseline_seconds is not None:
             seconds = min(seconds, max(MIN_CHECK_SECONDS, CHECK_SLACK * baseline_seconds))
         return CommandLimits(wall_seconds=seconds, cpu_seconds=int(seconds) + 1)
-
-
-# --- sources ---------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class LibrarySource:
-    """One vendored sdist, as `sources/manifest.json` describes it."""
-
-    name: str
-    version: str
-    filename: str
-    sha256: str  # of the .tar.gz as published
-    license: str
-    url: str
-    mutable: tuple[str, ...]  # globs of the files whose functions are mutated
-    tests: tuple[str, ...]  # globs of the test files
-
-
-# What an entry without "tests" or "mutable" gets: pytest's default test file names, and every other module but
-# packaging, documentation and configuration files.
-DEFAULT_TESTS = ("test_*.py", "*/test_*.py", "*_test.py", "tests.py", "*/tests.py")
-DEFAULT_MUTABLE = ("*.py",)
-_NEVER_MUTATED = ("setup.py", "conftest.py", "*/conftest.py", "noxfile.py", "docs/*", "doc/*", "*/_version.py")
-
-
-def vendored_sources(directory: Path = SOURCES_DIR) -> dict[str, LibrarySource]:
-    """The manifest's libraries by name (`tests` and `mutable` may be left out: DEFAULT_TESTS, DEFAULT_MUTABLE)."""
-    manifest = json.loads((directory / MANIFEST).read_text())
-    return {
-        entry["name"]: LibrarySource(
-            name=entry["name"],
-            version=entry["version"],
-            filename=entry["filename"],
-            sha256=entry["sha256"],
-            license=entry.get("license", ""),
-            url=entry.get("url", ""),
-            mutable=tuple(entry.get("mutable", DEFAULT_MUTABLE)),
-            tests=tuple(entry.get("tests", DEFAULT_TESTS)),
-        )
-        for entry in manifest["sources"]
-    }
-
-
-@dataclass
-class Library:
-    """An unpacked library: its files, which of them are tests and which may be mutated."""
-
-    source: LibrarySource
-    files: dict[str, bytes]
-    test_files: list[str]
-    mutable_files: list[str]
-    snapshot: Snapshot = field(repr=False)
-
-    def text(self, path: str) -> str:
-        return self.files[path].decode("utf-8")
-
-
-def _matches(path: str, globs: Iterable[str]) -> bool:
-    return any(fnmatch.fnmatchcase(path, pattern) for pattern in globs)
-
-
-def load_library(name: str, directory: Path = SOURCES_DIR) -> Library:
-    """Unpack a vendored sdist after checking its sha256 against the manifest (ValueError when it differs)."""
-    source = vendored_sources(directory)[name]
-    data = (directory / source.filename).read_bytes()
-    digest = hashlib.sha256(data).hexdigest()
-    if digest != source.sha256:
-        raise ValueError(f"{source.filename} has sha256 {digest}, not the manifest's {source.sha256}")
-    files = unpack(data, strip_top=True)
-    tests = sorted(p for p in files if _matches(p, source.tests))
-    mutable = sorted(
-        p
-        for p in files
-        if p.endswith(".py")
-        and _matches(p, source.mutable)
-        and p not in tests
-        and not _matches(p, _NEVER_MUTATED)
-        and not any(part in ("tests", "test") for part in PurePosixPath(p).parts[:-1])
-    )
-    return Library(source, files, tests, mutable, Snapshot.from_files(files))
-
-
-# --- test runs -------------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class TestRun:
-    """One sandboxed pytest run: an outcome per test that ran, and pytest's crash message of those that failed."""
-
-    __test__ = False  # not a pytest test class
-
-    outcomes: dict[str, str]  # node id -> passed | failed | error | skipped
-    messages: dict[str, str]  # node id -> crash message (failed or error)
-    collect_errors: dict[str, str]  # test file -> message
-    timed_out: bool
-    ok: bool  # a report came back
-    seconds: float
-    detail: str = ""
-
-    @property
-    def passed(self) -> set[str]:
-        return {node for node, outcome in self.outcomes.items() if outcome == "passed"}
-
-
-def run_tests(workspace: Workspace, test_files: Sequence[str], limits: CommandLimits) -> TestRun:
-    """Run the test files (pytest with our reporting plugin) against a copy of the workspace in the sandbox."""
-    started = time.monotonic()
-    # --tb=line: the crash message is all we read, and a mutation that fails hundreds of tests spends seconds
-    # formatting their tracebacks otherwise.
-    command = f"{DEFAULT_TEST_COMMAND} --tb=line {' '.join(test_files)} -p {_PLUGIN}"
-    result = run_command(
-        workspace,
-        command,
-        limits=limits,
-        extra_files={f"{_PLUGIN_DIR}/{_PLUGIN}.py": _PLUGIN_SOURCE},
-        apply_changes=False,
-        env={"PYTHONPATH": _PLUGIN_DIR, "CRUCIBLE_CODEGEN_REPORT": _REPORT},
-    )
-    return _read_run(result, time.monotonic() - started)
-
-
-def _read_run(result: CommandResult, seconds: float) -> TestRun:
-    data = result.changed.get(_REPORT) or b""
-    outcomes: dict[str, str] = {}
-    messages: dict[str, str] = {}
-    collect_errors: dict[str, str] = {}
-    finished = False
-    for line in data.decode("utf-8", "replace").splitlines():
-        try:
-            item = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(item, dict):
-            continue
-        if "collect_error" in item:
-            collect_errors[str(item["collect_error"])] = str(item.get("message", ""))
-        elif "exitstatus" in item:
-            finished = True
-        elif "node" in item:
-            node, when, outcome = str(item["node"]), item.get("when"), item.get("outcome")
-            if outcome == "failed":
-                messages.setdefault(node, str(item.get("message", "")))
-            if when == "setup":
-                outcomes[node] = "error" if outcome == "failed" else ("skipped" if outcome == "skipped" else "set up")
-            elif when == "call":
-                outcomes[node] = str(outcome) if outcome in ("passed", "failed", "skipped") else "failed"
-            elif when == "teardown" and outcome == "failed":
-                outcomes[node] = "error"
-    outcomes = {node: ("failed" if outcome == "set up" else outcome) for node, outcome in outcomes.items()}
-    timed_out = result.outcome is Outcome.TIMEOUT
-    detail = "" if finished else f"pytest did not finish: {result.detail or result.outcome.value}"
-    if not data and not timed_out:
-        last = next((x for x in reversed(result.stderr.splitlines() + result.stdout.splitlines()) if x), "")
-        detail = f"no report from the test run ({result.detail}): {last[:300]}"
-    return TestRun(outcomes, messages, collect_errors, timed_out, bool(data), seconds, detail)
-
-
-@dataclass(frozen=True)
-class Baseline:
-    """The tests that pass on the pristine library (twice), by file, and how long the suite took."""
-
-    passing: frozenset[str]
-    by_file: dict[str, list[str]]
-    seconds: float
-    unstable: int  # tests that passed in one run and not the other
-    failing: int  # tests that never passed in the sandbox
-
-
-_baselines: dict[tuple[str, str], Baseline] = {}
-_baselines_lock = threading.Lock()
-
-
-BASELINE_RUNS = 3
-
-
-def _family(node_id: str) -> str:
-    """A test function's id without its parameters: "t.py::test_f[1-2]" -> "t.py::test_f"."""
-    return node_id.split("[", 1)[0]
-
-
-def baseline(library: Library, limits: CommandLimits) -> Baseline:
-    """Run the whole suite BASELINE_RUNS times on the pristine tree; cached per process by the tree's content hash.
-
-    Kept: the tests that passed every time, less every parametrized test function whose ids changed between runs
-    (isodate builds some parameter lists from sets of strings, whose order, and so the ids pytest numbers them
-    by, changes with each run's hash seed: an id that exists in one run may not in the next, and a task naming it
-    would find it "missing" after the fix)."""
-    key = (library.snapshot.sha256, ",".join(library.test_files))
-    with _baselines_lock:
-        if key in _baselines:
-            return _baselines[key]
-    runs = [run_tests(Workspace(library.snapshot), library.test_files, limits) for _ in range(BASELINE_RUNS)]
-    for run in runs:
-        if not run.ok or run.timed_out:
-            raise RuntimeError(f"the pristine {library.source.name} test suite did not run: {run.detail}")
-    ever_passed: set[str] = set().union(*(run.passed for run in runs))
-    always_passed = runs[0].passed.intersection(*(run.passed for run in runs[1:]))
-    ids_by_run = [set(run.outcomes) for run in runs]
-    all_ids: set[str] = set().union(*ids_by_run)
-    shifting = {_family(node) for node in all_ids - ids_by_run[0].intersection(*ids_by_run[1:])}
-    passing = {node for node in always_passed if _family(node) not in shifting}
-    by_file: dict[str, list[str]] = {}
-    for node in sorted(passing):
-        by_file.setdefault(node_id_file(node), []).append(node)
-    result = Baseline(
-        passing=frozenset(passing),
-        by_file=by_file,
-        seconds=max(run.seconds for run in runs),
-        unstable=len(ever_passed - passing),
-        failing=len(all_ids - ever_passed),
-    )
-    with _baselines_lock:
-        _baselines[key] = result
-    return result
 
 
 # --- candidates ------------------------------------------------------------------------------------------------------
@@ -607,7 +395,7 @@ def check_candidate(library: Library, base: Baseline, candidate: Candidate, para
     failing = [node for node in expected if run.outcomes.get(node) != "passed"]
     if not failing:
         return dropped(NOT_CAUGHT, f"{len(expected)} tests in {len(scope)} file(s) still pass")
-    broken = {_family(node) for node in failing}  # test functions: a parametrized one counts once
+    broken = {test_family(node) for node in failing}  # test functions: a parametrized one counts once
     if len(broken) > params.max_fail_to_pass:
         detail = f"{len(broken)} test functions fail ({len(failing)} tests; limit {params.max_fail_to_pass})"
         return dropped(TOO_BROAD, detail, len(failing))
@@ -884,58 +672,3 @@ def build_report(
 
 # The pytest plugin imported by `-p crucible_codegen_report` inside the sandbox: one JSON line per test phase (with
 # pytest's one-line crash message for a failure) and per collection error. Standard library and pytest only.
-_PLUGIN_SOURCE = r'''
-"""Report every test's outcome for Crucible's task generator (see workers/coding/generate.py)."""
-import json
-import os
-
-_out = open(os.environ["CRUCIBLE_CODEGEN_REPORT"], "a", encoding="utf-8")
-_names = {}
-_state = {}
-
-
-def _write(item):
-    _out.write(json.dumps(item) + "\n")
-    _out.flush()
-
-
-def _relative(path, config):
-    return os.path.relpath(str(path), str(config.invocation_params.dir)).replace(os.sep, "/")
-
-
-def _message(report):
-    crash = getattr(report.longrepr, "reprcrash", None)
-    if crash is not None:
-        return str(crash.message)[:1000]
-    return str(report.longrepr or "")[-1000:]
-
-
-def pytest_configure(config):
-    _state["config"] = config
-
-
-def pytest_collection_modifyitems(session, config, items):
-    for item in items:
-        rest = item.nodeid.split("::", 1)[1] if "::" in item.nodeid else ""
-        _names[item.nodeid] = _relative(item.path, config) + ("::" + rest if rest else "")
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        config = _state.get("config")
-        path = report.nodeid.split("::", 1)[0]
-        if config is not None and path:
-            path = _relative(os.path.join(str(config.rootpath), path), config)
-        _write({"collect_error": path, "message": _message(report)})
-
-
-def pytest_runtest_logreport(report):
-    item = {"node": _names.get(report.nodeid, report.nodeid), "when": report.when, "outcome": report.outcome}
-    if report.failed:
-        item["message"] = _message(report)
-    _write(item)
-
-
-def pytest_sessionfinish(session, exitstatus):
-    _write({"exitstatus": int(exitstatus)})
-'''

@@ -21,14 +21,13 @@ from workers.coding.generate import (
     Candidate,
     CodegenParams,
     GenerationResult,
-    baseline,
     candidate_queue,
     check_candidate,
     generate_tasks,
-    load_library,
     related_test_files,
 )
 from workers.coding.instructions import leaked_lines
+from workers.coding.libraries import baseline, load_library
 from workers.coding.mutations import Edit, Mutation, find_functions, repair_mutations
 from workers.coding.patches import apply_patch
 from workers.coding.task import node_id_file, parse_repo_task_row

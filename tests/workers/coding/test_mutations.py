@@ -230,7 +230,7 @@ def test_two_functions_combine_into_one_candidate() -> None:
 def test_every_mutation_of_the_vendored_libraries_parses() -> None:
     """Sites of every operator on every mutable file of the vendored sdists (no sandbox: pure text); the generator
     judges a mutation on the function's own lines, this checks the whole module still parses."""
-    from workers.coding.generate import load_library, vendored_sources
+    from workers.coding.libraries import load_library, vendored_sources
 
     total = 0
     for name in vendored_sources():
@@ -249,7 +249,7 @@ def test_every_mutation_of_the_vendored_libraries_parses() -> None:
 
 
 def test_sources_manifest_matches_the_vendored_files() -> None:
-    from workers.coding.generate import SOURCES_DIR, vendored_sources
+    from workers.coding.libraries import SOURCES_DIR, vendored_sources
 
     names = {Path(p).name for p in glob.glob(str(SOURCES_DIR / "*.tar.gz"))}
     assert names == {source.filename for source in vendored_sources().values()}
