@@ -28,8 +28,9 @@ from workers.jobs.common import load_spec, reporter_for
 from workers.models.registry import resolve_base_model
 from workers.realtime.samples import SessionRowError, parse_sessions_jsonl, session_samples
 from workers.reporting import configure_logging
-from workers.rewards.schema import RewardSpec, RewardSpecError, SessionFeedbackTerm, spec_hash, validate_reward_spec
+from workers.rewards.schema import RewardSpec, RewardSpecError, spec_hash, validate_reward_spec
 from workers.rewards.score import histogram
+from workers.rewards.term_types import SessionFeedbackTerm
 from workers.rl.algorithms import CONSTANT_NORMALISER
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner

@@ -23,14 +23,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from workers.rewards.schema import (
-    BrokenToolCallsTerm,
-    LengthPenaltyTerm,
-    RewardSpec,
-    SessionFeedbackTerm,
-    SignalWeights,
-)
+from workers.rewards.schema import RewardSpec
 from workers.rewards.score import RewardResult, combine_reward, score_trajectory
+from workers.rewards.term_types import BrokenToolCallsTerm, LengthPenaltyTerm, SessionFeedbackTerm, SignalWeights
 from workers.trajectories import Trajectory
 
 

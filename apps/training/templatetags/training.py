@@ -17,7 +17,8 @@ from django import template
 from pydantic import ValidationError
 
 from apps.runs.models import Run, RunKind
-from workers.rewards.schema import Anneal, RewardSpecError, validate_reward_spec
+from workers.rewards.schema import RewardSpecError, validate_reward_spec
+from workers.rewards.term_base import Anneal
 from workers.rl.algorithms import EffectiveSettings, SettingsError
 from workers.rl.config import TrainConfig, settings_for
 

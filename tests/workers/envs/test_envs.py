@@ -39,13 +39,13 @@ from workers.envs.toolcalls import FORMAT_HINT, ToolParameter, ToolSpec, format_
 from workers.rewards.schema import (
     TERM_INPUTS,
     TERM_TYPES,
-    TermInputs,
     coding_agent_spec,
     context1_spec,
     parl_spec,
     validate_reward_spec,
 )
 from workers.rewards.score import score_trajectory
+from workers.rewards.term_base import TermInputs
 from workers.trajectories import Trajectory, parse_trajectories_jsonl
 
 LOOKUP = ToolSpec(

@@ -230,7 +230,7 @@ def test_max_turns_ends_the_episode_without_an_answer(index) -> None:
 
 
 def test_turns_count_replies_in_max_turns_the_metric_and_the_turn_penalty(index) -> None:
-    from workers.rewards.schema import TurnPenaltyTerm
+    from workers.rewards.term_types import TurnPenaltyTerm
     from workers.trajectories import Trajectory
 
     env = _env(index, max_turns=3)

@@ -8,16 +8,9 @@ import math
 import pytest
 
 from workers.rewards import terms as t
-from workers.rewards.schema import (
-    BrokenToolCallsTerm,
-    HiddenTestsTerm,
-    LengthPenaltyTerm,
-    RewardSpecError,
-    TodoLeftTerm,
-    coding_agent_spec,
-    validate_reward_spec,
-)
+from workers.rewards.schema import RewardSpecError, coding_agent_spec, validate_reward_spec
 from workers.rewards.score import score_trajectory
+from workers.rewards.term_types import BrokenToolCallsTerm, HiddenTestsTerm, LengthPenaltyTerm, TodoLeftTerm
 from workers.trajectories import Trajectory
 
 

@@ -12,17 +12,14 @@ from sklearn.metrics import fbeta_score
 from workers.rewards import terms as t
 from workers.rewards.schema import (
     TERM_TYPES,
-    FBetaTerm,
-    FinalAnswerBonusTerm,
-    PrunePenaltyTerm,
     RewardSpec,
     RewardSpecError,
-    TurnPenaltyTerm,
     context1_spec,
     spec_hash,
     validate_reward_spec,
 )
 from workers.rewards.score import RewardResult, histogram, score_many, score_trajectory
+from workers.rewards.term_types import FBetaTerm, FinalAnswerBonusTerm, PrunePenaltyTerm, TurnPenaltyTerm
 from workers.trajectories import Trajectory, Turn
 
 # --- helpers -----------------------------------------------------------------------------------------------------
@@ -541,7 +538,8 @@ def test_histogram_skips_non_finite_values() -> None:
 def test_every_term_class_declares_what_it_reads_and_every_table_derives_from_the_classes() -> None:
     from typing import get_args
 
-    from workers.rewards.schema import TERM_CLASSES, TERM_INPUTS, TermInputs, TermSpec
+    from workers.rewards.schema import TERM_CLASSES, TERM_INPUTS, TermSpec
+    from workers.rewards.term_base import TermInputs
 
     for cls in TERM_CLASSES:
         assert isinstance(cls.__dict__.get("reads"), TermInputs), f"{cls.__name__} does not declare `reads`"

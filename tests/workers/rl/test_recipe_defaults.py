@@ -12,15 +12,9 @@ from pydantic import ValidationError
 
 from workers.envs import registry
 from workers.envs.exact_answer import ExactAnswerEnv
-from workers.rewards.schema import (
-    Anneal,
-    anneal_horizons,
-    context1_spec,
-    parl_spec,
-    validate_reward_spec,
-    with_anneal_horizon,
-)
+from workers.rewards.schema import anneal_horizons, context1_spec, parl_spec, validate_reward_spec, with_anneal_horizon
 from workers.rewards.score import annealed_weights
+from workers.rewards.term_base import Anneal
 from workers.rl.config import (
     TrainConfig,
     environment_default_group_size,
