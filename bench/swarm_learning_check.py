@@ -55,7 +55,8 @@ from search_learning_check import held_out, log, paired  # noqa: E402  (the same
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rewards.schema import parl_spec  # noqa: E402
-from workers.rl.config import LoraConfig, TrainConfig  # noqa: E402
+from workers.rl.config import TrainConfig  # noqa: E402
+from workers.rl.config_sections import LoraConfig  # noqa: E402
 from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402

@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from workers.coding.generate import CodegenParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.rewards.schema import with_anneal_horizon
-from workers.rl.config import SamplingConfig, TrainConfig
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import SamplingConfig
 from workers.rl.placement import ResourcePlan, plan_resources
 from workers.search.index import IndexConfig
 from workers.search.rejection import FilterConfig

@@ -27,14 +27,14 @@ from apps.training.rft import rft_dataset_create
 from workers.envs.registry import ENVIRONMENTS, environment_choices
 from workers.models.registry import BUILTINS
 from workers.rewards.schema import RewardSpecError
-from workers.rl.config import (
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import (
     FALLBACK_GROUP_SIZE,
     ComputeRequest,
     CurriculumConfig,
     LearnerConfig,
     LoraConfig,
     SamplingConfig,
-    TrainConfig,
 )
 from workers.specs import SFTConfig
 

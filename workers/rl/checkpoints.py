@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.models.registry import resolve_base_model
-from workers.rl.config import LearnerConfig, TrainConfig
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import LearnerConfig
 from workers.rl.distributed import read_sharded_extra
 from workers.storage import SHARDED_SUFFIX
 

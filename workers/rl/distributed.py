@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from workers.rl.config import LearnerConfig
+from workers.rl.config_sections import LearnerConfig
 from workers.rl.packing import completion_logprobs
 
 __all__ = [

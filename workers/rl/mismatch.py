@@ -27,7 +27,7 @@ import math
 import torch
 from torch import Tensor
 
-from workers.rl.config import CORRECTIONS, DEFAULT_MISMATCH_CAP, Correction
+from workers.rl.config_sections import CORRECTIONS, DEFAULT_MISMATCH_CAP, Correction
 
 SEQUENCE_CORRECTIONS = frozenset({"seq_tis", "seq_mis"})
 DEFAULT_CAP = DEFAULT_MISMATCH_CAP

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from workers.rl.config import RoleResources, TrainConfig
+    from workers.rl.config import TrainConfig
+    from workers.rl.config_sections import RoleResources
 
 GB = 1024**3
 Placement = Literal["colocated", "split"]

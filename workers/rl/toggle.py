@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from workers.rl.config import ToggleConfig
+from workers.rl.config_sections import ToggleConfig
 from workers.rl.rollout import Sample
 
 __all__ = ["ToggleConfig", "apply_toggle", "phase", "task_budgets"]

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from workers.rl.config import BetaSchedule, TrainConfig
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import BetaSchedule
 from workers.rl.trainer import annealed_beta
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from workers.rl.config import CurriculumConfig, TrainConfig
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import CurriculumConfig
 from workers.rl.sampling import Curriculum
 
 

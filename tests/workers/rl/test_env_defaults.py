@@ -12,7 +12,8 @@ from pydantic import ValidationError
 from workers.envs import registry
 from workers.envs.exact_answer import ExactAnswerEnv
 from workers.rl.algorithms import ALGORITHMS
-from workers.rl.config import TrainConfig, environment_default_algorithm, settings_for
+from workers.rl.config import TrainConfig, settings_for
+from workers.rl.config_sections import environment_default_algorithm
 
 
 class ComposerDefaultEnv(ExactAnswerEnv):

@@ -15,13 +15,8 @@ from workers.envs.exact_answer import ExactAnswerEnv
 from workers.rewards.schema import anneal_horizons, context1_spec, parl_spec, validate_reward_spec, with_anneal_horizon
 from workers.rewards.score import annealed_weights
 from workers.rewards.term_base import Anneal
-from workers.rl.config import (
-    TrainConfig,
-    environment_default_group_size,
-    environment_default_substeps,
-    loss_config_for,
-    settings_for,
-)
+from workers.rl.config import TrainConfig, loss_config_for, settings_for
+from workers.rl.config_sections import environment_default_group_size, environment_default_substeps
 from workers.search.environment import SearchEnv
 from workers.specs import TrainSpec
 from workers.swarm.environment import SwarmEnv

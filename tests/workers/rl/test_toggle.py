@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from workers.rl.config import ToggleConfig, TrainConfig, settings_for
+from workers.rl.config import TrainConfig, settings_for
+from workers.rl.config_sections import ToggleConfig
 from workers.rl.rollout import Sample
 from workers.rl.toggle import apply_toggle, phase, task_budgets
 
