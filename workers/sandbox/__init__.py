@@ -13,16 +13,14 @@ code runs; `monitor` reports, from inside the program's process, the calls the s
 
 from workers.sandbox.runner import (
     ISOLATION_ENV,
-    UIDS_ENV,
     Observation,
     Outcome,
     SandboxLimits,
     SandboxResult,
-    SandboxUnavailable,
     isolation_mode,
     run_python,
-    sandbox_uids,
 )
+from workers.sandbox.uids import UIDS_ENV, SandboxUnavailable, sandbox_uids
 
 __all__ = [
     "ISOLATION_ENV",

@@ -70,17 +70,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
-import grp
 import json
 import logging
 import math
 import os
-import pwd
 import selectors
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
@@ -91,23 +87,20 @@ from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
+from workers.sandbox import uids
+from workers.sandbox.uids import SandboxUnavailable
+
 log = logging.getLogger("crucible.sandbox")
+
 
 ISOLATION_ENV = "CRUCIBLE_SANDBOX_ISOLATION"
 ISOLATION_MODES = ("strict", "rlimits-only")
-UIDS_ENV = "CRUCIBLE_SANDBOX_UIDS"
-# Inside the 16-bit range that even user-namespaced containers map, below systemd's reserved ranges (60001 on),
-# at the top of the range where distributions allocate login accounts (which rarely reach it).
-DEFAULT_UIDS = "59000-59999"
 
 _LAUNCHER = Path(__file__).with_name("launcher.py")
 _MAX_OPEN_FILES = 256
 _MAX_WORKSPACE_FILES = 4096  # inodes of the workspace tmpfs
 # Share of the CPU limit that, used by a program the kernel SIGKILLed, marks the CPU limit as the cause.
 _CPU_SPENT = 0.85
-# How long a check waits for a free uid when every one in the range is leased.
-_LEASE_WAIT_SECONDS = 30.0
-_UID_LOCK_DIRS = ("/run/crucible-sandbox-uids", os.path.join(tempfile.gettempdir(), "crucible-sandbox-uids"))
 # Exit status the launcher's child uses for an uncaught MemoryError.
 _EXIT_MEMORY = 77
 # How long past wall_seconds the launcher may take (interpreter start-up, namespace teardown) before it is killed.
@@ -204,149 +197,12 @@ class SandboxResult:
         return [o for o in self.observations if o.kind == kind and (what is None or o.what == what)]
 
 
-class SandboxUnavailable(RuntimeError):
-    """The machine cannot provide the isolation the current mode requires (see CRUCIBLE_SANDBOX_ISOLATION)."""
-
-
 def isolation_mode() -> str:
     """The isolation mode from CRUCIBLE_SANDBOX_ISOLATION ("strict" when unset)."""
     mode = os.environ.get(ISOLATION_ENV, "").strip().lower() or "strict"
     if mode not in ISOLATION_MODES:
         raise SandboxUnavailable(f"{ISOLATION_ENV}={mode!r} is not one of {', '.join(ISOLATION_MODES)}")
     return mode
-
-
-def sandbox_uids() -> range:
-    """The uids (each with the gid of the same number) leased to checks when the caller is root.
-
-    From CRUCIBLE_SANDBOX_UIDS, "FIRST-LAST" inclusive (default 59000-59999); nothing else on the machine may run
-    under them.
-    """
-    text = os.environ.get(UIDS_ENV, "").strip() or DEFAULT_UIDS
-    low, sep, high = text.partition("-")
-    try:
-        first, last = int(low), int(high if sep else low)
-    except ValueError:
-        raise SandboxUnavailable(f"{UIDS_ENV}={text!r} is not a uid range such as {DEFAULT_UIDS}") from None
-    if not 1 <= first <= last < 2**32 - 1:
-        raise SandboxUnavailable(f"{UIDS_ENV}={text!r}: the range must lie within 1 and {2**32 - 2}")
-    return range(first, last + 1)
-
-
-@dataclass
-class _Lease:
-    """A uid held for one check: the flock on its lock file, released by closing `fd` (or by our death).
-
-    The lock file also says whether the uid's last check ended with every process of the uid killed ("clean");
-    it says "dirty" from the moment a lease is taken, so a worker that dies mid-check leaves it dirty, and the
-    next check under the uid starts by killing what is left.
-    """
-
-    uid: int
-    fd: int
-    clean: bool
-
-    def mark(self, clean: bool) -> None:
-        os.pwrite(self.fd, b"clean\n" if clean else b"dirty\n", 0)
-
-    def release(self) -> None:
-        os.close(self.fd)
-
-
-def _lock_dir() -> str:
-    for path in _UID_LOCK_DIRS:
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError:
-            continue  # e.g. no /run
-        try:
-            st = os.lstat(path)
-        except OSError:
-            continue
-        # Ours alone: anyone who could write here could take (or hold) every lease.
-        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
-            return path
-        log.warning("not using %s for sandbox uid leases: not a directory private to uid %s", path, os.geteuid())
-    raise SandboxUnavailable(f"no private directory for the sandbox's uid leases (tried {', '.join(_UID_LOCK_DIRS)})")
-
-
-def _has_account(uid: int) -> bool:
-    for lookup in (pwd.getpwuid, grp.getgrgid):
-        try:
-            lookup(uid)
-        except KeyError:
-            continue
-        return True
-    return False
-
-
-def _lease_uid(wait_seconds: float | None = None) -> _Lease | None:
-    """The lowest free uid of the range, held until `release()`; None when none freed up within `wait_seconds`
-    (default `_LEASE_WAIT_SECONDS`)."""
-    uids = sandbox_uids()
-    lock_dir = _lock_dir()
-    deadline = time.monotonic() + (_LEASE_WAIT_SECONDS if wait_seconds is None else wait_seconds)
-    while True:
-        for uid in uids:
-            fd = os.open(
-                os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-            )
-            try:
-                # Locks belong to the open file: two threads of one process exclude each other as two processes do.
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            if _has_account(uid):
-                os.close(fd)
-                continue
-            lease = _Lease(uid, fd, clean=os.pread(fd, 16, 0) == b"clean\n")
-            lease.mark(False)
-            return lease
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-
-
-def _uid_processes(uid: int) -> int:
-    """How many processes run with `uid` as their real uid (a /proc scan)."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_bytes()
-        except OSError:
-            continue
-        for line in status.splitlines():
-            if line.startswith(b"Uid:"):
-                count += line.split()[1] == str(uid).encode()
-                break
-    return count
-
-
-def _sweep_uid(uid: int) -> int:
-    """Kill every process of `uid`: a shell that runs as that uid and calls kill(-1). Returns how many there were."""
-    left = _uid_processes(uid)
-    try:
-        subprocess.run(
-            ["/bin/sh", "-c", "kill -9 -1"],
-            user=uid,
-            group=uid,
-            extra_groups=[],
-            cwd="/",
-            env={"PATH": "/usr/bin:/bin"},
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        log.warning("could not kill the processes of sandbox uid %s: %s", uid, exc)
-    return left
 
 
 def run_python(
@@ -376,12 +232,14 @@ def run_python(
         raise SandboxUnavailable(f"the sandbox runs only on Linux, not on {sys.platform} ({ISOLATION_ENV}={mode})")
     extra = _checked_files(files)
     started = time.monotonic()
-    lease: _Lease | None = None
+    lease: uids.Lease | None = None
     if os.geteuid() == 0:
-        lease = _lease_uid()
+        lease = uids.lease_uid()
         if lease is None:
-            uids = sandbox_uids()
-            return _error(f"no free uid in {uids[0]}-{uids[-1]} ({UIDS_ENV}) after {_LEASE_WAIT_SECONDS:g} s", started)
+            free = uids.sandbox_uids()
+            return _error(
+                f"no free uid in {free[0]}-{free[-1]} ({uids.UIDS_ENV}) after {uids.LEASE_WAIT_SECONDS:g} s", started
+            )
     try:
         workdir = tempfile.mkdtemp(prefix="crucible-sandbox-")
         try:
@@ -407,7 +265,7 @@ def _checked_files(files: Mapping[str, str | bytes] | None) -> dict[PurePosixPat
     return checked
 
 
-def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str | bytes], lease: _Lease | None) -> None:
+def _populate(workdir: Path, code: str, files: dict[PurePosixPath, str | bytes], lease: uids.Lease | None) -> None:
     (workdir / "main.py").write_text(code, encoding="utf-8")
     made: set[PurePosixPath] = set()
     for rel, content in files.items():
@@ -552,7 +410,7 @@ def _execute(
     stdin: str,
     mode: str,
     started: float,
-    lease: _Lease | None,
+    lease: uids.Lease | None,
     python_environment: bool = False,
 ) -> SandboxResult:
     report_r, report_w = os.pipe()
@@ -602,7 +460,7 @@ def _execute(
         else:
             # The launcher died (or failed) before its own last step: kill what runs under the uid now (the lease
             # stays marked dirty, so the next check under it kills leftovers first too).
-            leftovers = _sweep_uid(lease.uid)
+            leftovers = uids.sweep_uid(lease.uid)
     return _classify(captured, report, proc.returncode, limits, time.monotonic() - started, leftovers)
 
 

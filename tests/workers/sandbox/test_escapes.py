@@ -32,7 +32,7 @@ from typing import Any
 import pytest
 
 from tests.workers.sandbox.test_sandbox import needs_isolation
-from workers.sandbox import runner
+from workers.sandbox import uids
 from workers.sandbox.runner import Observation, Outcome, SandboxLimits, SandboxResult, run_python
 
 pytestmark = needs_isolation
@@ -317,7 +317,7 @@ def test_another_checks_workspace_is_out_of_reach() -> None:
     with check_holding_still({"secret.txt": secret}) as (other, results):
         # Its workspace, as the caller sees it: its own uid's alone.
         st = other.stat()
-        assert st.st_mode & 0o777 == 0o700 and st.st_uid in runner.sandbox_uids()
+        assert st.st_mode & 0o777 == 0o700 and st.st_uid in uids.sandbox_uids()
         result = run(
             f"""
             import os
@@ -370,7 +370,7 @@ def test_fork_bomb_beside_a_normal_check() -> None:
             )
         )
     )
-    uids = runner.sandbox_uids()
+    sandbox_range = uids.sandbox_uids()
     bomb.start()
     try:
 
@@ -378,7 +378,7 @@ def test_fork_bomb_beside_a_normal_check() -> None:
             counts: dict[int, int] = {}
             for entry in os.listdir("/proc"):
                 uid = _uid_of_pid(int(entry)) if entry.isdigit() else None
-                if uid is not None and uid in uids:
+                if uid is not None and uid in sandbox_range:
                     counts[uid] = counts.get(uid, 0) + 1
             return next((uid for uid, n in counts.items() if n >= bomb_limits.max_processes), None)
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from workers.sandbox import runner
-from workers.sandbox.runner import Outcome, SandboxLimits, SandboxResult, SandboxUnavailable, run_python
+from workers.sandbox import runner, uids
+from workers.sandbox.runner import Outcome, SandboxLimits, SandboxResult, run_python
+from workers.sandbox.uids import SandboxUnavailable
 
 FAST = SandboxLimits(wall_seconds=3.0, cpu_seconds=3, max_processes=16)
 # Time the machinery may add to a limit (interpreter start-up, namespace teardown) on a busy test machine.
@@ -62,7 +63,7 @@ def run(code: str, limits: SandboxLimits = FAST, **kwargs: Any) -> SandboxResult
 def _sandbox_processes() -> set[int]:
     """Processes that belong to a sandbox: a uid of the sandbox's range, or the launcher's command line (a /proc
     scan, no psutil)."""
-    uids = {str(uid) for uid in runner.sandbox_uids()}
+    sandbox_range = {str(uid) for uid in uids.sandbox_uids()}
     found: set[int] = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -73,7 +74,7 @@ def _sandbox_processes() -> set[int]:
         except OSError:
             continue  # exited meanwhile
         ids = next((line.split()[1:] for line in status.splitlines() if line.startswith("Uid:")), [])
-        if uids & set(ids) or b"sandbox/launcher.py" in cmdline:
+        if sandbox_range & set(ids) or b"sandbox/launcher.py" in cmdline:
             found.add(int(entry))
     return found
 
@@ -119,7 +120,7 @@ def test_passing_program_is_ok_with_its_stdout() -> None:
     layers = result.isolation.split("+")
     assert {"netns", "pidns", "mntns", "tmpfs", "landlock", "rlimits"} <= set(layers), result.isolation
     if os.geteuid() == 0:
-        assert any(layer.startswith("uid") and int(layer[3:]) in runner.sandbox_uids() for layer in layers)
+        assert any(layer.startswith("uid") and int(layer[3:]) in uids.sandbox_uids() for layer in layers)
         assert result.observations == ()
     else:
         assert "nocaps" in layers
@@ -351,7 +352,7 @@ def test_setsid_escape_dies_with_the_program(no_leftovers: None) -> None:
 @needs_isolation
 def test_killing_its_parent_and_everyone_else_fails(no_leftovers: None) -> None:
     # A victim under another check's uid: the PID namespace, Landlock's signal scope and the uid protect it.
-    other = runner.sandbox_uids()[-1]
+    other = uids.sandbox_uids()[-1]
     as_sandbox_uid: dict[str, Any] = {"user": other, "group": other, "extra_groups": []} if os.geteuid() == 0 else {}
     victim = subprocess.Popen(["sleep", "30"], **as_sandbox_uid)
     posted: list[int] = []
@@ -598,25 +599,25 @@ def test_unknown_isolation_mode_is_refused(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_uid_range_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(runner.UIDS_ENV, raising=False)
-    assert runner.sandbox_uids() == range(59000, 60000)
-    monkeypatch.setenv(runner.UIDS_ENV, "70000-70009")
-    assert runner.sandbox_uids() == range(70000, 70010)
+    monkeypatch.delenv(uids.UIDS_ENV, raising=False)
+    assert uids.sandbox_uids() == range(59000, 60000)
+    monkeypatch.setenv(uids.UIDS_ENV, "70000-70009")
+    assert uids.sandbox_uids() == range(70000, 70010)
     for bad in ("0-10", "abc", "20-10", "1-4294967295"):
-        monkeypatch.setenv(runner.UIDS_ENV, bad)
-        with pytest.raises(SandboxUnavailable, match=runner.UIDS_ENV):
-            runner.sandbox_uids()
+        monkeypatch.setenv(uids.UIDS_ENV, bad)
+        with pytest.raises(SandboxUnavailable, match=uids.UIDS_ENV):
+            uids.sandbox_uids()
 
 
 def test_concurrent_leases_get_distinct_uids_and_free_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runner.UIDS_ENV, "59990-59992")
-    monkeypatch.setattr(runner, "_has_account", lambda uid: uid == 59990)  # as if 59990 were a login's
+    monkeypatch.setenv(uids.UIDS_ENV, "59990-59992")
+    monkeypatch.setattr(uids, "has_account", lambda uid: uid == 59990)  # as if 59990 were a login's
     leases: list[Any] = []
     barrier = threading.Barrier(2)
 
     def take() -> None:
         barrier.wait()
-        leases.append(runner._lease_uid(wait_seconds=0))
+        leases.append(uids.lease_uid(wait_seconds=0))
 
     threads = [threading.Thread(target=take) for _ in range(2)]
     for thread in threads:
@@ -625,20 +626,20 @@ def test_concurrent_leases_get_distinct_uids_and_free_them(monkeypatch: pytest.M
         thread.join()
     try:
         assert sorted(lease.uid for lease in leases) == [59991, 59992]
-        assert runner._lease_uid(wait_seconds=0) is None  # all taken (59990 has an account)
+        assert uids.lease_uid(wait_seconds=0) is None  # all taken (59990 has an account)
     finally:
         for lease in leases:
             lease.release()
-    again = runner._lease_uid(wait_seconds=0)
+    again = uids.lease_uid(wait_seconds=0)
     assert again is not None and again.uid == 59991
     again.release()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only when the caller is root")
 def test_no_free_uid_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runner.UIDS_ENV, "59993-59993")
-    monkeypatch.setattr(runner, "_LEASE_WAIT_SECONDS", 0.2)
-    held = runner._lease_uid(wait_seconds=0)
+    monkeypatch.setenv(uids.UIDS_ENV, "59993-59993")
+    monkeypatch.setattr(uids, "LEASE_WAIT_SECONDS", 0.2)
+    held = uids.lease_uid(wait_seconds=0)
     assert held is not None
     try:
         result = run_python("print('hello')")
@@ -650,10 +651,10 @@ def test_no_free_uid_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
 @needs_isolation
 @pytest.mark.skipif(os.geteuid() != 0, reason="uids are leased only when the caller is root")
 def test_leftovers_under_the_uid_are_killed_before_and_after(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runner.UIDS_ENV, "59994-59994")
+    monkeypatch.setenv(uids.UIDS_ENV, "59994-59994")
     # A process left under the uid by a worker that died mid-check (its lease never marked clean) must not share
     # the next check.
-    crashed = runner._lease_uid(wait_seconds=0)
+    crashed = uids.lease_uid(wait_seconds=0)
     assert crashed is not None
     crashed.release()
     stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
@@ -664,13 +665,13 @@ def test_leftovers_under_the_uid_are_killed_before_and_after(monkeypatch: pytest
         stray.kill()
         stray.wait()
     assert result.outcome is Outcome.OK and "uid59994" in result.isolation.split("+")
-    clean = runner._lease_uid(wait_seconds=0)
+    clean = uids.lease_uid(wait_seconds=0)
     assert clean is not None and clean.clean  # the check ended with its sweep
     clean.release()
     # The runner's own fallback, for a launcher that died before its last step.
     stray = subprocess.Popen(["sleep", "30"], user=59994, group=59994, extra_groups=[])
     try:
-        assert runner._sweep_uid(59994) == 1
+        assert uids.sweep_uid(59994) == 1
         assert stray.wait(timeout=10) == -9
     finally:
         stray.kill()
