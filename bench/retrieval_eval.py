@@ -62,8 +62,10 @@ from workers.search.retrieval_eval import (  # noqa: E402
     report,
 )
 from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
-from workers.search.synth import SynthParams, TemplateGenerator, synthesize  # noqa: E402
+from workers.search.synth import synthesize  # noqa: E402
 from workers.search.synth_corpus import SynthCorpus  # noqa: E402
+from workers.search.synth_params import SynthParams  # noqa: E402
+from workers.search.synth_steps import TemplateGenerator  # noqa: E402
 from workers.search.types import Chunk  # noqa: E402
 
 SDISTS = {"pytest": "8.3.3", "celery": "5.4.0", "lxml": "5.3.0"}

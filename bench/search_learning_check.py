@@ -46,7 +46,7 @@ from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
 from workers.rl.sampling import Curriculum  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
-from workers.search import synth  # noqa: E402
+from workers.search import synth, synth_steps  # noqa: E402
 from workers.search.corpus import build_corpus  # noqa: E402
 from workers.search.index import IndexConfig, SearchIndex, save_index  # noqa: E402
 from workers.search.metrics import mean_metrics  # noqa: E402
@@ -122,7 +122,7 @@ def unseen_corpus(name: str, tasks: int, work: Path, dense: bool) -> tuple[dict[
     save_index(SearchIndex.build(chunks, IndexConfig(dense=dense)), index_uri)
     corpus = synth.SynthCorpus(chunks)
     made = synth.synthesize(
-        corpus, synth.SynthParams(num_tasks=tasks, max_hops=2, seed=0), synth.TemplateGenerator(corpus)
+        corpus, synth.SynthParams(num_tasks=tasks, max_hops=2, seed=0), synth_steps.TemplateGenerator(corpus)
     )
     log(f"{name}: {len(chunks)} chunks indexed, {len(made.tasks)} tasks")
     return {**ENV, "index_uri": index_uri, "training": False}, made.tasks
@@ -314,7 +314,7 @@ def main() -> None:
     env_params = {**ENV, "index_uri": index_uri}
     corpus = synth.SynthCorpus(chunks)
     made = synth.synthesize(
-        corpus, synth.SynthParams(num_tasks=args.tasks, max_hops=2), synth.TemplateGenerator(corpus)
+        corpus, synth.SynthParams(num_tasks=args.tasks, max_hops=2), synth_steps.TemplateGenerator(corpus)
     )
     train = [t for t in made.tasks if not held_out(t["id"])]
     test = [t for t in made.tasks if held_out(t["id"])]

@@ -19,7 +19,7 @@ from workers.rl.config_sections import SamplingConfig
 from workers.rl.placement import ResourcePlan, plan_resources
 from workers.search.index import IndexConfig
 from workers.search.rejection import FilterConfig
-from workers.search.synth import SynthParams
+from workers.search.synth_params import SynthParams
 
 
 class JobSpec(BaseModel):

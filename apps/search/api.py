@@ -122,8 +122,8 @@ class DatagenLaunchSerializer(serializers.Serializer):
         default=dict,
         error_messages={"not_a_dict": 'must be a JSON object, e.g. {{"num_tasks": 50}}, not a {input_type}'},
         help_text=(
-            "workers.search.synth.SynthParams: generator (template|llm), model, num_tasks, max_hops, distractors, "
-            "min_distractors, seed, ...; omitted fields take defaults"
+            "workers.search.synth_params.SynthParams: generator (template|llm), model, num_tasks, max_hops, "
+            "distractors, min_distractors, seed, ...; omitted fields take defaults"
         ),
     )
 

@@ -27,7 +27,7 @@ from apps.search.selectors import datagen_report
 from apps.search.services.datagen import datagen_launch
 from apps.search.services.indexes import index_launch_or_reuse
 from workers.search.index import IndexConfig
-from workers.search.synth import DROP_REASONS, SynthParams
+from workers.search.synth_params import DROP_REASONS, SynthParams
 
 
 @needs(Capability.READ)

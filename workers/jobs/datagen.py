@@ -19,16 +19,11 @@ from typing import Any
 
 from workers.jobs.common import load_spec, reporter_for
 from workers.reporting import Reporter, configure_logging
-from workers.search.synth import (
-    SynthParams,
-    SynthResult,
-    TaskGenerator,
-    TemplateGenerator,
-    dump_tasks_jsonl,
-    synthesize,
-)
+from workers.search.synth import SynthResult, dump_tasks_jsonl, synthesize
 from workers.search.synth_corpus import SynthCorpus
 from workers.search.synth_llm import make_llm_generator
+from workers.search.synth_params import SynthParams
+from workers.search.synth_steps import TaskGenerator, TemplateGenerator
 from workers.search.types import iter_chunks_jsonl
 from workers.search.wide import synthesize_wide
 from workers.specs import DatagenSpec

@@ -2,8 +2,8 @@
 
 The model sees a bundle's supporting chunks and its bridges and must reply with one JSON object,
 `{"question", "answer", "clues", "quotes": {chunk_id: [verbatim sentences]}}`. Its quotes are its extraction step;
-whether they hold is decided by code (`workers.search.synth.verify_candidate`), never by the model, and which chunks
-contain the answer is always recomputed from the text. A reply that is not such an object is kept as a proposal
+whether they hold is decided by code (`workers.search.synth_steps.verify_candidate`), never by the model, and which
+chunks contain the answer is always recomputed from the text. A reply that is not such an object is kept as a proposal
 with `error` set, so the pipeline drops and counts it (`generator_output_unparsable`).
 """
 
@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 
 from workers.models import BackendKind, PolicyBackend, SamplingParams, make_backend
-from workers.search.synth import Bundle, Extraction, Proposal, answer_chunks
+from workers.search.synth_steps import Bundle, Extraction, Proposal, answer_chunks
 
 LLM_GENERATOR = "llm/v1"
 PASSAGE_CHARS = 600  # per supporting chunk: five passages and the instructions stay well inside 2k tokens

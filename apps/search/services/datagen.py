@@ -28,7 +28,7 @@ from apps.runs.services import run_create
 from apps.runs.storage import file_uri, storage_uri
 from apps.search.selectors import TASKS_FILE, datagen_outputs
 from workers.models.registry import model_name_problems
-from workers.search.synth import SynthParams
+from workers.search.synth_params import SynthParams
 
 
 def _params_problems(params: Any) -> tuple[SynthParams | None, dict[str, list[str]]]:

@@ -14,22 +14,21 @@ from typing import Any
 
 import pytest
 
-from workers.search.synth import (
-    DROP_REASONS,
+from workers.search.synth import synthesize
+from workers.search.synth_corpus import SynthCorpus, contains_answer_any_form, mentions_name, normalize
+from workers.search.synth_llm import REPLY_START, LLMGenerator, bundle_prompt, parse_reply
+from workers.search.synth_params import DROP_REASONS, SynthParams
+from workers.search.synth_steps import (
     Bundle,
     Extraction,
     Proposal,
-    SynthParams,
     TemplateGenerator,
     extract_quotes_by_code,
     find_distractors,
     gather_bundle,
     seed_chunks,
-    synthesize,
     verify_candidate,
 )
-from workers.search.synth_corpus import SynthCorpus, contains_answer_any_form, mentions_name, normalize
-from workers.search.synth_llm import REPLY_START, LLMGenerator, bundle_prompt, parse_reply
 from workers.search.types import Chunk, chunk_id_for, dump_chunks_jsonl
 
 ROW_KEYS = {

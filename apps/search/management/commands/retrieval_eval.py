@@ -22,8 +22,10 @@ from workers.search.retrieval_eval import (
     report,
     with_stored_ids,
 )
-from workers.search.synth import SynthParams, TemplateGenerator, synthesize
+from workers.search.synth import synthesize
 from workers.search.synth_corpus import SynthCorpus
+from workers.search.synth_params import SynthParams
+from workers.search.synth_steps import TemplateGenerator
 from workers.search.types import also_in, iter_chunks_jsonl
 
 METRICS = (*(f"recall@{k}" for k in KS), "mrr", "ndcg@10")
