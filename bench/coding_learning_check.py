@@ -49,7 +49,8 @@ from scipy import stats as scipy_stats  # noqa: E402
 from workers.coding.environment import CodingAgentEnv  # noqa: E402
 from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, generate_tasks  # noqa: E402
 from workers.coding.scripted import SCRIPTED_CODING_TEACHER, SCRIPTED_CODING_TEACHERS  # noqa: E402
-from workers.evals.stats import mcnemar_exact, paired_bootstrap, sign_test  # noqa: E402
+from workers.evals.paired import paired_bootstrap  # noqa: E402
+from workers.evals.stats import mcnemar_exact, sign_test  # noqa: E402
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import SMOLLM2, TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rewards.schema import coding_agent_spec  # noqa: E402

@@ -30,7 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from workers.evals.stats import eval_verdict, linear_trend, mcnemar_exact, paired_bootstrap  # noqa: E402
+from workers.evals.learned import eval_verdict, linear_trend  # noqa: E402
+from workers.evals.paired import paired_bootstrap  # noqa: E402
+from workers.evals.stats import mcnemar_exact  # noqa: E402
 from workers.models import make_backend  # noqa: E402
 from workers.models.registry import TINY_LLAMA, resolve_base_model  # noqa: E402
 from workers.rl.config import TrainConfig  # noqa: E402

@@ -306,7 +306,7 @@ class CompareSerializer(serializers.Serializer):
     before = EvalSideSerializer()
     after = EvalSideSerializer()
     alpha = serializers.FloatField()
-    comparison = serializers.DictField(help_text="workers.evals.stats.compare_paired: overall and per slice")
+    comparison = serializers.DictField(help_text="workers.evals.paired.compare_paired: overall and per slice")
     tasks = TaskDiffSerializer(many=True)
 
 

@@ -12,7 +12,7 @@ from rest_framework.exceptions import ValidationError
 from apps.benchmarks.models import BenchmarkTask, BenchmarkVersion, Eval
 from apps.datasets.models import DatasetVersion
 from apps.runs.models import TaskResult
-from workers.evals.stats import TaskScore
+from workers.evals.paired import TaskScore
 
 
 def eval_metrics(results: Iterable[TaskResult], k: int, task_count: int | None = None) -> dict[str, float]:
@@ -60,8 +60,8 @@ def eval_task_scores(evaluation: Eval) -> dict[str, TaskScore]:
 
 
 def eval_compare(*, before: Eval, after: Eval, slice_by: Sequence[str] = (), alpha: float = 0.05) -> dict[str, Any]:
-    """Two evals compared task by task (`workers.evals.stats.compare_paired`), with the per-task differences."""
-    from workers.evals.stats import compare_paired
+    """Two evals compared task by task (`workers.evals.paired.compare_paired`), with the per-task differences."""
+    from workers.evals.paired import compare_paired
 
     bad = [s for s in slice_by if s not in ("tag", "difficulty", "source")]
     if bad:

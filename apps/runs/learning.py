@@ -14,7 +14,7 @@ from django.db.models import Sum
 
 from apps.runs.models import MetricPoint, MetricRollup, Run
 from apps.runs.selectors import metric_names, metric_series
-from workers.evals.stats import linear_trend, signal_share
+from workers.evals.learned import linear_trend, signal_share
 
 TREND_WINDOW = 10
 """Points in the trend's first and last windows (the health signals' window)."""

@@ -27,7 +27,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from workers.evals.stats import TaskScore, compare_paired
+from workers.evals.paired import TaskScore, compare_paired
 
 Verdict = Literal["pass", "fail", "pending"]
 Approval = Literal["approved", "rejected", ""]
@@ -90,7 +90,7 @@ class ThresholdRule(_Rule):
 class NoRegressionRule(_Rule):
     """The candidate must not be significantly worse than the current deployment on ``benchmark``.
 
-    Paired per-task comparison (`workers.evals.stats.compare_paired`): a one-sided test at level ``alpha``
+    Paired per-task comparison (`workers.evals.paired.compare_paired`): a one-sided test at level ``alpha``
     overall, and Holm-corrected across the slices named in ``slice_by``. Passes when nothing is deployed."""
 
     type: Literal["no_regression"] = "no_regression"

@@ -14,7 +14,7 @@ from apps.benchmarks.models import BenchmarkVersion, Eval
 from apps.benchmarks.selectors import eval_compare
 from apps.runs.learning import learning_merge
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
-from workers.evals.stats import eval_verdict
+from workers.evals.learned import eval_verdict
 
 ALPHA = 0.05
 """The verdict's significance level: better / worse when the paired test's two-sided p-value is below it."""

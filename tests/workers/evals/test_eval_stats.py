@@ -13,15 +13,12 @@ import numpy as np
 import pytest
 from scipy.stats import binomtest
 
+from workers.evals.paired import Comparison, TaskScore, compare_paired, paired_bootstrap
 from workers.evals.stats import (
-    Comparison,
-    TaskScore,
     bootstrap_mean_ci,
-    compare_paired,
     holm_adjust,
     mcnemar_exact,
     mean_pass_at_k,
-    paired_bootstrap,
     pass_at_k,
     sign_test,
     wilson_interval,

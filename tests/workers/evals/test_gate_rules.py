@@ -19,7 +19,7 @@ from workers.evals.gates import (
     evaluate_rules,
     parse_rules,
 )
-from workers.evals.stats import TaskScore
+from workers.evals.paired import TaskScore
 
 # --- helpers -----------------------------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from workers.evals.stats import eval_verdict, linear_trend, signal_share
+from workers.evals.learned import eval_verdict, linear_trend, signal_share
 
 # Student's t quantiles t_{0.975, df} from a printed table.
 T975 = {2: 4.302652729911275, 3: 3.182446305284263}
