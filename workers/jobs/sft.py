@@ -27,8 +27,8 @@ from workers.models import make_backend
 from workers.models.base import encode_chat
 from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging
+from workers.rl.batching import flatten_segments, micro_batches, padded, per_sample
 from workers.rl.checkpoints import checkpoint_policy_state
-from workers.rl.learner import _flatten_segments, _micro_batches, _padded, _per_sample
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import RolloutWorker, Sample, chatml_continuation
 from workers.rl.teacher import AgentFor, teacher_rollout, the_same_agent
@@ -59,19 +59,19 @@ def fine_tune(model: Any, samples: list[Any], config: SFTConfig, progress: Any =
     rng = random.Random(config.seed)
     losses: list[float] = []
     model.train()
-    batches_total = config.epochs * len(_micro_batches(samples, config.max_tokens_per_pack))
+    batches_total = config.epochs * len(micro_batches(samples, config.max_tokens_per_pack))
     done = 0
     for _ in range(config.epochs):
         order = list(range(len(samples)))
         rng.shuffle(order)
         shuffled = [samples[i] for i in order]
         total, tokens = 0.0, 0.0
-        for group in _micro_batches(shuffled, config.max_tokens_per_pack):
+        for group in micro_batches(shuffled, config.max_tokens_per_pack):
             batch = [shuffled[i] for i in group]
-            seqs, starts, owners = _flatten_segments(batch)
+            seqs, starts, owners = flatten_segments(batch)
             logps = completion_logprobs(model, seqs, starts, max_tokens_per_pack=max(len(s) for s in seqs))
-            logp = _per_sample(list(logps), owners, len(batch))
-            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32)
+            logp = per_sample(list(logps), owners, len(batch))
+            mask = padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32)
             count = mask.sum().clamp(min=1.0)
             loss = -(logp * mask).sum() / count
             optimizer.zero_grad(set_to_none=True)

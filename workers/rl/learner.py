@@ -22,7 +22,17 @@ import torch
 from torch import Tensor
 
 from workers.rl import distributed, mismatch
-from workers.rl.advantages import AdvantageResult, dapo_overlong_penalty, group_advantages
+from workers.rl.advantages import dapo_overlong_penalty, group_advantages
+from workers.rl.batching import (
+    as_float,
+    flatten_segments,
+    given_advantages,
+    micro_batches,
+    minibatches,
+    padded,
+    per_sample,
+    untied,
+)
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.losses import policy_loss, sequence_kl
@@ -32,97 +42,6 @@ from workers.rl.rollout import Sample
 from workers.rl.weightsync import WeightSyncSender
 
 CHECKPOINT_FORMAT = 1
-
-
-def _micro_batches(samples: Sequence[Sample], budget: int) -> list[list[int]]:
-    """Indices of samples grouped so each group has at most `budget` tokens (longest first; one per group if a
-    single sample is longer)."""
-    order = sorted(range(len(samples)), key=lambda i: -samples[i].total_tokens)
-    groups: list[list[int]] = []
-    sizes: list[int] = []
-    for i in order:
-        n = samples[i].total_tokens
-        for g, size in enumerate(sizes):
-            if size + n <= budget:
-                groups[g].append(i)
-                sizes[g] += n
-                break
-        else:
-            groups.append([i])
-            sizes.append(n)
-    return groups
-
-
-def _minibatches(samples: int, group_size: int, parts: int) -> list[range]:
-    """`parts` contiguous ranges of whole groups covering `samples` samples, as even as the groups allow (fewer
-    when there are fewer groups); one range for parts = 1."""
-    groups = max(1, -(-samples // max(group_size, 1)))
-    parts = max(1, min(parts, groups))
-    bounds = [round(groups * k / parts) * group_size for k in range(parts + 1)]
-    bounds[-1] = samples
-    return [range(min(a, samples), min(b, samples)) for a, b in zip(bounds, bounds[1:], strict=False)]
-
-
-def _flatten_segments(batch: Sequence[Sample]) -> tuple[list[list[int]], list[int], list[int]]:
-    """Every segment of every sample as its own sequence, with the index of the sample it belongs to."""
-    seqs: list[list[int]] = []
-    starts: list[int] = []
-    owners: list[int] = []
-    for index, sample in enumerate(batch):
-        for ids, start in sample.segments:
-            seqs.append(ids)
-            starts.append(start)
-            owners.append(index)
-    return seqs, starts, owners
-
-
-def _per_sample(logps: Sequence[Tensor], owners: Sequence[int], samples: int) -> Tensor:
-    """Concatenate each sample's segment log-probs in order (matching its loss_mask) and pad to [samples, T]."""
-    parts: list[list[Tensor]] = [[] for _ in range(samples)]
-    for logp, owner in zip(logps, owners, strict=True):
-        parts[owner].append(logp)
-    rows = [torch.cat(p) if len(p) > 1 else p[0] for p in parts]
-    return torch.nn.utils.rnn.pad_sequence(rows, batch_first=True)
-
-
-def _padded(rows: Sequence[Sequence[float]], dtype: torch.dtype) -> Tensor:
-    width = max((len(r) for r in rows), default=0)
-    out = torch.zeros(len(rows), max(width, 1), dtype=dtype)
-    for i, row in enumerate(rows):
-        if len(row):
-            out[i, : len(row)] = torch.tensor(row, dtype=dtype)
-    return out
-
-
-def _as_float(value: Tensor) -> float:
-    """A scalar tensor as a float; a DTensor (FSDP2's gradient norm) is made whole first."""
-    full = getattr(value, "full_tensor", None)
-    return float(full() if callable(full) else value)
-
-
-def untied(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Drop names that share storage with an earlier one (tied embeddings and LM head): the receiver's model ties
-    them too, so sending the tensor once halves that part of every sync."""
-    seen: set[int] = set()
-    out: dict[str, Tensor] = {}
-    for name, tensor in state.items():
-        pointer = tensor.untyped_storage().data_ptr()
-        if pointer in seen:
-            continue
-        seen.add(pointer)
-        out[name] = tensor
-    return out
-
-
-def _given_advantages(advantages: Sequence[float] | Tensor, samples: int) -> AdvantageResult:
-    """Caller-given advantages ([N] finite numbers) as an `AdvantageResult` that keeps every sample (no groups)."""
-    values = torch.as_tensor(advantages, dtype=torch.float64).detach().cpu()
-    if values.dim() != 1 or values.shape[0] != samples:
-        raise ValueError(f"advantages must be one number per sample ([{samples}]), got shape {tuple(values.shape)}")
-    if not bool(torch.isfinite(values).all()):
-        raise ValueError("advantages must all be finite; found NaN or inf")
-    keep = torch.ones(samples, dtype=torch.bool)
-    return AdvantageResult(advantages=values, keep=keep, dropped_groups=0, num_groups=0, signal_groups=0)
 
 
 class Learner:
@@ -241,7 +160,7 @@ class Learner:
                 shaped, cfg.group_size, scale=settings.scale_rewards, drop_equal_groups=settings.drop_equal_groups
             )
         else:
-            adv, metrics = _given_advantages(advantages, len(samples)), {}
+            adv, metrics = given_advantages(advantages, len(samples)), {}
         # Token provenance: a sample whose trained ids are not the engine's (re-encoded text) is counted, not trained.
         kept = [
             i
@@ -267,7 +186,7 @@ class Learner:
             metrics[f"term/{name}"] = float(np.mean([s.terms.get(name, 0.0) for s in samples]))
         # `substeps` minibatches of whole groups, one optimizer step each (Context-1's 4 gradient substeps); with
         # 1 the whole batch is one minibatch. Each minibatch is normalised as a batch of its own.
-        parts = _minibatches(len(samples), cfg.group_size if advantages is None else 1, cfg.substeps)
+        parts = minibatches(len(samples), cfg.group_size if advantages is None else 1, cfg.substeps)
         totals = {"loss": 0.0, "policy_loss": 0.0, "entropy": 0.0, "grad_norm": 0.0}
         weighted = {"clip_fraction": 0.0, "ratio_mean": 0.0, "kl": 0.0}
         counts = {"ratio": 0.0, "kl": 0.0, "steps": 0.0}
@@ -368,7 +287,7 @@ class Learner:
             shares = distributed.shard_by_tokens([samples[i].total_tokens for i in kept], self.world_size)
             mine = [kept[j] for j in shares[self.rank]]
         plan: list[list[int] | None] = [
-            [mine[j] for j in group] for group in _micro_batches([samples[i] for i in mine], cfg.max_tokens_per_pack)
+            [mine[j] for j in group] for group in micro_batches([samples[i] for i in mine], cfg.max_tokens_per_pack)
         ]
         rounds = int(distributed.all_reduce_max(float(len(plan))))
         plan += [None] * (rounds - len(plan))
@@ -378,7 +297,7 @@ class Learner:
             indices = members if members is not None else stand_in
             batch = [samples[i] for i in indices]
             advantages = all_advantages[indices].to(torch.float32).to(self.device)
-            seqs, starts, owners = _flatten_segments(batch)
+            seqs, starts, owners = flatten_segments(batch)
             # Rows as long as the longest sequence: on CPU attention costs L^2 per row whatever the block-diagonal
             # mask hides, so short rows packed first-fit beat one long row (helper measurement: 1.7x vs 0.17x).
             row = max(len(seq) for seq in seqs)
@@ -386,12 +305,12 @@ class Learner:
                 logps, entropy = self.engine(
                     seqs, starts, max_tokens_per_pack=row, temperature=self.temperature, with_entropy=True
                 )
-                logp = _per_sample(list(logps), owners, len(batch))
-                old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
-                mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+                logp = per_sample(list(logps), owners, len(batch))
+                old = padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+                mask = padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
                 weights = None
                 if learner_old is not None:  # π_old is the learner's; the engine's log-probs set the correction
-                    engine, old = old, _padded([learner_old[i] for i in indices], torch.float32).to(self.device)
+                    engine, old = old, padded([learner_old[i] for i in indices], torch.float32).to(self.device)
                     weights = mismatch.correction_weights(old, engine, mask, mm.correction, mm.cap)
                     if real:
                         corrected += mismatch.correction_share(weights, mask, mm.correction, mm.cap) * float(
@@ -446,7 +365,7 @@ class Learner:
                 summed = distributed.all_reduce_sum([gap.get(k, 0.0) for k in keys])
                 biggest = {k: distributed.all_reduce_max(gap.get(k, 0.0)) for k in maxima}
                 gap = {**dict(zip(keys, summed, strict=True)), **biggest}
-        grad_norm = _as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
+        grad_norm = as_float(torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return {
@@ -473,16 +392,16 @@ class Learner:
         out: dict[int, list[float]] = {}
         gap: dict[str, float] = {}
         self.model.eval()
-        for group in _micro_batches([samples[i] for i in kept], self.config.max_tokens_per_pack):
+        for group in micro_batches([samples[i] for i in kept], self.config.max_tokens_per_pack):
             indices = [kept[j] for j in group]
             batch = [samples[i] for i in indices]
-            seqs, starts, owners = _flatten_segments(batch)
+            seqs, starts, owners = flatten_segments(batch)
             logps = self.engine(
                 seqs, starts, max_tokens_per_pack=max(len(q) for q in seqs), temperature=self.temperature
             )
-            logp = _per_sample(list(logps), owners, len(batch)).float()
-            engine = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
-            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+            logp = per_sample(list(logps), owners, len(batch)).float()
+            engine = padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+            mask = padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
             owners_engine = [s.engine for s in batch]
             gap = mismatch.add_sums(
                 gap, mismatch.sums_by_engine(logp, engine, mask, owners_engine, self.num_engines, mm.cap)
@@ -519,12 +438,12 @@ class Learner:
         out = torch.zeros(len(samples), dtype=torch.float64)
         with_tokens = [i for i, s in enumerate(samples) if s.sampled_tokens > 0]
         tokens = 0.0
-        for group in _micro_batches([samples[i] for i in with_tokens], self.config.max_tokens_per_pack):
+        for group in micro_batches([samples[i] for i in with_tokens], self.config.max_tokens_per_pack):
             batch = [samples[with_tokens[j]] for j in group]
-            seqs, starts, owners = _flatten_segments(batch)
+            seqs, starts, owners = flatten_segments(batch)
             ref = self._reference_logprobs(seqs, starts, owners, len(batch))
-            old = _padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
-            mask = _padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
+            old = padded([s.old_logprobs for s in batch], torch.float32).to(self.device)
+            mask = padded([[float(m) for m in s.loss_mask] for s in batch], torch.float32).to(self.device)
             values = sequence_kl(old, ref.to(old.dtype), mask, self.loss_config.kl_estimator)
             out[[with_tokens[j] for j in group]] = values.double().cpu()
             tokens += float(mask.sum())
@@ -540,7 +459,7 @@ class Learner:
                 logps = completion_logprobs(
                     self.model, seqs, starts, max_tokens_per_pack=row, temperature=self.temperature
                 )
-        return _per_sample(list(logps), owners, samples)
+        return per_sample(list(logps), owners, samples)
 
     def _gradient_sync(self, *, last: bool) -> Any:
         """DDP reduces gradients on the last micro-batch only (the others accumulate locally); FSDP2 reduce-scatters

@@ -31,8 +31,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workers.models.registry import resolve_base_model
+from workers.rl.batching import untied
 from workers.rl.config import TrainConfig
-from workers.rl.learner import CHECKPOINT_FORMAT, Learner, untied
+from workers.rl.learner import CHECKPOINT_FORMAT, Learner
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -229,7 +229,7 @@ def test_kimi_keeps_equal_groups_subtracts_the_group_mean_and_divides_by_the_bat
 def test_substeps_take_one_optimizer_step_per_minibatch_of_whole_groups(model_path) -> None:  # type: ignore[no-untyped-def]
     """substeps=2 on two groups is two optimizer steps, each on one group normalised as a batch of its own:
     the same weights as two one-group steps, and not the weights of one step on both."""
-    from workers.rl.learner import _minibatches
+    from workers.rl.batching import minibatches as _minibatches
 
     assert _minibatches(8, 2, 4) == [range(0, 2), range(2, 4), range(4, 6), range(6, 8)]
     assert _minibatches(6, 2, 4) == [range(0, 2), range(2, 4), range(4, 6)]  # three groups: three minibatches
