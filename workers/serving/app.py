@@ -1,7 +1,7 @@
 """The Ray Serve side: one router application (the HTTP ingress) and one application per arm.
 
 - `Router` (FastAPI through `@serve.ingress`, mounted at the spec's route prefix): authenticates the client's key
-  (`KeyVerifier`), validates the body (`openai_api.parse_request`, 400 naming the field), checks `model` (404),
+  (`KeyVerifier`), validates the body (`openai_request.parse_request`, 400 naming the field), checks `model` (404),
   names the session (header `X-Session-Id`, else `metadata.session_id`, else a new uuid4 hex) and its turn
   (`X-Turn-Index`, else `metadata.turn_index`, else this router's own count for the session), picks the arm by the
   session id's hash (`control.pick_arm`) and forwards to that arm's deployment. It follows the routing table the
@@ -43,18 +43,16 @@ from workers.reporting import configure_logging
 from workers.rl.weightsync import WeightSyncError, WeightSyncReceiver
 from workers.serving.control import KeyVerifier, pick_arm
 from workers.serving.openai_api import (
-    APIError,
-    ChatCompletionRequest,
     Envelope,
     completion_body,
     completion_id,
     make_reply,
     models_body,
-    parse_request,
     render_messages,
     stream_chunks,
     tool_specs,
 )
+from workers.serving.openai_request import APIError, ChatCompletionRequest, parse_request
 from workers.serving.recorder import Shipper
 from workers.session_records import SESSION_ID_MAX
 

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
-from workers.serving.openai_api import APIError
+from workers.serving.openai_request import APIError
 
 ARM_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,16}$"
 

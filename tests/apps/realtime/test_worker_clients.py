@@ -15,7 +15,7 @@ from apps.runs.models import Run
 from apps.runs.services import ingest_token_for
 from tests.apps.realtime.session_factories import ingest, serve_run, turn_event
 from workers.serving.control import KeyVerifier, fetch_target
-from workers.serving.openai_api import APIError
+from workers.serving.openai_request import APIError
 from workers.session_records import FeedbackIn
 from workers.simulator.feedback import FeedbackFailed, FeedbackPoster, FeedbackRefused
 

@@ -16,16 +16,15 @@ from workers.models.registry import TINY_LLAMA, load_tokenizer, resolve_base_mod
 from workers.serving.app import text_pieces
 from workers.serving.control import pick_arm, session_point
 from workers.serving.openai_api import (
-    APIError,
     Envelope,
     completion_body,
     make_reply,
-    parse_request,
     render_messages,
     split_reply,
     stream_chunks,
     tool_specs,
 )
+from workers.serving.openai_request import APIError, parse_request
 from workers.serving.recorder import percentile
 
 
