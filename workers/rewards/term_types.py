@@ -13,7 +13,7 @@ from workers.models.registry import model_name_problems
 from workers.rewards import terms as formulas
 from workers.rewards.judge import DEFAULT_CRITERIA, judge_trajectory
 from workers.rewards.swarm_stats import swarm_stats
-from workers.rewards.table import table_metrics
+from workers.rewards.table_score import table_metrics
 from workers.rewards.term_base import ANSWER_FIELDS, Anneal, TermBase, TermInputs, TermKind
 from workers.trajectories import Trajectory, Turn
 
@@ -373,7 +373,7 @@ class SessionFeedbackTerm(TermBase):
 
 class ItemF1Term(TermBase):
     """WideSearch's item-level F1 of the answer table against the task's gold table (docs/methods.md B2,
-    `workers.rewards.table.score_table`); `level: row` scores rows instead (a row counts when all its cells are
+    `workers.rewards.table_score.score_table`); `level: row` scores rows instead (a row counts when all its cells are
     right). 0 without a gold table (a deep task: pair the term with an answer term)."""
 
     kind: ClassVar[TermKind] = "gain"

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from workers.rewards.swarm_stats import swarm_stats
-from workers.rewards.table import table_metrics
+from workers.rewards.table_score import table_metrics
 from workers.search.metrics import episode_metrics
 
 

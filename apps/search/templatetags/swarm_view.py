@@ -17,13 +17,11 @@ from typing import Any
 from django import template
 
 from workers.rewards.swarm_stats import swarm_stats
-from workers.rewards.table import (
-    TableSpecError,
+from workers.rewards.table import TableSpecError, gold_table_from, parse_markdown_table
+from workers.rewards.table_score import (
     columns_problem,
-    gold_table_from,
     key_of,
     map_columns,
-    parse_markdown_table,
     predicted_rows,
     row_cell_scores,
     score_table,

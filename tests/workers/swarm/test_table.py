@@ -6,13 +6,12 @@ import pytest
 
 from workers.rewards.table import (
     TableSpecError,
-    cell_score,
     gold_table_from,
     normalize_cell,
     parse_markdown_table,
     render_markdown_table,
-    score_table,
 )
+from workers.rewards.table_score import cell_score, score_table
 
 GOLD = {
     "columns": ["name", "document", "year"],

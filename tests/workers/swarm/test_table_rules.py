@@ -11,22 +11,17 @@ import pytest
 from workers.rewards.table import (
     TableSpecError,
     build_key_spellings,
-    cell_score,
-    columns_problem,
     fold_case,
     gold_table_from,
     join_separators,
-    key_of,
-    map_columns,
     normalize_cell,
     normalize_key,
     parse_markdown_table,
-    score_table,
-    set_score,
     split_items,
     strip_markup,
     strip_section_suffix,
 )
+from workers.rewards.table_score import cell_score, columns_problem, key_of, map_columns, score_table, set_score
 
 MAN: dict[str, Any] = {
     "columns": ["command", "option", "files"],
