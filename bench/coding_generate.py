@@ -29,7 +29,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from bench._noise import add_load_guard, load_guard  # noqa: E402
-from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, GenerationResult, generate_tasks  # noqa: E402
+from workers.coding.candidates import DEFAULT_SOURCES, CodegenParams  # noqa: E402
+from workers.coding.generate import GenerationResult, generate_tasks  # noqa: E402
 from workers.coding.instructions import leaked_lines  # noqa: E402
 from workers.coding.stats import patch_lines_changed  # noqa: E402
 from workers.coding.task import RepoTask  # noqa: E402

@@ -46,8 +46,9 @@ sys.path.insert(0, str(ROOT))
 
 from scipy import stats as scipy_stats  # noqa: E402
 
+from workers.coding.candidates import DEFAULT_SOURCES, CodegenParams  # noqa: E402
 from workers.coding.environment import CodingAgentEnv  # noqa: E402
-from workers.coding.generate import DEFAULT_SOURCES, CodegenParams, generate_tasks  # noqa: E402
+from workers.coding.generate import generate_tasks  # noqa: E402
 from workers.coding.scripted import SCRIPTED_CODING_TEACHER, SCRIPTED_CODING_TEACHERS  # noqa: E402
 from workers.evals.paired import paired_bootstrap  # noqa: E402
 from workers.evals.stats import mcnemar_exact, sign_test  # noqa: E402

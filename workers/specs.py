@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from workers.coding.generate import CodegenParams
+from workers.coding.candidates import CodegenParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.rewards.schema import with_anneal_horizon
 from workers.rl.config import TrainConfig

@@ -53,7 +53,7 @@ class GenerateSerializer(serializers.Serializer):
         default=dict,
         error_messages={"not_a_dict": 'must be a JSON object, e.g. {{"sources": ["toolz"]}}, not a {input_type}'},
         help_text=(
-            "workers.coding.generate.CodegenParams: sources, families (repair, implement), operators, max_tasks, "
+            "workers.coding.candidates.CodegenParams: sources, families (repair, implement), operators, max_tasks, "
             "max_candidates, seed, test_scope, ...; omitted fields take defaults"
         ),
     )

@@ -21,7 +21,7 @@ from apps.common.errors import validation_messages
 from apps.common.forms import number_fields, posted_numbers, posted_values
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.runs import selectors
-from workers.coding.generate import CodegenParams
+from workers.coding.candidates import CodegenParams
 from workers.coding.libraries import vendored_sources
 from workers.coding.task import is_unverified
 

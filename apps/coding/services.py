@@ -31,7 +31,7 @@ from apps.runs.models import Run, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import storage_uri
 from workers.coding.bundle import BundleError, is_archive, parse_upload
-from workers.coding.generate import CodegenParams
+from workers.coding.candidates import CodegenParams
 
 REPOIMPORT = "repoimport"
 CODEGEN = "codegen"
@@ -133,7 +133,7 @@ def benchmark_option_problems(benchmark: Any) -> list[str]:
 
 
 def codegen_launch(*, target_dataset: str, params: Any, user: User, benchmark: Any = None) -> Run:
-    """A generation run over vendored libraries (`workers.coding.generate.CodegenParams`) into `target_dataset`.
+    """A generation run over vendored libraries (`workers.coding.candidates.CodegenParams`) into `target_dataset`.
     Parameters are checked now (a 400 naming `params.<field>`); every kept task is verified in the job. With
     `benchmark` ({"name", "test_fraction"}), the kept tasks are then split and the test part becomes a held-out
     benchmark version (excluded from training)."""

@@ -12,19 +12,16 @@ from typing import Any
 import pytest
 
 from workers.coding.archive import pack
+from workers.coding.candidates import Candidate, CodegenParams, candidate_queue, related_test_files
 from workers.coding.generate import (
     DROP_REASONS,
     EQUIVALENT,
     FUNCTION_TAKEN,
     NO_PARSE,
     NOT_CAUGHT,
-    Candidate,
-    CodegenParams,
     GenerationResult,
-    candidate_queue,
     check_candidate,
     generate_tasks,
-    related_test_files,
 )
 from workers.coding.instructions import leaked_lines
 from workers.coding.libraries import baseline, load_library
