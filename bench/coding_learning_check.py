@@ -14,7 +14,7 @@ same generator, harness, reward, SFT filter, learner and rollout code a run uses
    episode: pass = every fail-to-pass and pass-to-pass test passes);
 3. SFT warm-up: the scripted coding agent (`workers.coding.scripted`, teacher 'scripted-coding') solves each train
    task from its reference patch through the real tools; `CodingAgentEnv.select_for_sft` keeps the solved episodes
-   (counts by reason); the base model is fine-tuned on them (full parameters, `workers.jobs.sft.fine_tune`);
+   (counts by reason); the base model is fine-tuned on them (full parameters, `workers.rl.sft.fine_tune`);
    evaluated the same way;
 4. RL: algorithm "composer" (Composer 2's C1/C2: A = R - mean, no std division, no length normalisation, k1 KL as a
    reward penalty), with LoRA, from the SFT model on the train tasks, reward `coding_agent_spec()` (hidden tests
@@ -244,7 +244,8 @@ def warm_up(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.jobs.sft import SFTConfig, fine_tune, generate
+    from workers.rl.config_sections import SFTConfig
+    from workers.rl.sft import fine_tune, generate
 
     phase = time.perf_counter()
     sft_config = SFTConfig(

@@ -142,7 +142,7 @@ def sft_warm_up(
     them and saved to `sft_path`. Returns the filter report and the losses."""
     import torch
 
-    from workers.jobs.sft import fine_tune, generate
+    from workers.rl.sft import fine_tune, generate
 
     teacher_samples = generate(sft_config, train, reward)
     selected = select_trajectories([s.trajectory for s in teacher_samples], sft_config.filter)
@@ -362,7 +362,7 @@ def main() -> None:
     base_eval = evaluated("base", base_path, list(held) if args.base_eval else ["in-domain"])
 
     # SFT warm-up from the scripted teacher.
-    from workers.jobs.sft import SFTConfig
+    from workers.rl.config_sections import SFTConfig
 
     sft_config = SFTConfig(
         teacher_model="scripted-search",

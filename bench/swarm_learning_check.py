@@ -208,7 +208,8 @@ def main() -> None:
     base_path = str(resolve_base_model(model))
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from workers.jobs.sft import SFTConfig, fine_tune, generate
+    from workers.rl.config_sections import SFTConfig
+    from workers.rl.sft import fine_tune, generate
 
     def warm_up(mode: str) -> str:
         """SFT on the scripted orchestrator's episodes of `mode`, kept when item-F1 is 1 (or the model an earlier

@@ -42,7 +42,7 @@ class TrainingLaunchSerializer(serializers.Serializer):
     config = serializers.JSONField(
         required=False,
         default=dict,
-        help_text="kind=train: workers.rl.config.TrainConfig; kind=sft: workers.specs.SFTConfig; omitted "
+        help_text="kind=train: workers.rl.config.TrainConfig; kind=sft: workers.rl.config_sections.SFTConfig; omitted "
         "fields take defaults",
     )
     corpus_version = serializers.PrimaryKeyRelatedField(
@@ -159,7 +159,7 @@ class LineageSerializer(serializers.Serializer):
         queryset=DatasetVersion.objects.select_related("dataset"), required=False, allow_null=True, default=None
     )
     name = serializers.CharField(required=False, allow_blank=True, default="", max_length=150)
-    sft = serializers.JSONField(default=dict, help_text="Stage 1: workers.specs.SFTConfig (a teacher)")
+    sft = serializers.JSONField(default=dict, help_text="Stage 1: workers.rl.config_sections.SFTConfig (a teacher)")
     rl = serializers.JSONField(default=dict, help_text="Stage 2: TrainConfig without base_model")
     rft = serializers.JSONField(default=dict, help_text="Stage 3: min_reward, per_task, epochs, learning_rate")
     rl2 = serializers.JSONField(default=dict, help_text="Stage 4: TrainConfig without base_model")

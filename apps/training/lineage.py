@@ -31,7 +31,7 @@ from apps.training import services
 from apps.training.guards import train_config_check
 from apps.training.rft import rft_dataset_create
 from workers.rl.config import TrainConfig
-from workers.specs import SFTConfig
+from workers.rl.config_sections import SFTConfig
 
 STAGES = ("sft", "rl", "rft", "rl2")
 STAGE_MODEL = "(the model of the stage before)"

@@ -35,8 +35,8 @@ from workers.rl.config_sections import (
     LearnerConfig,
     LoraConfig,
     SamplingConfig,
+    SFTConfig,
 )
-from workers.specs import SFTConfig
 
 
 @needs(Capability.LAUNCH)

@@ -34,7 +34,7 @@ from workers.envs.registry import ENVIRONMENTS, get_environment
 from workers.models.registry import model_name_problems
 from workers.rewards.schema import spec_hash, with_anneal_horizon
 from workers.rl.config import TrainConfig
-from workers.specs import SFTConfig
+from workers.rl.config_sections import SFTConfig
 
 SCRIPTED_TEACHERS = {
     "scripted-search": "search",

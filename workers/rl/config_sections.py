@@ -6,7 +6,7 @@ correction, stall limits, and the defaults an environment sets for its runs. Eve
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -15,6 +15,7 @@ from workers.rl.algorithms import (
     ALGORITHMS,
     Algorithm,
 )
+from workers.search.rejection import FilterConfig
 
 
 class StrictModel(BaseModel):
@@ -345,3 +346,35 @@ class StallLimits(StrictModel):
         default=600, ge=1, le=7 * 24 * 3600, description="Learner to engines: encode, transfer, load"
     )
     evaluation: int | None = Field(default=None, ge=1, le=7 * 24 * 3600, description="An eval job's episodes")
+
+
+class SFTConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    teacher_model: str = Field(
+        default="smollm2-135m-instruct",
+        min_length=1,
+        description=(
+            "Generates the trajectories: a model, or a scripted agent: 'scripted-search' (workers.search.teacher) "
+            "for search, 'scripted-coding' (workers.coding.scripted) for coding_agent ('scripted-coding-search': the "
+            "same agent finding the function the instruction names by search, as a student can), 'scripted-swarm' "
+            "(workers.swarm.scripted, the orchestrator that fans items out to sub-agents) for swarm"
+        ),
+    )
+    base_model: str = Field(default="smollm2-135m-instruct", min_length=1, description="The model fine-tuned on them")
+    checkpoint_uri: str | None = Field(
+        default=None,
+        description="A trainer checkpoint of base_model whose weights the fine-tuning starts from (RFT after RL)",
+    )
+    environment: str = Field(default="search", min_length=1)
+    env_params: dict[str, Any] = Field(default_factory=dict)
+    rollouts_per_task: int = Field(default=4, ge=1, le=64, description="Episodes per task before filtering")
+    max_tasks: int = Field(default=64, ge=1, le=100_000)
+    filter: FilterConfig = Field(default_factory=lambda: FilterConfig())
+    epochs: int = Field(default=2, ge=1, le=100)
+    learning_rate: float = Field(default=1e-5, gt=0, le=1.0)
+    max_tokens_per_pack: int = Field(default=4096, ge=64, le=1_048_576)
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    threads: int = Field(default=2, ge=1, le=512)
+    seed: int = Field(default=0, ge=0)

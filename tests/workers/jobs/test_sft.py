@@ -6,10 +6,11 @@ import random
 
 import torch
 
-from workers.jobs.sft import SFTConfig, fine_tune
 from workers.models.registry import TINY_LLAMA, resolve_base_model
+from workers.rl.config_sections import SFTConfig
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import Sample
+from workers.rl.sft import fine_tune
 
 
 def _sample(rng: random.Random, segmented: bool) -> Sample:
@@ -69,8 +70,8 @@ def test_the_scripted_coding_teacher_solves_a_task_and_the_environment_keeps_onl
     coding environment's own SFT rule (solved, no error, no malformed call, once per task and diff)."""
     from tests.apps.coding.test_import import task_row
     from workers.coding.environment import CodingAgentEnv
-    from workers.jobs.sft import generate
     from workers.rewards.schema import coding_agent_spec
+    from workers.rl.sft import generate
 
     config = SFTConfig(
         teacher_model="scripted-coding",
@@ -91,8 +92,8 @@ def test_the_scripted_coding_teacher_solves_a_task_and_the_environment_keeps_onl
 def test_the_search_teacher_finds_the_named_function_in_the_sft_job() -> None:
     """`teacher_model: scripted-coding-search`: the same job, the agent locating the function by search."""
     from tests.apps.coding.test_import import task_row
-    from workers.jobs.sft import generate
     from workers.rewards.schema import coding_agent_spec
+    from workers.rl.sft import generate
 
     config = SFTConfig(
         teacher_model="scripted-coding-search",
