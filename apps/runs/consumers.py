@@ -10,6 +10,7 @@ from django.contrib.auth import get_user_model
 
 from apps.accounts.models import Capability
 from apps.runs.live import frames_for, group_name
+from apps.runs.models import Run
 from apps.runs.selectors import run_events_after, run_for_viewer, run_state
 
 REPLAY_PAGE = 2000
@@ -55,11 +56,10 @@ class RunConsumer(AsyncWebsocketConsumer):
         self.replayed = set()
         position: tuple[int, int | None] | None = (after, None)
         while position is not None:
-            run, events, position = await database_sync_to_async(run_events_after)(
-                run_id=self.run_id, after_batch=position[0], after_seq=position[1], limit=REPLAY_PAGE
+            run, events, position, state = await database_sync_to_async(_page_and_state)(
+                self.run_id, position[0], position[1]
             )
             self.replayed.update(e["seq"] for e in events)
-            state = run_state(run)
             if position is None:
                 # Every batch up to the run's count was committed when this page was read: the page may resume there.
                 state["cursor"] = run.ingest_batches
@@ -79,3 +79,14 @@ class RunConsumer(AsyncWebsocketConsumer):
         events = [e for e in message["events"] if e["seq"] not in self.replayed]
         for frame in frames_for(events, message["state"]):
             await self.send(text_data=frame)
+
+
+def _page_and_state(
+    run_id: int, after_batch: int, after_seq: int | None
+) -> tuple[Run, list[dict[str, Any]], tuple[int, int] | None, dict[str, Any]]:
+    """One replay page and the run's state, both read on the database thread: the state counts the runs queued
+    ahead of a queued one (a query), which async code may not run itself."""
+    run, events, position = run_events_after(
+        run_id=run_id, after_batch=after_batch, after_seq=after_seq, limit=REPLAY_PAGE
+    )
+    return run, events, position, run_state(run)

@@ -25,6 +25,8 @@ QUIET_MINUTES = 15
 """A running run that has reported no step for this long is flagged as quiet."""
 
 ORDER = {"unknown": 0, "ok": 1, "warn": 2, "bad": 3}
+LIVENESS = frozenset({"quiet", "stall"})
+"""Signals that say the job is alive, not that its training is healthy: alone, they never make a run "ok"."""
 HEALTH_STATUSES = ("ok", "warn", "bad", "unknown")
 
 
@@ -268,6 +270,8 @@ def run_health(run: Run) -> dict[str, Any]:
 
     known = [s for s in signals if s.status != "unknown"]
     overall = max((s.status for s in known), key=ORDER.__getitem__, default="unknown")
+    if overall == "ok" and all(s.key in LIVENESS for s in known):
+        overall = "unknown"  # alive, but no step has reported anything to judge yet
     return {
         "status": overall,
         "signals": [asdict(s) for s in signals],
@@ -318,13 +322,10 @@ def _quiet(run: Run) -> Signal:
     )
     since = last or run.started_at or run.created_at
     minutes = (timezone.now() - since) / timedelta(minutes=1)
-    status = "warn" if minutes > QUIET_MINUTES else "ok"
-    return Signal(
-        "quiet",
-        "Reporting",
-        status,
-        minutes,
-        f"last step {minutes:.0f} min ago",
-        f"warn > {QUIET_MINUTES} min",
-        MEANINGS["quiet"],
-    )
+    if last is None:  # no step yet: nothing to call ok, and quiet only once the wait is long
+        status = "warn" if minutes > QUIET_MINUTES else "unknown"
+        shown = f"no step yet, {minutes:.0f} min since the start"
+    else:
+        status = "warn" if minutes > QUIET_MINUTES else "ok"
+        shown = f"last step {minutes:.0f} min ago"
+    return Signal("quiet", "Reporting", status, minutes, shown, f"warn > {QUIET_MINUTES} min", MEANINGS["quiet"])

@@ -108,3 +108,29 @@ def test_a_reconnecting_page_gets_a_late_batch_with_lower_seqs_it_never_saw(run,
     replay = asyncio.run(go())
     assert "one, late" in replay and "five" not in replay
     assert 'data-cursor="2"' in replay
+
+
+def test_a_queued_runs_stream_says_its_place_and_reason_on_resume(run, users, client):
+    """The resume computes the queue position (a query) on the database thread: on the event loop it raised
+    SynchronousOnlyOperation, and the page kept "pending" with no reason until a reload."""
+    import asyncio
+
+    from apps.runs.models import RunStatus
+
+    run.status = RunStatus.QUEUED
+    run.queued_reason = "needs 2 CPUs; the cluster has 1 free"
+    run.save(update_fields=["status", "queued_reason"])
+    cookie = _login_cookie(client, users["viewer"])
+
+    async def go():  # type: ignore[no-untyped-def]
+        communicator, connected, _ = await _connect(run.pk, cookie)
+        assert connected
+        await communicator.send_to(text_data=json.dumps({"type": "resume", "after": 0}))
+        frame = await communicator.receive_from(timeout=5)
+        await communicator.disconnect()
+        await sync_to_async(close_old_connections)()
+        return frame
+
+    frame = asyncio.run(go())
+    assert "Queued, position 1" in frame and "needs 2 CPUs; the cluster has 1 free" in frame
+    assert 'class="badge queued"' in frame

@@ -125,6 +125,27 @@ def test_a_running_run_that_stopped_reporting_is_flagged_quiet(run):
     assert quiet["status"] == "warn" and "40 min" in quiet["shown"]
 
 
+def test_a_running_run_with_no_step_yet_is_unknown_until_the_wait_is_long(run):
+    """Alive is not healthy: a run that started but reported no step is "unknown" (not a green "ok" with "last step
+    1 min ago"), and "quiet" once it has waited longer than QUIET_MINUTES."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from apps.runs.health import QUIET_MINUTES
+
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.RUNNING, started_at=timezone.now() - timedelta(minutes=1))
+    run.refresh_from_db()
+    health = run_health(run)
+    quiet = _signals(health)["quiet"]
+    assert health["status"] == "unknown", health
+    assert quiet["status"] == "unknown" and quiet["shown"].startswith("no step yet")
+    Run.objects.filter(pk=run.pk).update(started_at=timezone.now() - timedelta(minutes=QUIET_MINUTES + 5))
+    run.refresh_from_db()
+    health = run_health(run)
+    assert health["status"] == "warn" and health["problems"] == ["Reporting"], health
+
+
 def test_the_api_and_the_run_page_show_the_panel_to_those_who_may_read_the_run(run, client_for, users):
     _train_run(run, {"reward_mean": [0.1, 0.2, 0.3, 0.45], "mismatch/kl_k3": [0.02] * 4})
     reply = client_for("viewer").get(f"/api/v1/runs/{run.pk}/health/")
