@@ -174,7 +174,9 @@ def test_a_feedback_refusal_carrying_retry_after_is_retried_until_it_passes() ->
 def test_the_serving_endpoint_renders_the_environments_own_conversation() -> None:
     """Against the serving side's renderer (workers.serving, built beside this package): a session's next request,
     rendered by the server, is the environment's conversation, text for text."""
-    api = pytest.importorskip("workers.serving.openai_api")
+    from workers.serving import openai_api as api
+    from workers.serving.openai_request import parse_request
+
     env = _env()
     messages = request_messages(env.messages, env.tools)
     tools = [tool.json_schema() for tool in env.tools]
@@ -185,7 +187,7 @@ def test_the_serving_endpoint_renders_the_environments_own_conversation() -> Non
     ]
     for turn, text in enumerate(raw):
         served = api.make_reply(
-            text, "stop", api.tool_specs(api.parse_request({"model": "m", "messages": messages, "tools": tools}).tools)
+            text, "stop", api.tool_specs(parse_request({"model": "m", "messages": messages, "tools": tools}).tools)
         ).message()
         calls = [
             WireCall(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in served.get("tool_calls", [])
