@@ -196,7 +196,7 @@ def test_the_serving_endpoint_renders_the_environments_own_conversation() -> Non
         step = env.step(reply.action_text)
         assert step.observation is not None
         messages += [reply.assistant_message, *observation_messages(step.observation.messages, reply.result_ids)]
-    request = api.parse_request({"model": "m", "messages": messages, "tools": tools})
+    request = parse_request({"model": "m", "messages": messages, "tools": tools})
     rendered = api.render_messages(request, api.tool_specs(request.tools))
     assert rendered == [{"role": m["role"], "content": m["content"]} for m in env.messages]
     assert env.counts["malformed_tool_calls"] == 1
