@@ -182,6 +182,7 @@ def run_ours(args: argparse.Namespace, size: dict[str, int]) -> dict[str, Any]:
 
     from workers.envs.registry import arithmetic_tasks
     from workers.models import SMOLLM2, make_backend, resolve_base_model
+    from workers.rl import distributed as distributed_module
     from workers.rl import learner as learner_module
     from workers.rl.config import TrainConfig
     from workers.rl.learner import Learner
@@ -228,10 +229,13 @@ def run_ours(args: argparse.Namespace, size: dict[str, int]) -> dict[str, Any]:
             assert blob is not None
             backend.load_state_dict(receiver.receive(blob), version=learner.version)  # type: ignore[attr-defined]
         forward, backward, optim, clip = Timer(), Timer(), Timer(), Timer()
+        # The learner calls completion_logprobs itself (old log-probs) and through its rank wrapper
+        # (workers.rl.distributed, the loss forward): both are timed.
         original_logprobs = learner_module.completion_logprobs
         original_step = learner.optimizer.step
         original_clip = torch.nn.utils.clip_grad_norm_
         learner_module.completion_logprobs = forward.wrap(original_logprobs)  # type: ignore[attr-defined]
+        distributed_module.completion_logprobs = learner_module.completion_logprobs  # type: ignore[attr-defined]
         learner.optimizer.step = optim.wrap(original_step)  # type: ignore[method-assign]
         torch.nn.utils.clip_grad_norm_ = clip.wrap(original_clip)
 
@@ -262,6 +266,7 @@ def run_ours(args: argparse.Namespace, size: dict[str, int]) -> dict[str, Any]:
         t2, cpu2 = time.perf_counter(), cpu_seconds()
         hook.remove()
         learner_module.completion_logprobs = original_logprobs  # type: ignore[attr-defined]
+        distributed_module.completion_logprobs = original_logprobs  # type: ignore[attr-defined]
         learner.optimizer.step = original_step  # type: ignore[method-assign]
         torch.nn.utils.clip_grad_norm_ = original_clip
         log(f"ours: {label}: train {t2 - t1:.1f}s")
