@@ -4,6 +4,7 @@ approval, deployments and rollback."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
@@ -21,6 +22,7 @@ from apps.common.errors import validation_messages
 from apps.gates import selectors, services
 from apps.gates.models import Deployment, Gate, GateCheck, GateDecision
 from apps.runs.models import Checkpoint
+from workers.evals.gates import rule_text
 
 app_name = "gates"
 
@@ -87,6 +89,7 @@ def gate_detail(request: HttpRequest, gate_id: int) -> HttpResponse:
         {
             "gate": gate,
             "rules_json": json.dumps(gate.rules, indent=2),
+            "rule_texts": [rule_text(rule) for rule in gate.rules],
             "versions": gate.benchmark_versions.select_related("benchmark"),
             "current": selectors.current_deployment(gate),
             "checks": [(check, decided.get(check.pk)) for check in checks],
@@ -144,7 +147,8 @@ def decision_detail(request: HttpRequest, decision_id: int) -> HttpResponse:
         "gates/decision.html",
         {
             "decision": decision,
-            "outcomes": evidence.get("outcomes", []),
+            "outcomes": _outcomes_with_approval(decision, evidence.get("outcomes", [])),
+            "rules_state": "fail" if decision.verdict == "fail" else "pass",
             "candidate_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("candidate_evals") or {}).items()],
             "baseline_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("baseline_evals") or {}).items()],
             "evidence_json": json.dumps(evidence, indent=2),
@@ -153,6 +157,29 @@ def decision_detail(request: HttpRequest, decision_id: int) -> HttpResponse:
             and decision.verdict != "fail",
         },
     )
+
+
+def _outcomes_with_approval(decision: GateDecision, outcomes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored rule outcomes as the page shows them: each rule in words, and the approval rule's row with the
+    human's decision once there is one (the evidence was written before it, when that row was still pending)."""
+    shown = []
+    for outcome in outcomes:
+        row = {
+            **outcome,
+            "text": rule_text(outcome.get("rule")),
+            "inputs_json": json.dumps(outcome.get("inputs"), indent=2, sort_keys=True, default=str),
+            "statistic_json": json.dumps(outcome["statistic"], indent=2, sort_keys=True, default=str)
+            if outcome.get("statistic")
+            else "",
+        }
+        rule = outcome.get("rule")
+        if isinstance(rule, dict) and rule.get("type") == "approval" and decision.approval:
+            approved = decision.approval == "approved"
+            row["verdict"] = "pass" if approved else "fail"
+            when = f" at {decision.approved_at:%Y-%m-%d %H:%M:%S}" if decision.approved_at else ""
+            row["message"] = f"{'approved' if approved else 'rejected'} by {decision.approved_by}{when}"
+        shown.append(row)
+    return shown
 
 
 @needs(Capability.APPROVE)

@@ -50,6 +50,10 @@ class _Rule(BaseModel):
         one class (and its entry in `RULE_CLASSES`), not another branch in `evaluate_rules`."""
         raise NotImplementedError
 
+    def text(self) -> str:
+        """The rule in words, as the gate and decision pages show it."""
+        raise NotImplementedError
+
 
 class ThresholdRule(_Rule):
     """The candidate's ``metric`` on ``benchmark`` must satisfy ``<metric> <op> <value>`` (e.g. pass@1 >= 0.6).
@@ -61,6 +65,9 @@ class ThresholdRule(_Rule):
     metric: str = Field(default="pass@1", min_length=1)
     op: Literal[">=", ">", "<=", "<"] = ">="
     value: float = Field(allow_inf_nan=False)
+
+    def text(self) -> str:
+        return f"{self.metric} {self.op} {self.value:g} on {self.benchmark}"
 
     def evaluate(self, inputs: GateInputs) -> Decision:
         """Fails when the benchmark or metric is missing or not finite: no evidence is no pass."""
@@ -98,6 +105,13 @@ class NoRegressionRule(_Rule):
     metric: str = Field(default="pass@1", min_length=1)
     alpha: float = 0.05
     slice_by: list[Literal["tag", "difficulty", "source"]] = Field(default_factory=list)
+
+    def text(self) -> str:
+        slices = f", and per {' and per '.join(self.slice_by)}" if self.slice_by else ""
+        return (
+            f"no regression of {self.metric} on {self.benchmark} against the deployment "
+            f"(paired, one-sided, alpha {self.alpha:g}{slices})"
+        )
 
     @field_validator("alpha")
     @classmethod
@@ -208,6 +222,10 @@ class FlagRateRule(_Rule):
             raise PydanticCustomError("rate_range", "must be a fraction between 0 and 1 (got {got})", {"got": value})
         return value
 
+    def text(self) -> str:
+        who = "any detector" if self.detector == "*" else f"detector {self.detector}"
+        return f"at most {self.max_rate:.0%} of the evaluated trajectories flagged by {who}"
+
     def evaluate(self, inputs: GateInputs) -> Decision:
         """Fails when the rate is missing or not a fraction: an unmeasured candidate is not a clean one."""
         rate = inputs.flag_rates.get(self.detector)
@@ -228,6 +246,9 @@ class ApprovalRule(_Rule):
     """A human holding the approver permission must approve the deployment; pending until they decide."""
 
     type: Literal["approval"] = "approval"
+
+    def text(self) -> str:
+        return "a human with the approver permission approves"
 
     def evaluate(self, inputs: GateInputs) -> Decision:
         """Pending until a human decides; a rejection fails the gate."""
@@ -305,6 +326,17 @@ def _translate(err: ErrorDetails) -> dict[str, str]:
     else:
         message = f"{err['msg']} (got {err['input']!r})"
     return {"field": path, "message": f"{path}: {message}"}
+
+
+def rule_text(raw: object) -> str:
+    """One stored rule (its JSON) in words; a rule this version cannot read is shown as its JSON."""
+    cls = _CLASS_BY_TYPE.get(raw.get("type", "")) if isinstance(raw, dict) else None
+    if cls is not None:
+        try:
+            return cls.model_validate(raw).text()
+        except ValidationError:
+            pass
+    return json.dumps(raw, sort_keys=True, default=str)
 
 
 def parse_rules(raw: object) -> list[AnyRule]:

@@ -70,6 +70,24 @@ def test_an_approver_approves_in_the_browser_and_the_checkpoint_is_deployed(clie
     assert "Roll back" in html and "current" in html
 
 
+def test_an_approved_decision_tells_one_story_and_rules_read_as_words(client, users, decided) -> None:
+    """After the approval the title, the summary line and the approval rule's row agree (the stored evidence was
+    written while that row was pending); rules read as sentences, never as a Python dict."""
+    url = f"/gates/decisions/{decided['decision'].pk}/"
+    client.force_login(users["approver"])
+    before = client.get(url).content.decode()
+    assert "approval <strong>waiting</strong>" in before and "waiting for a human" in before  # stored while pending
+    client.post(f"{url}judge/", {"action": "approve"})
+    html = client.get(url).content.decode()
+    rules = html[html.index("<h2>Rules</h2>") : html.index("</table>", html.index("<h2>Rules</h2>"))]
+    assert "waiting for a human" not in rules and "approval <strong>approved</strong>" in html
+    assert f"approved by {users['approver']}" in rules
+    assert "automated verdict" not in html and "{&#x27;" not in html and "{'" not in html
+    assert "a human with the approver permission approves" in html
+    gate_page = client.get(f"/gates/{decided['gate'].pk}/").content.decode()
+    assert "a human with the approver permission approves" in gate_page and "{&#x27;" not in gate_page
+
+
 def test_an_admin_creates_a_gate_in_the_browser_and_a_bad_rule_is_shown(client, users) -> None:
     version = coding_version(owner=users["admin"], rows=CODING_ROWS[:2])
     client.force_login(users["admin"])

@@ -430,3 +430,21 @@ def test_evaluate_rules_records_what_each_rule_decides() -> None:
         )
     assert [o.verdict for o in evaluation.outcomes] == ["pass", "pass", "fail", "pending"]
     assert evaluation.verdict == "fail"
+
+
+def test_every_rule_type_reads_as_words_and_an_unreadable_rule_as_its_json() -> None:
+    from workers.evals.gates import RULE_CLASSES, rule_text
+
+    texts = {
+        "threshold": rule_text({"type": "threshold", "benchmark": "humaneval", "metric": "pass@1", "value": 0.5}),
+        "no_regression": rule_text({"type": "no_regression", "benchmark": "repo", "slice_by": ["tag"]}),
+        "flag_rate": rule_text({"type": "flag_rate", "max_rate": 0.1}),
+        "approval": rule_text({"type": "approval"}),
+    }
+    assert set(texts) == {cls.model_fields["type"].default for cls in RULE_CLASSES}
+    assert texts["threshold"] == "pass@1 >= 0.5 on humaneval"
+    assert texts["no_regression"].startswith("no regression of pass@1 on repo") and "per tag" in texts["no_regression"]
+    assert texts["flag_rate"] == "at most 10% of the evaluated trajectories flagged by any detector"
+    assert texts["approval"] == "a human with the approver permission approves"
+    assert rule_text({"type": "threshold", "value": "x"}) == '{"type": "threshold", "value": "x"}'
+    assert rule_text("not a rule") == '"not a rule"'
