@@ -1,10 +1,11 @@
 """Run pages (namespace "runs"): the runs list (the home page), a run with its live charts, checkpoints and
-cancel, the comparison of runs, and one stored trajectory turn by turn.
+cancel, the comparison of runs; the trajectory pages are in `apps.runs.pages_trajectory`.
 
 The trajectory page shows, for a search trajectory (workers.search.environment), each tool call and its arguments, the
 passages returned (chunk id, score, which retrievers found them), pruned chunks struck through, the token usage
 across turns, the final output items against the gold chunks, the reward broken down by term, and the detector
-flags. Live runs keep the full record of the first `trajectory_samples_per_step` trajectories of each step;
+flags. Live runs keep the full record of every trajectory (a share of each step's groups plus every flagged one when
+`trajectory_sample_rate` is below 1);
 re-scoring runs point at the uploaded dataset file, so every re-scored trajectory opens.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.contrib import messages
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
 from django.views.decorators.http import require_POST
@@ -30,12 +31,8 @@ from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
 from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.learning import run_learning
-from apps.runs.models import Run, RunStatus, TrajectorySummary
-from apps.runs.selectors import find_record
-from workers.rewards.judge import JudgeUnavailable, stored_judgements_only
-from workers.rewards.schema import validate_reward_spec
-from workers.rewards.score import score_trajectory
-from workers.trajectories import Trajectory
+from apps.runs.models import Run, RunStatus
+from apps.runs.pages_trajectory import group_detail, trajectory_detail, trajectory_tokens
 
 SPARKLINE_WIDTH, SPARKLINE_HEIGHT = 120, 24
 
@@ -121,6 +118,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "parent_diff": _parent_diff(run),
             "histogram": histogram,
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
+            # RFT export is offered only where there is something to export (a run stopped at step 0 has nothing).
+            "stored_trajectories": run.trajectories.exclude(storage_uri="").exists(),
             "health": health,
             # Training runs (and any run reporting a reward) head with "did it learn?" (docs/did-it-learn.md).
             "learning": run_learning(run, health["trend"]) if run.kind == "train" or health["trend"]["steps"] else None,
@@ -261,92 +260,6 @@ def run_compare(request: HttpRequest) -> HttpResponse:
     )
 
 
-def _turn_views(record: dict[str, Any]) -> list[dict[str, Any]]:
-    pruned = set(record.get("pruned_chunk_ids") or [])
-    gold = set(record.get("gold_doc_ids") or [])
-    views: list[dict[str, Any]] = []
-    for turn in record.get("turns") or []:
-        if not isinstance(turn, dict):
-            continue
-        results = [
-            {
-                **r,
-                "pruned": r.get("chunk_id") in pruned,
-                "gold": r.get("chunk_id") in gold,
-                "retrievers": ", ".join(f"{k} #{v}" for k, v in sorted((r.get("ranks") or {}).items())),
-            }
-            for r in turn.get("results") or []
-            if isinstance(r, dict)
-        ]
-        views.append(
-            {
-                "role": turn.get("role", ""),
-                "tool": turn.get("tool"),
-                "args": json.dumps(turn.get("args"), ensure_ascii=False) if turn.get("args") else "",
-                "content": turn.get("content", ""),
-                "results": results,
-                "pruned": turn.get("pruned") or [],
-                "error": turn.get("error"),
-            }
-        )
-    return views
-
-
-@needs(Capability.READ)
-def trajectory_detail(request: HttpRequest, run_id: int, trajectory_id: str) -> HttpResponse:
-    run = get_object_or_404(Run.objects.select_related("reward_version"), pk=run_id)
-    summary = TrajectorySummary.objects.filter(run=run, trajectory_id=trajectory_id).first()
-    if summary is None:
-        raise Http404(f"run {run.pk} has no trajectory {trajectory_id!r}")
-    record = find_record(summary.storage_uri, trajectory_id) if summary.storage_uri else None
-    context: dict[str, Any] = {"run": run, "summary": summary, "record": record, "flags": summary.flags.all()}
-    if record is not None:
-        breakdown: list[dict[str, Any]] = []
-        reward = None
-        result = None
-        if run.reward_version is not None:
-            spec = validate_reward_spec(run.reward_version.spec)
-            try:
-                with stored_judgements_only():  # a web request never loads a judge model
-                    result = score_trajectory(spec, Trajectory.model_validate(record))
-            except JudgeUnavailable as exc:
-                context["rescore_problem"] = str(exc)
-        if result is not None:
-            reward = result
-            for term in spec.terms:
-                value = result.terms[term.name]
-                breakdown.append(
-                    {
-                        "name": term.name,
-                        "kind": term.kind,
-                        "value": value,
-                        "weight": term.weight,
-                        "contribution": term.weight * value * (1 if term.kind == "gain" else -1),
-                    }
-                )
-        gold = set(record.get("gold_doc_ids") or [])
-        answer_chunks = set(record.get("answer_doc_ids") or [])
-        items = record.get("output_items") or [
-            {"id": i, "justification": ""} for i in record.get("output_doc_ids") or []
-        ]
-        context.update(
-            {
-                "turns": _turn_views(record),
-                "breakdown": breakdown,
-                "rescored": reward,
-                "outputs": [
-                    {**item, "gold": item.get("id") in gold, "answer": item.get("id") in answer_chunks}
-                    for item in items
-                    if isinstance(item, dict)
-                ],
-                "missed": sorted(gold - {str(i.get("id")) for i in items if isinstance(i, dict)}),
-                "usage": record.get("token_usage") or [],
-                "budget": record.get("token_budget"),
-            }
-        )
-    return render(request, "runs/trajectory.html", context)
-
-
 app_name = "runs"
 
 
@@ -365,4 +278,6 @@ urlpatterns = [
     path("runs/<int:run_id>/distribution.json", run_distribution, name="distribution"),
     path("runs/<int:run_id>/checkpoints/", run_checkpoints, name="checkpoints"),
     path("runs/<int:run_id>/trajectories/<str:trajectory_id>/", trajectory_detail, name="trajectory"),
+    path("runs/<int:run_id>/trajectories/<str:trajectory_id>/tokens/", trajectory_tokens, name="trajectory_tokens"),
+    path("runs/<int:run_id>/steps/<int:step>/groups/<int:group>/", group_detail, name="group"),
 ]

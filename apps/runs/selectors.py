@@ -13,7 +13,7 @@ from django.db.models.fields.json import KeyTextTransform, KeyTransform
 
 from apps.accounts.models import Capability, User
 from apps.runs import ray_jobs
-from apps.runs.models import ROLLUP_STEPS, TERMINAL_STATUSES, IngestedRange, Run, RunEvent, RunStatus
+from apps.runs.models import ROLLUP_STEPS, TERMINAL_STATUSES, IngestedRange, Run, RunEvent, RunStatus, TrajectorySummary
 from apps.runs.storage import read_storage_uri
 from workers.rl.placement import add, readable
 
@@ -411,6 +411,33 @@ def find_record(uri: str, trajectory_id: str) -> dict[str, Any] | None:
             if isinstance(record, dict) and str(record.get("id")) == trajectory_id:
                 return record
     return None
+
+
+def step_records(run: Run, step: int) -> list[dict[str, Any]]:
+    """The full records a training run stored for `step`, in the order written (by group, then sample); empty when
+    none was stored or the file is unreadable or too large to scan."""
+    uris = (
+        TrajectorySummary.objects.filter(run=run, step=step)
+        .exclude(storage_uri="")
+        .values_list("storage_uri", flat=True)
+        .distinct()
+    )
+    records: list[dict[str, Any]] = []
+    for uri in uris:
+        try:
+            data = read_storage_uri(uri)
+        except (FileNotFoundError, OSError):
+            continue
+        if len(data) > MAX_RECORD_SCAN_BYTES:
+            continue
+        for line in data.splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and record.get("step", step) == step:
+                records.append(record)
+    return records
 
 
 def event_accounting(run: Run) -> dict[str, Any]:

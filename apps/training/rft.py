@@ -2,8 +2,9 @@
 the run's successful trajectories, filtered by reward and deduplicated by task, become a version of a
 trajectories dataset, the input of a later SFT run or any re-scoring.
 
-Only trajectories whose full record is stored can be exported: a training run keeps the records of the first
-`trajectory_samples_per_step` trajectories of each step (raise it on runs whose trajectories you mean to reuse);
+Only trajectories whose full record is stored can be exported: a training run keeps every record unless it lowered
+`trajectory_sample_rate` (then a share of each step's groups plus every flagged one; older runs: the first
+`trajectory_samples_per_step`);
 the report says how many qualified by reward but had no stored record. The source leaves the acceptance rule open:
 ours keeps a trajectory that completed without error and whose reward reaches `min_reward`, the best `per_task`
 of each task (highest reward, then latest step).
@@ -26,6 +27,8 @@ from apps.runs.models import Run, TrajectorySummary
 from apps.runs.storage import read_storage_uri
 
 RFT_FILE = "rft.jsonl"
+# Keys a training step adds to a stored record for its pages (workers.rl.token_view), left out of exported rows.
+VIEW_ONLY_KEYS = frozenset({"tokens"})
 MAX_PER_TASK = 64
 
 
@@ -83,15 +86,16 @@ def rft_dataset_create(
             except ValueError:
                 continue
             if isinstance(record, dict) and str(record.get("id")) in wanted:
-                records[str(record["id"])] = record
+                # The token-level view is the trajectory page's, not a dataset row's.
+                records[str(record["id"])] = {k: v for k, v in record.items() if k not in VIEW_ONLY_KEYS}
     kept = [records[s.trajectory_id] for summaries in picked.values() for s in summaries if s.trajectory_id in records]
     if not kept:
         raise ValidationError(
             {
                 "min_reward": [
                     f"no trajectory of run {run.pk} completed with reward >= {min_reward:g} and a stored record "
-                    f"({len(qualified)} reached the reward, {len(stored)} of them stored); lower min_reward, or raise "
-                    "trajectory_samples_per_step on the runs you mean to reuse"
+                    f"({len(qualified)} reached the reward, {len(stored)} of them stored); lower min_reward, or keep "
+                    "trajectory_sample_rate at 1 on the runs you mean to reuse"
                 ]
             }
         )

@@ -161,7 +161,21 @@ class TrainConfig(StrictModel):
     max_tokens_per_pack: int = Field(
         1024, ge=64, le=1_048_576, description="Learner micro-batch in packed tokens: bounds activation memory"
     )
-    trajectory_samples_per_step: int = Field(default=2, ge=0, le=1024, description="Full trajectories kept in storage")
+    trajectory_sample_rate: float = Field(
+        default=1.0,
+        ge=0.0,
+        le=1.0,
+        description="Share of each step's groups whose trajectories are stored in full (messages, tool calls, "
+        "tokens with log-probs, reward by term, advantage); every flagged trajectory is stored whatever the rate. "
+        "1.0: all; lower it for very large runs",
+    )
+    trajectory_samples_per_step: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="Runs created before trajectory_sample_rate: store the first this many of each step (plus the "
+        "flagged ones) instead of the rate. Empty: the rate decides",
+    )
     seed: int = Field(default=0, ge=0)
     beta_schedule: BetaSchedule | None = Field(
         default=None, description="Anneal the reward's F-beta between epochs (Context-1 X3); None keeps its beta"

@@ -24,6 +24,7 @@ from workers.findings import Finding
 from workers.models.base import PolicyBackend, SamplingParams
 from workers.rewards.schema import RewardSpec, validate_reward_spec, with_f_beta
 from workers.rewards.score import judgements_of, score_trajectory
+from workers.rl.token_view import token_view
 from workers.trajectories import Trajectory
 
 
@@ -260,6 +261,10 @@ class RolloutWorker:
         if judged:
             record["judgements"] = judged  # the evidence, and what the trajectory page re-scores with
         counts = record.get("counts", {})
+        segments = [*episode.prior_segments, (episode.token_ids, episode.completion_start)]
+        record["tokens"] = token_view(
+            self.backend.tokenizer, segments, episode.loss_mask, episode.old_logprobs, episode.token_versions
+        )
         sampled_versions = [v for v, m in zip(episode.token_versions, episode.loss_mask, strict=True) if m]
         return Sample(
             task_id=str(episode.env.task.id),

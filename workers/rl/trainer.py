@@ -25,6 +25,7 @@ import time
 from typing import Any, Protocol
 
 import ray
+import torch
 from ray.util.placement_group import placement_group, remove_placement_group
 
 from workers.detectors.registry import flag_metrics
@@ -33,12 +34,14 @@ from workers.reporting import Reporter, report_flags
 from workers.rewards.schema import validate_reward_spec
 from workers.rewards.score import annealed_weights, histogram
 from workers.rl.actors import engines_for, learner_for, wait_for_resources
+from workers.rl.advantages import group_advantages
 from workers.rl.config import TrainConfig, settings_for
 from workers.rl.placement import plan_resources
 from workers.rl.rollout import RolloutResult, Sample
 from workers.rl.sampling import Curriculum, FilledBatch, HardUpsampler, dynamic_sampling_batch
 from workers.rl.staleness import bound_staleness
 from workers.rl.toggle import apply_toggle, task_budgets
+from workers.rl.token_view import full_record, stored_indices
 from workers.search.metrics import mean_metrics
 from workers.storage import (
     SHARDED_SUFFIX,
@@ -130,6 +133,17 @@ def toggled(
     rewards, metrics = apply_toggle(batch, config.group_size, step=step, config=toggle, budgets=budgets)
     metrics["toggle/task_reward_mean"] = sum(s.reward for s in batch) / max(len(batch), 1)
     return [dataclasses.replace(s, reward=r) for s, r in zip(batch, rewards, strict=True)], metrics
+
+
+def shown_advantages(samples: list[Sample], group_size: int, scale: str) -> list[float | None]:
+    """Each sample's advantage in its group from its task reward, as `group_advantages` computes it (the learner's
+    can differ slightly where the algorithm shapes the reward first: a KL reward penalty, DAPO's overlong
+    penalty). None for every sample where the step does not split into whole groups."""
+    if group_size < 2 or not samples or len(samples) % group_size:
+        return [None] * len(samples)
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float64)
+    result = group_advantages(rewards, group_size, scale=scale, drop_equal_groups=False)  # type: ignore[arg-type]
+    return [round(float(a), 6) for a in result.advantages]
 
 
 def trajectory_summary(sample: Sample, step: int) -> dict[str, Any]:
@@ -475,14 +489,39 @@ class Trainer:
         reporter.metric(step + 1, metrics)
         hist = histogram([s.reward for s in samples])  # the run page's reward distribution, latest step
         reporter.histogram("reward", hist["edges"], hist["counts"])
-        keep = samples[: config.trajectory_samples_per_step]
+        stored = set(
+            stored_indices(
+                [bool(s.findings) for s in samples],
+                config.group_size,
+                config.trajectory_sample_rate,
+                config.trajectory_samples_per_step,
+            )
+        )
         stored_uri = f"{self.job.output_prefix}/trajectories/step-{step + 1:06d}.jsonl"
-        if keep:
-            payload = "".join(json.dumps(s.trajectory) + "\n" for s in keep).encode()
+        if stored:
+            advantages = shown_advantages(samples, config.group_size, self.settings.scale_rewards)
+            payload = "".join(
+                json.dumps(
+                    full_record(
+                        s.trajectory,
+                        step=step + 1,
+                        group=i // config.group_size,
+                        reward=s.reward,
+                        terms=s.terms,
+                        advantage=advantages[i],
+                        policy_version=s.policy_version,
+                        sampled_tokens=s.sampled_tokens,
+                        flags=[{"detector": f.detector, "severity": f.severity} for f in s.findings],
+                    )
+                )
+                + "\n"
+                for i, s in enumerate(samples)
+                if i in stored
+            ).encode()
             write_bytes(stored_uri, payload, self.opts)
         for index, sample in enumerate(samples):
-            # Full records are kept for the first few of each step; the trajectory page opens them.
-            where = stored_uri if index < len(keep) else ""
+            # Full records (every one by default, config.trajectory_sample_rate): the trajectory page opens them.
+            where = stored_uri if index in stored else ""
             reporter.trajectory(**trajectory_summary(sample, step + 1), storage_uri=where)
             report_flags(reporter, sample.findings, step=step + 1)  # after its trajectory, so ingest links them
             for finding in sample.findings:
