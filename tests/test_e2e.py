@@ -302,6 +302,8 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     checkpoint = Checkpoint.objects.get(run=run, step=3)
     assert Path(checkpoint.uri.removeprefix("file://")).stat().st_size > 0
     assert run.trajectories.count() == 3 * 2 * 2
+    # Every rollout is stored in full by default (issue 39 part 1): the browser opens one with its tokens.
+    assert not run.trajectories.filter(storage_uri="").exists()
     # async mode places the engine apart from the learner (placement auto -> split), each with half the CPU
     assert run.summary["resources"]["placement"] == "split"
     assert sorted(p["role"] for p in run.summary["placement"]) == ["engine", "learner"]
@@ -345,6 +347,7 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     run.refresh_from_db()
     report = _browser_flow(stack, operator, "realrun", CRUCIBLE_RUN=str(run.pk), CRUCIBLE_HEALTH=run.health)
     assert any(s.startswith("the token-version histogram") for s in report["steps"]), report
+    assert any(s.startswith("a trajectory opened from the run page shows") for s in report["steps"]), report
 
 
 def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_queued_then_runs(stack, users):

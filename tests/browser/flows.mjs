@@ -241,6 +241,22 @@ async function realrun(page) {
   check(/max [\d.e-]+ s \(step \d\)/.test(sync) && /ok/.test(sync), `the weight sync is timed and under budget: ${sync.replace(/\s+/g, " ")}`);
   await page.$eval("#run-health", (el) => el.scrollIntoView());
   await shot(page, "real-run-health");
+  // Every rollout readable (issue 39): a trajectory opened from the run page shows its turns, its tokens on demand
+  // (sampled ones with their log-probs) and its group side by side.
+  await page.goto(`${base}/runs/${run}/`);
+  await Promise.all([page.waitForNavigation(), page.click(`a[href^="/runs/${run}/trajectories/"]`)]);
+  const turns = await page.$$eval("#turns .turn, #chain .turn", (ts) => ts.length);
+  check(turns >= 1, `the trajectory shows its turns: ${turns}`);
+  await page.click("#token-view summary");
+  await page.waitForSelector("#token-body .tokens .tok", { timeout: 30000 });
+  const titles = await page.$$eval("#token-body .tok[title^='log-prob']", (ts) => ts.length);
+  check(titles >= 1, `sampled tokens carry their log-probs: ${titles}`);
+  await shot(page, "trajectory-tokens");
+  steps.push(`a trajectory opened from the run page shows ${turns} turns and ${titles} sampled tokens`);
+  await Promise.all([page.waitForNavigation(), page.click("#group-link")]);
+  const samples = await page.$$eval("#group-samples thead a", (as) => as.length);
+  check(samples === 2, `its group shows its 2 samples side by side: ${samples}`);
+  await shot(page, "trajectory-group");
   await page.goto(`${base}/?health=${process.env.CRUCIBLE_HEALTH}`);
   await page.waitForSelector(`#runs-grid a[href="/runs/${run}/"]`, { timeout: 30000 });
   const badge = await page.$eval(`#runs-grid tr:has(a[href="/runs/${run}/"]) .badge[class*="health-"]`, (b) => b.textContent.trim());

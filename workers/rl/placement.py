@@ -63,9 +63,15 @@ def describe(resources: dict[str, float]) -> str:
     """'4 CPU, 1 GPU, 8 GB memory, 1 engine_node'."""
     parts = []
     for k, v in readable(resources).items():
-        amount = f"{v:g}"
-        parts.append(f"{amount} GB memory" if k == "memory_gb" else f"{amount} {k}")
+        parts.append(f"{_memory(v)} memory" if k == "memory_gb" else f"{round(v, 2):g} {k}")
     return ", ".join(parts) or "nothing"
+
+
+def _memory(gb: float) -> str:
+    """'86 MB', '1.5 GB', '64 GB': no fractions of a gigabyte like '0.084 GB'."""
+    if 0 < gb < 1:
+        return f"{gb * 1024:.0f} MB"
+    return f"{gb:.0f} GB" if gb >= 10 else f"{round(gb, 1):g} GB"
 
 
 @dataclass(frozen=True)

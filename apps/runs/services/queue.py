@@ -45,6 +45,8 @@ _cache: dict[str, tuple[float, Capacity | None]] = {}
 class Capacity:
     nodes: list[dict[str, float]]
     source: str
+    label: str = ""
+    """How a run page's queue message names the source (no internal address); empty: `source`."""
 
     @property
     def total(self) -> dict[str, float]:
@@ -71,7 +73,9 @@ def capacity_from(nodes: list[ray_jobs.RayNode]) -> Capacity | None:
         for node in nodes
         if node.alive
     ]
-    return Capacity(nodes=alive, source=f"the Ray cluster at {settings.RAY_ADDRESS}") if alive else None
+    if not alive:
+        return None
+    return Capacity(nodes=alive, source=f"the Ray cluster at {settings.RAY_ADDRESS}", label="the Ray cluster")
 
 
 def cluster_capacity(*, max_age: float = CAPACITY_MAX_AGE) -> Capacity | None:
@@ -200,7 +204,8 @@ def admit_in_order(capacity: Capacity | None) -> tuple[list[int], list[int]]:
             missing = _missing(total, free)
             if missing:
                 reason = (
-                    f"waiting for {describe(missing)} more: {capacity.source} has {describe(capacity.total)}, "
+                    f"waiting for {describe(missing)} more: {capacity.label or capacity.source} has "
+                    f"{describe(capacity.total)}, "
                     f"running runs hold {describe(held) if held else 'nothing'}"
                 )
                 blocked_by = run

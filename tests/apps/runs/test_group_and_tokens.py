@@ -110,3 +110,14 @@ def test_missing_groups_and_token_views_are_404_and_anonymous_users_go_to_login(
     # A record stored before token views has none to open.
     TrajectorySummary.objects.filter(trajectory_id=tid).update(storage_uri="")
     assert client.get(f"/runs/{run.pk}/trajectories/{tid}/tokens/").status_code == 404
+
+
+def test_an_action_a_role_may_not_take_is_refused_in_crucibles_own_layout_with_a_way_back(client, users, run) -> None:
+    client.force_login(users["viewer"])
+    refused = client.post(f"/runs/{run.pk}/cancel/")
+    html = refused.content.decode()
+    assert refused.status_code == 403 and 'id="forbidden"' in html and "css/app.css" in html
+    assert "needs &#x27;launch&#x27;" in html or "needs 'launch'" in html
+    assert 'href="/"' in html  # back to the runs
+    run.refresh_from_db()
+    assert run.status != "cancelled"

@@ -202,3 +202,24 @@ def test_many_dispatches_at_once_never_overfill_the_cluster_or_submit_a_run_twic
     admitted = Run.objects.filter(admitted_at__isnull=False)
     assert admitted.count() == 2 and Run.objects.filter(status=RunStatus.QUEUED).count() == 4
     assert sorted(cluster) == sorted(run.submission_id for run in admitted)  # each once
+
+
+def test_the_queue_message_names_no_internal_address_and_no_fraction_of_a_gigabyte(  # type: ignore[no-untyped-def]
+    cluster, launch, settings, monkeypatch
+) -> None:
+    from apps.runs.ray_jobs import RayNode
+    from workers.rl.placement import GB, describe
+
+    assert describe({"CPU": 1 / 3, "memory": 0.084 * GB}) == "0.33 CPU, 86 MB memory"
+    assert describe({"memory": 3.5 * GB}) == "3.5 GB memory" and describe({"memory": 64 * GB}) == "64 GB memory"
+    # Capacity from Ray itself (nothing declared): the launch error may name the address, the run page does not.
+    settings.CLUSTER_NODES = ""
+    settings.RAY_ADDRESS = "http://10.0.0.7:8265"
+    queue._cache.clear()
+    node = RayNode("n1", "10.0.0.7", True, True, {"CPU": 8.0, "GPU": 2.0, "memory": 64 * GB})
+    monkeypatch.setattr("apps.runs.ray_jobs.nodes", lambda timeout=3: [node])
+    first, second = launch(gpus=2).json(), launch(gpus=2).json()
+    assert _state(first["id"]) == ("pending", None) and _state(second["id"]) == ("queued", 1)
+    reason = Run.objects.get(pk=second["id"]).queued_reason
+    assert reason.startswith("waiting for 2 GPU more: the Ray cluster has 8 CPU, 2 GPU, 64 GB memory"), reason
+    assert "10.0.0.7" not in reason and "8265" not in reason
