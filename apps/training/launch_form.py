@@ -72,3 +72,66 @@ def with_fits(reward: RewardConfigVersion, fits: dict[int, list[str]]) -> Reward
 def training_checkpoints() -> Any:
     """Training runs' checkpoints, newest first: what a new run may start from."""
     return Checkpoint.objects.filter(run__kind=RunKind.TRAIN).select_related("run").order_by("-pk")
+
+
+# The training form's basic view: what a newcomer picks; every other field is under "Advanced".
+BASIC_FIELDS = ("base_model", "environment", "steps")
+
+# The settings a recipe preset carries (form field paths); the rest keep their own defaults.
+RECIPE_KEYS = (
+    "algorithm",
+    "learning_rate",
+    "steps",
+    "prompts_per_step",
+    "group_size",
+    "lora.rank",
+    "checkpoint_every",
+    "sampling.max_new_tokens",
+)
+DEFAULT_RECIPE = "cpu-lora"
+
+
+def _flat(config: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)
+    return out
+
+
+def recipe_presets(field_defaults: dict[str, str]) -> list[dict[str, Any]]:
+    """The launch form's recipes, each with the form values it sets (`RECIPE_KEYS`). `field_defaults` are the
+    form's own defaults (TrainConfig's fields): the paper recipe is those.
+
+    - `cpu-lora` (the default): the example run's recipe (`workers.rl.example_recipe.EXAMPLE_CONFIG`): GRPO, LoRA
+      rank 16 at 1e-3, 12 steps of 8 prompts x 4 samples of up to 24 tokens; minutes on 2 CPU cores.
+    - `paper`: the algorithm's reported settings as TrainConfig holds them (full parameters, learning rate 1e-6,
+      20 steps): sized for GPUs, hours on a CPU.
+    """
+    from workers.rl.example_recipe import EXAMPLE_CONFIG
+
+    example = _flat(EXAMPLE_CONFIG)
+    return [
+        {
+            "name": DEFAULT_RECIPE,
+            "label": "Example recipe: GRPO, LoRA 16 at 1e-3, 12 short steps (minutes on 2 CPU cores)",
+            "settings": {key: example.get(key, field_defaults.get(key, "")) for key in RECIPE_KEYS},
+        },
+        {
+            "name": "paper",
+            "label": "Reported settings: the algorithm's own, full parameters at 1e-6 (sized for GPUs)",
+            "settings": {key: field_defaults.get(key, "") for key in RECIPE_KEYS},
+        },
+        {"name": "custom", "label": "Custom: keep what I set under Advanced", "settings": {}},
+    ]
+
+
+def dataset_environments() -> dict[str, list[str]]:
+    """For each dataset kind, the environments that train on it (`Environment.dataset_kind`): the form offers only
+    the task datasets the chosen environment accepts."""
+    out: dict[str, list[str]] = {}
+    for name, _ in environment_choices():
+        out.setdefault(get_environment(name).dataset_kind, []).append(name)
+    return out

@@ -22,7 +22,16 @@ from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.runs.models import Run, TrajectorySummary
 from apps.training import services
-from apps.training.launch_form import reward_environments, run_time_rates, training_checkpoints, with_fits
+from apps.training.launch_form import (
+    BASIC_FIELDS,
+    DEFAULT_RECIPE,
+    dataset_environments,
+    recipe_presets,
+    reward_environments,
+    run_time_rates,
+    training_checkpoints,
+    with_fits,
+)
 from apps.training.rft import rft_dataset_create
 from workers.envs.registry import ENVIRONMENTS, environment_choices
 from workers.models.registry import BUILTINS
@@ -223,11 +232,22 @@ def train_new(request: HttpRequest) -> HttpResponse:
     if request.method == "GET" and request.GET.get("init_checkpoint", "").isdigit():
         values["init_checkpoint"] = request.GET["init_checkpoint"]  # "train from here" on a run's checkpoints
     fits = reward_environments(rewards)
-    if request.method == "GET":  # defaults that pair: the first reward that scores the default environment
+    kinds = dataset_environments()
+    recipes = recipe_presets({f["name"]: f["value"] for f in _train_form_fields({})})
+    if request.method == "GET":
+        # Defaults that pair: the first tasks dataset the default environment accepts and the first reward that
+        # scores it, with the example's recipe (a run that finishes in minutes here).
         environment = str(TrainConfig.model_fields["environment"].default)
         first = next((pk for pk, envs in fits.items() if environment in envs), None)
         if first is not None:
             values["reward_version"] = str(first)
+        dataset = next((v for v in versions if environment in kinds.get(v.dataset.kind, [])), None)
+        if dataset is not None and "dataset_version" not in values:
+            values["dataset_version"] = str(dataset.pk)
+        values.setdefault("recipe", DEFAULT_RECIPE)
+        chosen = next((r for r in recipes if r["name"] == values["recipe"]), recipes[0])
+        for key, value in chosen["settings"].items():
+            values.setdefault(key, value)
     if request.method == "POST":
         init_id = request.POST.get("init_checkpoint", "")
         init = training_checkpoints().filter(pk=int(init_id)).first() if init_id.isdigit() else None
@@ -259,11 +279,15 @@ def train_new(request: HttpRequest) -> HttpResponse:
                 errors = validation_messages(exc)
             else:
                 return redirect("runs:detail", run_id=run.pk)
+    fields = _train_form_fields(values)
     return render(
         request,
         "runs/train_new.html",
         {
-            "versions": versions,
+            "versions": [(v, " ".join(kinds.get(v.dataset.kind, []))) for v in versions],
+            "recipes": recipes,
+            "basic_fields": [f for f in fields if f["name"] in BASIC_FIELDS],
+            "advanced_fields": [f for f in fields if f["name"] not in BASIC_FIELDS],
             "rewards": [with_fits(r, fits) for r in rewards],
             "recipe_reward_envs": " ".join(recipe_reward_environments()),
             "recipe_reward_label": _recipe_label(
@@ -280,7 +304,6 @@ def train_new(request: HttpRequest) -> HttpResponse:
                 **{name: cls.default_group_size for name, cls in ENVIRONMENTS.items() if cls.default_group_size},
             },
             "errors": errors,
-            "fields": _train_form_fields(values),
             "values": values,
             "per_rank": values.get("compute.per_rank", ""),
             "per_engine": values.get("compute.per_engine", ""),

@@ -50,8 +50,50 @@
           : `No reward config fits environment "${env.value}": add one under Reward configs.`;
       }
     }
-    env.addEventListener("change", apply);
+    // Datasets: only those the environment trains on (each option's data-envs, from Environment.dataset_kind).
+    const dataset = document.querySelector('select[name="dataset_version"]');
+    const datasetNote = document.getElementById("dataset-fit");
+    function applyDatasets() {
+      if (!dataset) return;
+      let firstFit = null;
+      for (const option of dataset.options) {
+        if (!option.value) continue;
+        const ok = fits(option);
+        option.hidden = !ok;
+        option.disabled = !ok;
+        if (ok && firstFit === null) firstFit = option;
+      }
+      const chosen = dataset.options[dataset.selectedIndex];
+      if ((!chosen || !fits(chosen)) && firstFit) firstFit.selected = true;
+      if (datasetNote) {
+        datasetNote.textContent = firstFit
+          ? `Only the datasets environment "${env.value}" trains on are offered.`
+          : `No dataset fits environment "${env.value}": upload or generate one under Datasets.`;
+      }
+    }
+    // Recipes: choosing one sets its values under Advanced (the server rendered the default recipe's already).
+    const recipe = document.getElementById("recipe");
+    const presets = JSON.parse((document.getElementById("recipe-presets") || {}).textContent || "[]");
+    function applyRecipe() {
+      const chosen = presets.find((r) => r.name === recipe.value);
+      if (!chosen) return;
+      for (const [name, value] of Object.entries(chosen.settings)) {
+        const field = document.querySelector(`[name="${name}"]`);
+        if (field) field.value = value;
+      }
+      estimate();
+    }
+    if (recipe) {
+      recipe.addEventListener("change", applyRecipe);
+      // Editing a value a recipe sets makes the choice custom: what is launched is what the form shows.
+      const keys = new Set(presets.flatMap((r) => Object.keys(r.settings)));
+      document.querySelector("form").addEventListener("input", (event) => {
+        if (keys.has(event.target.name)) recipe.value = "custom";
+      });
+    }
+    env.addEventListener("change", () => { apply(); applyDatasets(); });
     apply();
+    applyDatasets();
     estimate();
     document.querySelector("form").addEventListener("input", estimate);
     document.querySelector("form").addEventListener("change", estimate);
