@@ -278,3 +278,17 @@ class Checkpoint(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}@{self.step}"
+
+
+class PanelLayout(models.Model):
+    """How one user arranges a run page's charts, kept per scope (`apps.runs.layouts.scope_of`: the run's
+    environment, which decides the metrics its runs report): pinned panels in order, hidden ones, the sections
+    they opened, smoothing, log scales and the x-axis. Validated by `apps.runs.layouts.clean_layout`."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="panel_layouts")
+    scope = models.CharField(max_length=100)
+    layout = models.JSONField(default=dict)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["user", "scope"], name="uniq_panel_layout_per_scope")]

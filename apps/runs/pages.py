@@ -30,6 +30,7 @@ from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
 from apps.runs import chart_reads, kinds, selectors, services
 from apps.runs.health import HEALTH_STATUSES, run_health
+from apps.runs.layouts import layout_for, layout_save, scope_of
 from apps.runs.learning import run_learning
 from apps.runs.models import Run, RunStatus
 from apps.runs.pages_trajectory import group_detail, trajectory_detail, trajectory_tokens
@@ -120,11 +121,29 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
             "top_trajectories": run.trajectories.order_by("-reward")[:10],
             # RFT export is offered only where there is something to export (a run stopped at step 0 has nothing).
             "stored_trajectories": run.trajectories.exclude(storage_uri="").exists(),
+            "panel_layout": layout_for(request_user(request), run),
+            "panel_scope": scope_of(run),
             "health": health,
             # Training runs (and any run reporting a reward) head with "did it learn?" (docs/did-it-learn.md).
             "learning": run_learning(run, health["trend"]) if run.kind == "train" or health["trend"]["steps"] else None,
         },
     )
+
+
+@needs(Capability.READ)
+@require_POST
+def run_layout_view(request: HttpRequest, run_id: int) -> JsonResponse:
+    """Save the user's panel layout for this run's scope (apps.runs.layouts): a JSON body; 400 naming the field."""
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        data = json.loads(request.body or b"null")
+    except ValueError:
+        return JsonResponse({"fields": {"layout": ["not valid JSON"]}}, status=400)
+    try:
+        layout = layout_save(request_user(request), run, data)
+    except ValidationError as exc:
+        return JsonResponse({"fields": exc.detail}, status=400)
+    return JsonResponse({"scope": scope_of(run), "layout": layout})
 
 
 def _parent_diff(run: Run) -> list[dict[str, Any]] | None:
@@ -274,6 +293,7 @@ urlpatterns = [
     path("runs/compare/", run_compare, name="compare"),
     path("runs/<int:run_id>/", run_detail, name="detail"),
     path("runs/<int:run_id>/cancel/", run_cancel_view, name="cancel"),
+    path("runs/<int:run_id>/layout/", run_layout_view, name="layout"),
     path("runs/<int:run_id>/chart.json", run_chart, name="chart"),
     path("runs/<int:run_id>/distribution.json", run_distribution, name="distribution"),
     path("runs/<int:run_id>/checkpoints/", run_checkpoints, name="checkpoints"),

@@ -25,33 +25,45 @@
   const C = window.CrucibleCharts;
 
   // Charts grouped by the metric name's prefix (train/, reward/, env/, eval/, ...; names without one are "train"),
-  // the key ones pinned first; each group collapsible. Collapsed groups, smoothing and log scales are remembered
-  // per user in this browser (localStorage).
-  const KEY = ["reward_mean", "eval/score", "loss", "kl", "entropy", "tokens_per_second"];
+  // the pinned ones first in the user's order; sections start folded except the pinned one. The layout (pinned,
+  // hidden, open sections, smoothing, log scales, x-axis) is the user's for this run's scope, saved on the server
+  // (apps/runs/layouts.py): it follows the user, and one user's pins are not another's.
   const GROUP_ORDER = ["key", "train", "reward", "rollout", "env", "eval", "term", "detector", "flags"];
   const charts = new Map(); // name -> uPlot
   C.live = charts; // for the browser tests (tests/browser/flows.mjs) and the console
-  const storeKey = `crucible.charts.v1.${live.dataset.user || ""}`;
   const layout = (() => {
-    const fresh = { collapsed: [], smoothing: 0, log: [], x: "step" };
+    const fresh = { pinned: [], hidden: [], open: ["key"], log: [], smoothing: 0, x: "step" };
     try {
-      const kept = JSON.parse(localStorage.getItem(storeKey) || "{}") || {};
+      const kept = JSON.parse((document.getElementById("panel-layout") || {}).textContent || "{}") || {};
+      const list = (v) => (Array.isArray(v) ? v.filter((n) => typeof n === "string") : []);
       return {
-        collapsed: Array.isArray(kept.collapsed) ? kept.collapsed : [],
-        smoothing: Math.min(0.99, Math.max(0, Number(kept.smoothing) || 0)),
-        log: Array.isArray(kept.log) ? kept.log : [],
+        pinned: list(kept.pinned), hidden: list(kept.hidden), open: Array.isArray(kept.open) ? list(kept.open) : ["key"],
+        log: list(kept.log), smoothing: Math.min(0.99, Math.max(0, Number(kept.smoothing) || 0)),
         x: kept.x === "time" ? "time" : "step",
       };
-    } catch (err) { return fresh; } // unreadable or from another version: start afresh
+    } catch (err) { return fresh; }
   })();
-  function saveLayout() { try { localStorage.setItem(storeKey, JSON.stringify(layout)); } catch (err) { /* private mode */ } }
+  let saveTimer = null;
+  const saved = document.getElementById("chart-layout-state");
+  function saveLayout() {
+    clearTimeout(saveTimer);
+    saveTimer = setTimeout(() => {
+      let token = "";
+      try { token = JSON.parse(document.body.getAttribute("hx-headers") || "{}")["X-CSRFToken"] || ""; } catch (err) { /* none */ }
+      fetch(`/runs/${runId}/layout/`, {
+        method: "POST", credentials: "same-origin", body: JSON.stringify(layout),
+        headers: { "Content-Type": "application/json", "X-CSRFToken": token },
+      }).then((r) => { if (saved) saved.textContent = r.ok ? "layout saved" : `layout not saved (${r.status})`; })
+        .catch(() => { if (saved) saved.textContent = "layout not saved (offline)"; });
+    }, 300);
+  }
   function groupOf(name) {
-    if (KEY.includes(name)) return "key";
+    if (layout.pinned.includes(name)) return "key";
     return name.includes("/") ? name.split("/")[0] : "train";
   }
   function order(a, b) {
-    const ia = KEY.indexOf(a), ib = KEY.indexOf(b);
-    if (ia !== ib) return (ia < 0 ? 99 : ia) - (ib < 0 ? 99 : ib);
+    const ia = layout.pinned.indexOf(a), ib = layout.pinned.indexOf(b);
+    if (ia !== ib) return (ia < 0 ? 9999 : ia) - (ib < 0 ? 9999 : ib);
     return a < b ? -1 : a > b ? 1 : 0;
   }
   function groupRank(g) { const i = GROUP_ORDER.indexOf(g); return i < 0 ? 50 : i; }
@@ -125,16 +137,17 @@
     box = document.createElement("details");
     box.className = "chart-group";
     box.dataset.group = group;
-    box.open = !layout.collapsed.includes(group);
+    box.open = layout.open.includes(group);
     const title = document.createElement("summary");
-    title.textContent = group === "key" ? "key metrics" : group;
+    title.textContent = group === "key" ? "pinned" : group;
     box.appendChild(title);
     const grid = document.createElement("div");
     grid.className = "chart-grid";
     box.appendChild(grid);
     box.addEventListener("toggle", () => {
-      layout.collapsed = layout.collapsed.filter((g) => g !== group);
-      if (!box.open) layout.collapsed.push(group);
+      if (box.open === layout.open.includes(group)) return;
+      layout.open = layout.open.filter((g) => g !== group);
+      if (box.open) layout.open.push(group);
       saveLayout();
     });
     const groups = Array.from(el.querySelectorAll(".chart-group"));
@@ -175,7 +188,14 @@
     const holder = document.createElement("div");
     holder.className = "small-chart";
     holder.dataset.metric = name;
-    holder.innerHTML = '<div class="chart-tools"><button type="button" data-act="log" aria-pressed="false">log</button>' +
+    const pinned = layout.pinned.includes(name);
+    holder.innerHTML = '<div class="chart-tools">' +
+      (pinned ? '<button type="button" data-act="left" title="move left">&larr;</button>' +
+        '<button type="button" data-act="right" title="move right">&rarr;</button>' +
+        '<button type="button" data-act="unpin" title="unpin">unpin</button>'
+        : '<button type="button" data-act="pin" title="pin to the top">pin</button>') +
+      '<button type="button" data-act="hide" title="hide this panel">hide</button>' +
+      '<button type="button" data-act="log" aria-pressed="false">log</button>' +
       '<button type="button" data-act="csv">CSV</button><button type="button" data-act="png">PNG</button></div>' +
       '<div class="plot"></div>';
     groupBox(el, groupOf(name)).appendChild(holder);
@@ -185,6 +205,10 @@
       if (!act || !chart) return;
       if (act === "csv") C.exportCsv(`run${runId}-${name}`, chart._crucible.xs, chart._crucible.lines);
       if (act === "png") C.exportPng(`run${runId}-${name}`, chart);
+      if (act === "pin" || act === "unpin" || act === "hide" || act === "left" || act === "right") {
+        arrange(name, act);
+        return;
+      }
       if (act === "log") {
         layout.log = layout.log.includes(name) ? layout.log.filter((n) => n !== name) : layout.log.concat([name]);
         saveLayout();
@@ -195,10 +219,46 @@
     build(name, holder);
   }
 
+  // Pin, unpin, move a pinned panel, hide: the layout changes, is saved, and the panels are laid out again.
+  function arrange(name, act) {
+    const at = layout.pinned.indexOf(name);
+    if (act === "pin" && at < 0) layout.pinned.push(name);
+    if (act === "unpin") layout.pinned = layout.pinned.filter((n) => n !== name);
+    if (act === "hide") { layout.hidden = layout.hidden.concat([name]); layout.pinned = layout.pinned.filter((n) => n !== name); }
+    if (act === "show") layout.hidden = layout.hidden.filter((n) => n !== name);
+    const to = act === "left" ? at - 1 : act === "right" ? at + 1 : -1;
+    if (at >= 0 && to >= 0 && to < layout.pinned.length) {
+      layout.pinned.splice(at, 1);
+      layout.pinned.splice(to, 0, name);
+    }
+    saveLayout();
+    for (const chart of charts.values()) chart.destroy();
+    charts.clear();
+    document.getElementById("chart-metrics").textContent = "";
+    drawMetrics();
+  }
+
+  function drawHidden() {
+    const box = document.getElementById("chart-hidden");
+    if (!box) return;
+    const hidden = layout.hidden.filter((n) => names.has(n));
+    box.hidden = !hidden.length;
+    box.textContent = hidden.length ? `Hidden (${hidden.length}): ` : "";
+    for (const name of hidden) {
+      const b = document.createElement("button");
+      b.type = "button";
+      b.dataset.show = name;
+      b.textContent = `show ${name}`;
+      b.addEventListener("click", () => arrange(name, "show"));
+      box.appendChild(b);
+    }
+  }
+
   function drawMetrics() {
     if (paused) return;
     const el = document.getElementById("chart-metrics");
-    const cols = Array.from(names).sort(order);
+    drawHidden();
+    const cols = Array.from(names).filter((n) => !layout.hidden.includes(n)).sort(order);
     if (!cols.length) { el.textContent = "No metrics yet."; return; }
     if (!charts.size) el.textContent = "";
     for (const name of cols) {

@@ -87,7 +87,8 @@ async function charts(page) {
     `small values get distinct, non-zero tick labels: ${axes.y.join(" ")}`);
   check(axes.x.length >= 2 && axes.x.every((v) => /^\d+$/.test(v)), `the step axis shows integers: ${axes.x.join(" ")}`);
   for (const [metric, top] of [["weight_sync_seconds", 1.1], ["train/clip_fraction", 1]]) {
-    await page.waitForSelector(`.small-chart[data-metric="${metric}"] canvas`, { timeout: 30000 });
+    // Outside the pinned section: drawn in a section that starts folded.
+    await page.waitForSelector(`.small-chart[data-metric="${metric}"] canvas`, { state: "attached", timeout: 30000 });
     const flat = await page.evaluate((m) => {
       const c = window.CrucibleCharts.live.get(m);
       return { labels: c.axes[1]._values.filter((v) => v), max: c.scales.y.max };
@@ -136,8 +137,9 @@ async function charts(page) {
   const shown = await page.$$eval(".small-chart", (cs) => cs.filter((c) => c.style.display !== "none").map((c) => c.dataset.metric));
   check(shown.length === 1 && shown[0] === "env/turns", `the filter leaves the matching chart: ${shown.join(", ")}`);
   await page.fill("#chart-filter", "");
+  check(!(await page.$eval('.chart-group[data-group="env"]', (g) => g.open)), "sections other than the pinned one start folded");
   await page.click('.chart-group[data-group="env"] > summary');
-  check(!(await page.$eval('.chart-group[data-group="env"]', (g) => g.open)), "a group folds");
+  check(await page.$eval('.chart-group[data-group="env"]', (g) => g.open), "a folded section opens");
   await page.$eval("#chart-smoothing", (el) => { el.value = "0.8"; el.dispatchEvent(new Event("input")); });
   const smoothed = await page.evaluate(() => {
     const c = window.CrucibleCharts.live.get("loss");
@@ -154,13 +156,30 @@ async function charts(page) {
   check(timeAxis.x === "wall time" && timeAxis.labels.every((v) => /^\d+(s|m|h|d)/.test(v)) && Math.round(timeAxis.last) === 39 * 30,
     `the x-axis switches to wall time: ${timeAxis.labels.join(" ")}`);
   await page.selectOption("#chart-x", "step");
+  // A run page you arrange (issue 39): pin a panel, move it first, hide another; the layout is the user's, on the server.
+  await page.click('.chart-group[data-group="reward"] > summary');
+  await page.click('.small-chart[data-metric="reward/f_beta"] [data-act="pin"]');
+  await page.waitForSelector('.chart-group[data-group="key"] .small-chart[data-metric="reward/f_beta"]');
+  for (let i = 0; i < 6; i++) {
+    const first = await page.$eval('.chart-group[data-group="key"] .small-chart', (c) => c.dataset.metric);
+    if (first === "reward/f_beta") break;
+    await page.click('.chart-group[data-group="key"] .small-chart[data-metric="reward/f_beta"] [data-act="left"]');
+  }
+  const savedAll = page.waitForResponse((r) => r.url().endsWith("/layout/") && r.ok() &&
+    (r.request().postData() || "").includes('"hidden":["kl"]') && (r.request().postData() || "").includes('"pinned":["reward/f_beta"'));
+  await page.click('.small-chart[data-metric="kl"] [data-act="hide"]');
+  await page.waitForSelector('#chart-hidden button[data-show="kl"]');
+  await savedAll; // the save is debounced: wait for the one that holds every change
   await page.reload();
   await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
   const kept = await page.evaluate(() => ({
     log: window.CrucibleCharts.live.get("loss").scales.y.distr, smoothing: document.getElementById("chart-smoothing").value,
-    folded: !document.querySelector('.chart-group[data-group="env"]').open,
+    opened: document.querySelector('.chart-group[data-group="env"]').open,
+    pinned: Array.from(document.querySelectorAll('.chart-group[data-group="key"] .small-chart')).map((c) => c.dataset.metric),
+    hidden: !document.querySelector('.small-chart[data-metric="kl"]') && !!document.querySelector('#chart-hidden button[data-show="kl"]'),
   }));
-  check(kept.log === 3 && kept.smoothing === "0.8" && kept.folded, "the layout is remembered across a reload");
+  check(kept.log === 3 && kept.smoothing === "0.8" && kept.opened, "the layout is remembered across a reload");
+  check(kept.pinned[0] === "reward/f_beta" && kept.hidden, `a pinned panel stays pinned and first, a hidden one hidden: ${kept.pinned.join(", ")}`);
   // The runs list: a column from the config, tick the two runs, compare them (the ticks survive the 5 s refresh).
   await page.goto(`${base}/?cols=config.algorithm&q=browser-charts`);
   await shot(page, "runs-table");
@@ -226,7 +245,7 @@ async function realrun(page) {
   await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
   const run = process.env.CRUCIBLE_RUN;
   await page.goto(`${base}/runs/${run}/`);
-  await page.waitForSelector('.small-chart[data-metric="versions/lag_1_share"] canvas', { timeout: 30000 });
+  await page.waitForSelector('.small-chart[data-metric="versions/lag_1_share"] canvas', { state: "attached", timeout: 30000 });
   const groups = await page.$$eval("#chart-metrics .chart-group", (gs) => gs.map((g) => g.dataset.group));
   check(groups.includes("mismatch") && groups.includes("versions"), `mismatch and token-version groups: ${groups.join(", ")}`);
   const lags = await page.$$eval('.chart-group[data-group="versions"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
