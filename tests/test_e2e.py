@@ -916,8 +916,10 @@ def _browser_flow(stack, user, flow: str, **env: str) -> dict:  # type: ignore[n
         text=True,
         timeout=300,
     )
+    # The flow's own output, whole, beside the stack's logs (an assertion message is cut).
+    (stack["var"] / "log" / f"browser-{flow}.txt").write_text(done.stdout + "\n" + done.stderr)
     logs = {p.name: p.read_text()[-1500:] for p in (stack["var"] / "log").glob("*.log")}
-    assert done.returncode == 0, (done.stdout, done.stderr, logs)
+    assert done.returncode == 0, (done.stderr[-3000:], done.stdout[-2000:], logs)
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["problems"] == []
     return report

@@ -263,9 +263,10 @@ async function realrun(page) {
   // Every rollout readable (issue 39): a trajectory opened from the run page shows its turns, its tokens on demand
   // (sampled ones with their log-probs) and its group side by side.
   await page.goto(`${base}/runs/${run}/`);
-  await Promise.all([page.waitForNavigation(), page.click(`a[href^="/runs/${run}/trajectories/"]`)]);
+  await Promise.all([page.waitForNavigation(), page.click("#top-trajectories tbody a")]);
   const turns = await page.$$eval("#turns .turn, #chain .turn", (ts) => ts.length);
-  check(turns >= 1, `the trajectory shows its turns: ${turns}`);
+  const where = `${page.url()}: ${await page.title()}: ${(await page.textContent("main, body")).replace(/\s+/g, " ").slice(0, 600)}`;
+  check(turns >= 1, `the trajectory shows its turns: ${turns} (${where})`);
   await page.click("#token-view summary");
   await page.waitForSelector("#token-body .tokens .tok", { timeout: 30000 });
   const titles = await page.$$eval("#token-body .tok[title^='log-prob']", (ts) => ts.length);
