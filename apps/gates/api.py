@@ -81,6 +81,10 @@ class NoteSerializer(serializers.Serializer):
 class GateDecisionSerializer(serializers.ModelSerializer):
     gate_name = serializers.CharField(source="gate.name", read_only=True)
     approved_by: serializers.StringRelatedField[User] = serializers.StringRelatedField()
+    # One verdict (issue 39): `verdict` is the outcome with the approval applied; `final_verdict` stays as an
+    # alias of it for scripts written before; `stages` says how it got there (checks, then approval).
+    verdict = serializers.CharField(source="final_verdict", read_only=True)
+    stages = serializers.ListField(read_only=True)
 
     class Meta:
         model = GateDecision
@@ -92,6 +96,7 @@ class GateDecisionSerializer(serializers.ModelSerializer):
             "gate_check",
             "verdict",
             "final_verdict",
+            "stages",
             "evidence",
             "approval",
             "approved_by",

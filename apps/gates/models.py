@@ -100,6 +100,23 @@ class GateDecision(models.Model):
             return Verdict.PASS if self.approval == Approval.APPROVED else Verdict.PENDING
         return Verdict.PASS
 
+    @property
+    def stages(self) -> list[dict[str, str]]:
+        """The decision's one verdict as steps: the automatic checks (every rule but the approval), then the
+        approval. Each step has a state: checks pass | fail; approval not needed | waiting | approved | rejected |
+        skipped (the checks failed). Pages, the API, webhooks and the CLI show these, never the stored
+        `verdict` field beside the final one (issue 39: a page said "pass", "pending" and "approved" at once)."""
+        checks = "fail" if self.verdict == Verdict.FAIL else "pass"
+        if self.approval:
+            approval, by = self.approval, self.approved_by.username if self.approved_by else ""
+        else:
+            approval = {"fail": "skipped", "pending": "waiting"}.get(str(self.verdict), "not needed")
+            by = ""
+        return [
+            {"stage": "checks", "label": "automatic checks", "state": checks},
+            {"stage": "approval", "label": "approval", "state": approval, "by": by},
+        ]
+
 
 class Deployment(models.Model):
     """A checkpoint serving behind a gate. Exactly one is current per gate; a rollback is a new row that

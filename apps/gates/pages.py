@@ -148,7 +148,6 @@ def decision_detail(request: HttpRequest, decision_id: int) -> HttpResponse:
         {
             "decision": decision,
             "outcomes": _outcomes_with_approval(decision, evidence.get("outcomes", [])),
-            "rules_state": "fail" if decision.verdict == "fail" else "pass",
             "candidate_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("candidate_evals") or {}).items()],
             "baseline_evals": [(name, evals.get(pk)) for name, pk in (evidence.get("baseline_evals") or {}).items()],
             "evidence_json": json.dumps(evidence, indent=2),
@@ -167,10 +166,6 @@ def _outcomes_with_approval(decision: GateDecision, outcomes: list[dict[str, Any
         row = {
             **outcome,
             "text": rule_text(outcome.get("rule")),
-            "inputs_json": json.dumps(outcome.get("inputs"), indent=2, sort_keys=True, default=str),
-            "statistic_json": json.dumps(outcome["statistic"], indent=2, sort_keys=True, default=str)
-            if outcome.get("statistic")
-            else "",
         }
         rule = outcome.get("rule")
         if isinstance(rule, dict) and rule.get("type") == "approval" and decision.approval:

@@ -37,8 +37,9 @@ def decision_payload(decision: GateDecision) -> dict[str, Any]:
         "decision": decision.pk,
         "gate": decision.gate.name,
         "checkpoint": decision.checkpoint_id,
-        "verdict": decision.verdict,
-        "final_verdict": decision.final_verdict,
+        "verdict": decision.final_verdict,
+        "final_verdict": decision.final_verdict,  # an alias of verdict, for scripts written before issue 39
+        "stages": decision.stages,
         "approval": decision.approval,
         "approved_by": decision.approved_by.username if decision.approved_by else None,
         "rules": [

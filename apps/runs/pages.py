@@ -1,5 +1,5 @@
 """Run pages (namespace "runs"): the runs list (the home page), a run with its live charts, checkpoints and
-cancel, the comparison of runs; the trajectory pages are in `apps.runs.pages_trajectory`.
+cancel, the comparison of runs is in `apps.runs.pages_compare`, the trajectory pages in `apps.runs.pages_trajectory`.
 
 The trajectory page shows, for a search trajectory (workers.search.environment), each tool call and its arguments, the
 passages returned (chunk id, score, which retrievers found them), pruned chunks struck through, the token usage
@@ -33,6 +33,7 @@ from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.layouts import layout_for, layout_save, scope_of
 from apps.runs.learning import run_learning
 from apps.runs.models import Run, RunStatus
+from apps.runs.pages_compare import run_compare
 from apps.runs.pages_trajectory import group_detail, trajectory_detail, trajectory_tokens
 
 SPARKLINE_WIDTH, SPARKLINE_HEIGHT = 120, 24
@@ -210,73 +211,6 @@ def run_cancel_view(request: HttpRequest, run_id: int) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, "; ".join(validation_messages(exc)))
     return redirect("runs:detail", run_id=run.pk)
-
-
-def _spec_of(run: Run) -> dict[str, Any]:
-    return dict(run.spec.get("config") or run.spec)
-
-
-@needs(Capability.READ)
-def run_compare(request: HttpRequest) -> HttpResponse:
-    """Two or more runs: their metric curves overlaid (server-downsampled), their config diff and reward diff."""
-    ids = [int(v) for v in request.GET.getlist("run") if v.isdigit()][:6]
-    runs = list(Run.objects.filter(pk__in=ids).select_related("reward_version__config", "created_by"))
-    runs.sort(key=lambda r: ids.index(r.pk))
-    errors = [] if len(runs) >= 2 else ["pick at least two runs (?run=1&run=2)"]
-    base = runs[0] if runs else None
-    diffs = []
-    for other in runs[1:]:
-        assert base is not None
-        reward_changes = (
-            reward_spec_diff(base.reward_version.spec, other.reward_version.spec)
-            if base.reward_version and other.reward_version
-            else []
-        )
-        diffs.append(
-            {
-                "run": other,
-                "config": reward_spec_diff(_spec_of(base), _spec_of(other)),
-                "reward": reward_changes,
-                "same_reward": base.reward_version_id == other.reward_version_id,
-            }
-        )
-    names_of = {r.pk: set(selectors.metric_names(run_id=r.pk)) for r in runs}
-    names = sorted(set().union(*names_of.values())) if names_of else []
-    series = {
-        name: [
-            {"run": r.pk, **selectors.metric_series(run_id=r.pk, name=name, max_points=500)}
-            for r in runs
-            if name in names_of[r.pk]
-        ]
-        for name in names[:24]
-    }
-    group_by = request.GET.get("group", "").strip()[:120]
-    groups: dict[int, str] = {}
-    if group_by:
-        source, _, path = group_by.partition(".")
-        if source not in ("config", "summary") or not path:
-            errors.append(f"group by {group_by!r}: write config.<key> or summary.<key>")
-            group_by = ""
-        for run in runs:
-            value: Any = _spec_of(run) if source == "config" else (run.summary or {})
-            for key in path.split("."):
-                value = value.get(key) if isinstance(value, dict) else None
-            run.group_value = groups[run.pk] = "(none)" if value is None else str(value)  # type: ignore[attr-defined]
-    return render(
-        request,
-        "runs/compare.html",
-        {
-            "group_by": group_by,
-            "groups": groups,
-            "runs": runs,
-            "base": base,
-            "diffs": diffs,
-            "errors": errors,
-            "series": series,
-            "recent": Run.objects.order_by("-created_at").only("pk", "name", "kind")[:50],
-            "selected": ids,
-        },
-    )
 
 
 app_name = "runs"

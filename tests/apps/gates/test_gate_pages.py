@@ -76,11 +76,17 @@ def test_an_approved_decision_tells_one_story_and_rules_read_as_words(client, us
     url = f"/gates/decisions/{decided['decision'].pk}/"
     client.force_login(users["approver"])
     before = client.get(url).content.decode()
-    assert "approval <strong>waiting</strong>" in before and "waiting for a human" in before  # stored while pending
+    assert "approval: <strong>waiting</strong>" in before and "waiting for a human" in before  # stored while pending
+    assert 'data-verdict="pending"' in before
+    assert "verdict: <strong>pending</strong> (waiting for the approval)" in before
     client.post(f"{url}judge/", {"action": "approve"})
     html = client.get(url).content.decode()
-    rules = html[html.index("<h2>Rules</h2>") : html.index("</table>", html.index("<h2>Rules</h2>"))]
-    assert "waiting for a human" not in rules and "approval <strong>approved</strong>" in html
+    rules = html[html.index("<h2>Rules</h2>") : html.index("</section>", html.index("<h2>Rules</h2>"))]
+    assert "waiting for a human" not in rules and f"approval: <strong>approved</strong> by {users['approver']}" in html
+    # One verdict, its stages as steps: the checks passed, then the approval, then the verdict.
+    stages = html[html.index('id="decision-stages"') : html.index("</ol>", html.index('id="decision-stages"'))]
+    assert 'data-verdict="pass"' in stages and "automatic checks: <strong>pass</strong>" in stages
+    assert "verdict: <strong>pass</strong>" in stages and "pending" not in html.split("Rules</h2>")[0]
     assert f"approved by {users['approver']}" in rules
     assert "automated verdict" not in html and "{&#x27;" not in html and "{'" not in html
     assert "a human with the approver permission approves" in html

@@ -106,6 +106,9 @@ def test_a_checkpoint_is_gated_approved_by_an_approver_and_deployed(client_for, 
     # Polling the check returns the decision with its evidence.
     polled = client_for("viewer").get(f"/api/v1/gate-checks/{check.pk}/")
     assert polled.status_code == 200 and polled.json()["decision"]["id"] == decision.pk
+    waiting = polled.json()["decision"]
+    assert waiting["verdict"] == waiting["final_verdict"] == "pending"
+    assert [(s["stage"], s["state"]) for s in waiting["stages"]] == [("checks", "pass"), ("approval", "waiting")]
 
     for role in ("viewer", "operator", "reviewer"):
         reply = client_for(role).post(f"/api/v1/gate-decisions/{decision.pk}/approve/", {}, format="json")
@@ -115,6 +118,8 @@ def test_a_checkpoint_is_gated_approved_by_an_approver_and_deployed(client_for, 
     )
     assert reply.status_code == 200, reply.json()
     assert reply.json()["final_verdict"] == "pass" and reply.json()["approved_by"] == users["approver"].username
+    # One verdict (issue 39): `verdict` is the outcome, never the stored "pending" beside a final "pass".
+    assert reply.json()["verdict"] == "pass" and [s["state"] for s in reply.json()["stages"]] == ["pass", "approved"]
     deployment = Deployment.objects.get(gate=gate, is_current=True)
     assert deployment.checkpoint_id == checkpoint.pk and deployment.decision_id == decision.pk
 
