@@ -393,6 +393,9 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     shown = api.get(f"/runs/{second}/").json()
     assert shown["status"] == "queued" and shown["queue_position"] == 1, shown
     assert "waiting for 2 CPU more" in shown["queued_reason"] and not shown["ray_job_id"]
+    # In a browser (issue 39): the queued run's page says why it waits, then turns running over the websocket,
+    # without a reload, with health "no data yet" before its first step.
+    watching = _browser_flow_start(stack, operator, "queued", CRUCIBLE_RUN=str(second))
     # The cluster page joins Ray's actors to their runs. The first run's actors appear only once its Ray job's
     # driver has imported torch and loaded the model (40 s on a quiet 2-core machine, over 90 s late in a loaded
     # suite), so watch until they show or the run ends, not for a fixed time.
@@ -405,6 +408,8 @@ def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_q
     assert cluster["error"] == "" and [n["alive"] for n in cluster["nodes"]] == [True], cluster
     assert placed and cluster["queued"][0]["id"] == second, (Run.objects.get(pk=first).status, cluster)
     run = _wait(second, lambda r: r.status == "succeeded", timeout=300)
+    report = _browser_flow_finish(stack, "queued", watching)
+    assert "the page turned running without a reload" in report["steps"], report["steps"]
     earlier = Run.objects.get(pk=first)
     assert earlier.status == "succeeded" and run.status == "succeeded", (run.failure_reason, run.log_tail)
     assert run.admitted_at >= earlier.finished_at  # it reached Ray only after the first had ended
@@ -781,34 +786,11 @@ def _tiny_checkpoint(tmp: Path, step: int, owner):  # type: ignore[no-untyped-de
     return Checkpoint.objects.create(run=run, step=step, uri=f"file://{path}")
 
 
-def _browser_session(base: str, user) -> httpx.Client:  # type: ignore[no-untyped-def]
-    """Log in through the login form, as a browser would (session cookie, CSRF token)."""
-    import re
-
-    from django.contrib.auth.hashers import PBKDF2PasswordHasher
-
-    # The tests hash with MD5 for speed; the live server only knows its real hashers.
-    hasher = PBKDF2PasswordHasher()
-    user.password = hasher.encode("pw-123456", hasher.salt())
-    user.save(update_fields=["password"])
-    browser = httpx.Client(base_url=base, timeout=30, follow_redirects=True)
-    page = browser.get("/accounts/login/")
-    token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text)
-    assert token, page.text[:500]
-    reply = browser.post(
-        "/accounts/login/",
-        data={"username": user.username, "password": "pw-123456", "csrfmiddlewaretoken": token.group(1)},
-    )
-    assert reply.status_code == 200 and "Log out" in reply.text, reply.text[:500]
-    return browser
-
-
 def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and_rolled_back(stack, users, tmp_path):
     """Issue 5's "done when": CI gates a checkpoint with only the CLI and a token; the evals run on Ray in the
     sandbox; an approver approves in the browser and it is deployed; the decision's evidence is on its page; the
     next checkpoint is gated against it; a rollback restores the previous deployment; a failing gate exits 1 and
     an unreachable server exits 2."""
-    import re
     import subprocess
 
     from apps.accounts.services import api_token_create
@@ -850,15 +832,10 @@ def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and
     assert decision.evidence["candidate_evals"]["e2e-humaneval"]
     assert not Deployment.objects.exists()
 
-    # An approver approves in the browser; the decision page shows the evidence.
-    browser = _browser_session(stack["web"], users["approver"])
-    page = browser.get(f"/gates/decisions/{decision.pk}/")
-    assert page.status_code == 200 and "pass@1 on e2e-humaneval" in page.text
-    csrf = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page.text).group(1)  # type: ignore[union-attr]
-    approved = browser.post(
-        f"/gates/decisions/{decision.pk}/judge/", data={"action": "approve", "csrfmiddlewaretoken": csrf}
-    )
-    assert approved.status_code == 200 and "Approved" in approved.text
+    # An approver approves in the browser (Playwright); the decision page shows the evidence and, once approved,
+    # one verdict with its stages (issue 39).
+    report = _browser_flow(stack, users["approver"], "decision", CRUCIBLE_DECISION=str(decision.pk))
+    assert "an approved decision shows one verdict: pass" in report["steps"], report["steps"]
     assert Deployment.objects.get(is_current=True).checkpoint_id == first.pk
 
     # The next checkpoint is gated against the deployment (its eval is reused as the baseline) and approved by CLI.
@@ -890,8 +867,9 @@ def test_a_checkpoint_is_gated_from_the_cli_approved_in_the_browser_deployed_and
 BROWSER_DIR = ROOT / "tests" / "browser"
 
 
-def _browser_flow(stack, user, flow: str, **env: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
-    """Run one flow of tests/browser/flows.mjs (playwright-core driving Debian's chromium) against the stack."""
+def _browser_flow_start(stack, user, flow: str, others=(), **env: str):  # type: ignore[no-untyped-def]
+    """Start one flow of tests/browser/flows.mjs (playwright-core driving Debian's chromium) against the stack, in
+    the background; `others` are more users the flow logs in as (CRUCIBLE_OTHER_USER, the same password)."""
     import shutil
     import subprocess
 
@@ -900,9 +878,12 @@ def _browser_flow(stack, user, flow: str, **env: str) -> dict:  # type: ignore[n
     if not (BROWSER_DIR / "node_modules" / "playwright-core").is_dir() or not shutil.which("chromium"):
         pytest.skip("browser tests need `make browser-deps` (playwright-core from npm, Debian's chromium)")
     hasher = PBKDF2PasswordHasher()  # the live server does not know the tests' fast MD5 hasher
-    user.password = hasher.encode("browser-pw", hasher.salt())
-    user.save(update_fields=["password"])
-    done = subprocess.run(
+    for account in (user, *others):
+        account.password = hasher.encode("browser-pw", hasher.salt())
+        account.save(update_fields=["password"])
+    if others:
+        env["CRUCIBLE_OTHER_USER"] = others[0].username
+    return subprocess.Popen(
         ["node", "flows.mjs", flow],
         cwd=BROWSER_DIR,
         env={
@@ -912,17 +893,26 @@ def _browser_flow(stack, user, flow: str, **env: str) -> dict:  # type: ignore[n
             "CRUCIBLE_PASSWORD": "browser-pw",
             **env,
         },
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=300,
     )
-    # The flow's own output, whole, beside the stack's logs (an assertion message is cut).
-    (stack["var"] / "log" / f"browser-{flow}.txt").write_text(done.stdout + "\n" + done.stderr)
+
+
+def _browser_flow_finish(stack, flow: str, process) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Wait for a started flow; its whole output goes beside the stack's logs (an assertion message is cut)."""
+    stdout, stderr = process.communicate(timeout=420)
+    (stack["var"] / "log" / f"browser-{flow}.txt").write_text(stdout + "\n" + stderr)
     logs = {p.name: p.read_text()[-1500:] for p in (stack["var"] / "log").glob("*.log")}
-    assert done.returncode == 0, (done.stderr[-3000:], done.stdout[-2000:], logs)
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert process.returncode == 0, (stderr[-3000:], stdout[-2000:], logs)
+    report = json.loads(stdout.strip().splitlines()[-1])
     assert report["problems"] == []
     return report
+
+
+def _browser_flow(stack, user, flow: str, others=(), **env: str) -> dict:  # type: ignore[no-untyped-def,type-arg]
+    """Run one flow of tests/browser/flows.mjs against the stack and return its report."""
+    return _browser_flow_finish(stack, flow, _browser_flow_start(stack, user, flow, others, **env))
 
 
 def test_in_a_browser_an_operator_launches_a_run_and_its_chart_updates_live(stack, users, trajectories_jsonl):
@@ -944,8 +934,9 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     first; the filter, folding, smoothing and log scale change what is drawn and are remembered; the comparison
     page overlays two runs; reward and token distributions over steps are drawn; the health panel flags the
     train-inference mismatch and shows the reward improving; the launch form offers only the rewards that fit the
-    environment; a series flat up to float noise and an all-zero one get readable axes; no console errors (favicon
-    included)."""
+    environment; a series flat up to float noise and an all-zero one get readable axes; a panel pinned by one user
+    is not pinned for another; at 390 pixels the main pages have no horizontal scroll; the training form's basic
+    view launches with nothing changed, estimated under 10 minutes; no console errors (favicon included)."""
     from datetime import timedelta
 
     from django.utils import timezone
@@ -989,8 +980,26 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
             for i in range(4)
         )
         runs.append(run)
-    report = _browser_flow(stack, users["operator"], "charts", CRUCIBLE_RUNS=",".join(str(r.pk) for r in runs))
+    ids = ",".join(str(r.pk) for r in runs)
+    report = _browser_flow(stack, users["operator"], "charts", others=[users["viewer"]], CRUCIBLE_RUNS=ids)
     assert "the layout is remembered across a reload" in report["steps"]
+    assert any(step.startswith("another user's layout is their own") for step in report["steps"]), report["steps"]
+    # At a phone's 390 pixels the main pages have no horizontal scroll (issue 39 part 7).
+    phone = _browser_flow(stack, users["operator"], "phone", CRUCIBLE_RUNS=ids)
+    assert sum("has no horizontal scroll" in step for step in phone["steps"]) == 6, phone["steps"]
+    # The training form's basic view launches with nothing changed and is estimated under 10 minutes; the run is
+    # stopped at once (it would hold the cluster the other tests share).
+    from apps.runs.services import run_cancel
+    from tests.factories import tasks_version
+    from workers.envs.registry import arithmetic_tasks
+
+    tasks_version(owner=users["operator"], rows=arithmetic_tasks(128, seed=0), name="browser-arith")
+    basic = _browser_flow(stack, users["operator"], "basic")
+    [launched] = [int(step.split()[1]) for step in basic["steps"] if step.startswith("launched ")]
+    run = Run.objects.get(pk=launched)
+    assert run.spec["config"]["lora"]["rank"] == 16 and run.spec["config"]["steps"] == 12, run.spec
+    if not run.is_terminal:
+        run_cancel(run=run, user=users["operator"])
 
 
 def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(stack, users, make_user):

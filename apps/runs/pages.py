@@ -20,6 +20,7 @@ from django.contrib import messages
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import path
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 from rest_framework.exceptions import ValidationError
 
@@ -107,6 +108,12 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
     run = get_object_or_404(selectors.run_list(), pk=run_id)
     histogram = run.events.filter(kind="histogram").order_by("-seq").values_list("data", flat=True).first()
     health = run_health(run)
+    if run.health != health["status"]:
+        # One truth: what the page computed is what the list, the API and the live updates read from now on.
+        Run.objects.filter(pk=run.pk).update(
+            health=health["status"], health_problems=health["problems"], health_at=timezone.now()
+        )
+        run.health = health["status"]
     return render(
         request,
         "runs/detail.html",

@@ -29,6 +29,9 @@ def run_state(run: Run) -> dict[str, Any]:
         "last_seq": run.last_seq,
         "queue_position": queue_position(run),
         "queued_reason": run.queued_reason if run.status == RunStatus.QUEUED else "",
+        # The stored overall health (beat refreshes it; the run page stores what it computes), so the page's
+        # summary strip, the live updates, the list and the API say the same; "unknown" reads "no data yet".
+        "health": run.health,
     }
 
 

@@ -304,6 +304,121 @@ async function home(page) {
   check(page.url().endsWith(`/runs/${run}/`), "the example run's page opens with its charts drawn");
 }
 
+// A queued run's page says why it waits, then turns running over the websocket without a reload; until its first
+// step its health reads "no data yet" (issue 39: states that agree everywhere).
+async function queued(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const run = process.env.CRUCIBLE_RUN;
+  await page.goto(`${base}/runs/${run}/`);
+  const opened = (await page.textContent("#run-status")).trim();
+  check(opened === "queued", `the page opens queued: ${opened}`);
+  const notice = (await page.textContent("#run-queue")).replace(/\s+/g, " ").trim();
+  check(/^Queued, position 1: waiting for/.test(notice), `it says why it waits: ${notice}`);
+  check(!(await page.isVisible("#summary-health")), "a queued run shows no health badge");
+  await page.waitForFunction(() => document.getElementById("ws-state")?.textContent.includes("live"), null, { timeout: 30000 });
+  // Every state the page shows, with the health badge beside it (an out-of-band swap replaces the elements).
+  await page.evaluate(() => {
+    window.__sameDocument = true;
+    window.__seen = [];
+    setInterval(() => {
+      const status = document.getElementById("run-status")?.textContent.trim();
+      const health = document.getElementById("summary-health");
+      const shown = health && !health.hidden ? health.textContent.trim() : "";
+      const last = window.__seen[window.__seen.length - 1];
+      if (!last || last.status !== status || last.health !== shown) window.__seen.push({ status, health: shown, queue: !document.getElementById("run-queue").hidden });
+    }, 50);
+  });
+  await page.waitForFunction(() => window.__seen.some((s) => ["running", "succeeded", "failed", "stopped"].includes(s.status)), null, { timeout: 300000 });
+  const seen = await page.evaluate(() => ({ same: window.__sameDocument, seen: window.__seen }));
+  const states = seen.seen.map((s) => `${s.status}${s.health ? ` (${s.health})` : ""}`).join(" -> ");
+  const running = seen.seen.find((s) => s.status === "running");
+  check(seen.same && running, `the page turned running without a reload: ${states}`);
+  check(running.health === "health no data yet" && !running.queue, `running before its first step: health reads "no data yet", the queue notice gone: ${states}`);
+  await shot(page, "run-queued-to-running");
+}
+
+// An approver opens a decision that waits for them, approves it in the page, and the decision then shows one
+// verdict: the title, the stages (checks, approval) and the approval card agree (issue 39).
+async function decision(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const url = `${base}/gates/decisions/${process.env.CRUCIBLE_DECISION}/`;
+  await page.goto(url);
+  const before = await page.$$eval("#decision-stages li", (ls) => ls.map((l) => l.textContent.replace(/\s+/g, " ").trim()));
+  check(before.some((t) => /approval: waiting/.test(t)) && before.some((t) => /verdict: pending/.test(t)),
+    `before: ${before.join(" | ")}`);
+  check((await page.textContent("main")).includes("pass@1 on e2e-humaneval"), "the decision page shows the rule on its benchmark");
+  await Promise.all([page.waitForNavigation(), page.click("#approve")]);
+  await page.goto(url);
+  const title = (await page.textContent("h1 .badge")).trim();
+  const stages = await page.$$eval("#decision-stages li", (ls) => ls.map((l) => l.textContent.replace(/\s+/g, " ").trim()));
+  const verdict = await page.$eval("#decision-stages", (o) => o.dataset.verdict);
+  const head = (await page.textContent("main")).split("Rules")[0];
+  check(title === "pass" && verdict === "pass" && !/pending|waiting/.test(head) && /approval: approved by/.test(stages.join(" ")),
+    `an approved decision shows one verdict: ${verdict}`);
+  steps.push(`an approved decision shows one verdict: pass`);
+  await shot(page, "gate-decision");
+}
+
+// The first screen, a run page, a trajectory, the comparison and the training form at a phone's 390 pixels: no
+// page is wider than the screen (the nav scrolls in one line, wide tables inside their card).
+async function phone(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  const [first, second] = process.env.CRUCIBLE_RUNS.split(",");
+  const urls = ["/", `/runs/${first}/`, `/runs/compare/?run=${first}&run=${second}`, "/runs/new/train/", "/review/", "/gates/"];
+  for (const href of urls) {
+    await page.goto(`${base}${href}`);
+    await page.waitForLoadState("networkidle");
+    // With isMobile the layout viewport grows to fit what overflows, so measure against the screen's 390 pixels,
+    // and name the outermost elements that stick out.
+    const wide = await page.evaluate(() => {
+      const screen = window.screen.width;
+      const clipped = (e) => { for (let a = e.parentElement; a; a = a.parentElement) { if (["auto", "scroll", "hidden"].includes(getComputedStyle(a).overflowX)) return true; } return false; };
+      const out = Array.from(document.querySelectorAll("body *")).filter((e) => e.getBoundingClientRect().right > screen + 1 &&
+        e.parentElement.getBoundingClientRect().right <= screen + 1 && !clipped(e));
+      return { page: document.documentElement.scrollWidth, screen,
+        widest: out.slice(0, 4).map((e) => `${e.tagName.toLowerCase()}${e.id ? "#" + e.id : ""}${e.className ? "." + String(e.className).split(" ")[0] : ""}:${Math.round(e.getBoundingClientRect().right)}`) };
+    });
+    check(wide.page <= wide.screen, `${href} at ${wide.screen} px has no horizontal scroll: ${wide.page} px wide ${wide.widest.join(" ")}`);
+  }
+  await page.goto(`${base}/runs/${first}/`);
+  await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  await shot(page, "phone-run");
+  await page.goto(`${base}/`);
+  await shot(page, "phone-home");
+}
+
+// The training form's basic view: its default recipe's estimate is under 10 minutes here, and launching it with
+// nothing changed is accepted (the test stops the run at once).
+async function basic(page) {
+  await login(page, process.env.CRUCIBLE_USER, process.env.CRUCIBLE_PASSWORD);
+  await page.goto(`${base}/runs/new/train/`);
+  check(!(await page.$eval("#advanced", (d) => d.open)), "the advanced settings start folded");
+  const recipe = await page.$eval('select[name="recipe"]', (s) => s.value);
+  const estimate = (await page.textContent("#run-estimate")).trim();
+  const minutes = Number((estimate.match(/about (\d+(?:\.\d+)?) min/) || [])[1]);
+  check(recipe === "cpu-lora" && minutes > 0 && minutes < 10, `the default recipe ${recipe} is estimated under 10 minutes: ${estimate}`);
+  await shot(page, "launch-basic");
+  await Promise.all([page.waitForNavigation(), page.click('main form button[type="submit"]')]);
+  const errors = await page.$$eval(".errors li, .error", (es) => es.map((e) => e.textContent.trim()).filter(Boolean));
+  check(/\/runs\/\d+\/$/.test(page.url()), `the default launch is accepted: ${page.url()} ${errors.join("; ")}`);
+  steps.push(`launched ${page.url().match(/\/runs\/(\d+)\//)[1]}`);
+}
+
+// Pins are one user's: another user opening the same run sees the default layout (CRUCIBLE_OTHER_USER).
+async function otherUser(browser, run) {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await context.newPage();
+  page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
+  await login(page, process.env.CRUCIBLE_OTHER_USER, process.env.CRUCIBLE_PASSWORD);
+  await page.goto(`${base}/runs/${run}/`);
+  await page.waitForSelector('.small-chart[data-metric="loss"] canvas', { timeout: 30000 });
+  const pinned = await page.$$eval('.chart-group[data-group="key"] .small-chart', (cs) => cs.map((c) => c.dataset.metric));
+  const klShown = !!(await page.$('.small-chart[data-metric="kl"]'));
+  check(!pinned.includes("reward/f_beta") && pinned[0] === "reward_mean" && klShown,
+    `another user's layout is their own: ${pinned.join(", ")}; kl shown`);
+  await context.close();
+}
+
 const browser = await chromium.launch({
   executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
   args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -311,10 +426,13 @@ const browser = await chromium.launch({
 });
 let code = 0;
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 900 } });
+  // The phone flow is a phone: 390 CSS pixels, the page's meta viewport honoured (isMobile), touch.
+  const phoneLike = { viewport: { width: 390, height: 844 }, isMobile: true, hasTouch: true, deviceScaleFactor: 2 };
+  const page = await browser.newPage(flow === "phone" ? phoneLike : { viewport: { width: 1280, height: 900 } });
   page.on("console", (msg) => { if (msg.type() === "error") problems.push(`console: ${msg.text()}`); });
   page.on("pageerror", (err) => problems.push(`page error: ${err.message}`));
-  await ({ launch, review, charts, pages, realrun, home })[flow](page);
+  await ({ launch, review, charts, pages, realrun, home, queued, decision, phone, basic })[flow](page);
+  if (flow === "charts" && process.env.CRUCIBLE_OTHER_USER) await otherUser(browser, process.env.CRUCIBLE_RUNS.split(",")[0]);
   if (problems.length) throw new Error(problems.join("\n"));
 } catch (err) {
   code = 1;

@@ -98,3 +98,33 @@ def test_the_summary_strip_says_the_step_and_that_health_has_no_data_yet(client,
     html = client.get(f"/runs/{run.pk}/").content.decode()
     assert 'id="summary-step"' in html and "step 0 of 12" in html
     assert 'id="summary-health"' in html and "health no data yet" in html
+
+
+def test_live_frames_carry_the_summary_strip_so_a_page_that_opened_queued_follows_the_run(client, users) -> None:
+    """The run's state (selectors.run_state) is the one source of the strip: the page renders it, each websocket
+    frame swaps it, so a page opened while the run was queued shows 'health no data yet' once it runs."""
+    from apps.runs.live import frames_for
+    from apps.runs.selectors import run_state
+
+    run = _train_run(users)
+    Run.objects.filter(pk=run.pk).update(status="queued")
+    client.force_login(users["viewer"])
+    queued = client.get(f"/runs/{run.pk}/").content.decode()
+    assert 'id="summary-health"' in queued and queued.split('id="summary-health"')[1].split(">")[0].endswith(" hidden")
+    Run.objects.filter(pk=run.pk).update(status="running", progress_total=3)
+    [frame] = frames_for([], run_state(Run.objects.get(pk=run.pk)))
+    health = frame[frame.index('id="summary-health"') : frame.index("</a>", frame.index('id="summary-health"'))]
+    assert 'hx-swap-oob="true"' in health and "health no data yet" in health and "hidden" not in health
+    assert "step 0 of 3" in frame
+    Run.objects.filter(pk=run.pk).update(health="bad", progress_done=2)
+    [later] = frames_for([], run_state(Run.objects.get(pk=run.pk)))
+    assert "health bad" in later and "step 2 of 3" in later
+
+
+def test_the_run_page_stores_the_health_it_shows_so_the_list_and_api_agree(client, users) -> None:
+    run = _train_run(users)
+    Run.objects.filter(pk=run.pk).update(status="running", health="ok")  # stale: no step has reported yet
+    client.force_login(users["viewer"])
+    html = client.get(f"/runs/{run.pk}/").content.decode()
+    assert "health no data yet" in html and Run.objects.get(pk=run.pk).health == "unknown"
+    assert client.get(f"/api/v1/runs/{run.pk}/").json()["health"] == "unknown"
