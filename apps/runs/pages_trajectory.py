@@ -62,6 +62,8 @@ def token_summary(record: dict[str, Any]) -> dict[str, Any] | None:
         "versions": versions,
         "truncated": bool(view.get("truncated")),
         "limit": view.get("limit"),
+        # The learner's side (workers.rl.token_view.with_learner_logprobs): None where it did not score the sample.
+        "learner": view.get("learner") if isinstance(view.get("learner"), dict) else None,
     }
 
 
@@ -80,6 +82,8 @@ def token_spans(view: dict[str, Any]) -> list[SafeString]:
             continue
         texts, sampled = seg.get("text") or [], seg.get("sampled") or []
         logprobs, versions = seg.get("logprob") or [], seg.get("version") or []
+        learner = seg.get("learner_logprob") or []
+        bound = math.log(float((view.get("learner") or {}).get("cap") or 2.0))
         parts: list[str] = []
         for i, text in enumerate(texts):
             piece = escape(str(text))
@@ -89,7 +93,13 @@ def token_spans(view: dict[str, Any]) -> list[SafeString]:
                 title = f"log-prob {lp:.3f} · p {math.exp(lp):.3f}"
                 if version is not None:
                     title += f" · policy v{version}"
-                parts.append(f'<span class="tok {_band(lp)}" title="{title}">{piece}</span>')
+                scored = learner[i] if i < len(learner) else None
+                flag = ""
+                if isinstance(scored, int | float):
+                    delta = scored - lp
+                    title += f" · learner log-prob {scored:.3f} · δ {delta:+.3f}"
+                    flag = " mismatch" if abs(delta) > bound else ""
+                parts.append(f'<span class="tok {_band(lp)}{flag}" title="{title}">{piece}</span>')
             else:
                 parts.append(f'<span class="tok env" title="environment (not trained)">{piece}</span>')
         out.append(mark_safe("".join(parts)))  # noqa: S308 - every piece is escaped above

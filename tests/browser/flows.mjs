@@ -271,6 +271,9 @@ async function realrun(page) {
   await page.waitForSelector("#token-body .tokens .tok", { timeout: 30000 });
   const titles = await page.$$eval("#token-body .tok[title^='log-prob']", (ts) => ts.length);
   check(titles >= 1, `sampled tokens carry their log-probs: ${titles}`);
+  const gap = (await page.textContent("#token-mismatch")).replace(/\s+/g, " ").trim();
+  const learner = await page.$$eval("#token-body .tok[title*='learner log-prob']", (ts) => ts.length);
+  check(/tokens the learner scored/.test(gap) ? learner >= 1 : /did not score/.test(gap), `the learner's side: ${gap} (${learner} tokens)`);
   await shot(page, "trajectory-tokens");
   steps.push(`a trajectory opened from the run page shows ${turns} turns and ${titles} sampled tokens`);
   await Promise.all([page.waitForNavigation(), page.click("#group-link")]);

@@ -156,6 +156,9 @@ class LearnerActor:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.learner.train_step(samples)
 
+    def scored_logprobs(self) -> dict[int, list[float]]:
+        return self.learner.scored_logprobs()
+
     def weight_update(self) -> tuple[bytes | None, dict[str, float], int]:
         blob, stats = self.learner.weight_update()
         return blob, stats, self.learner.version
@@ -187,6 +190,9 @@ class SingleLearner:
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         metrics: dict[str, float] = ray.get(self.actor.train_step.remote(samples))
         return metrics
+
+    def scored_logprobs(self) -> dict[int, list[float]]:
+        return ray.get(self.actor.scored_logprobs.remote())  # type: ignore[no-any-return]
 
     def weight_update(self) -> tuple[bytes | None, dict[str, float], int]:
         return ray.get(self.actor.weight_update.remote())  # type: ignore[no-any-return]

@@ -109,6 +109,10 @@ class Learner:
         self.optimizer = torch.optim.AdamW(self.params, lr=config.learning_rate, weight_decay=config.weight_decay)
         self.version = 0
         self.step = 0
+        # The last step's learner log-probs of each scored sample's completion tokens (index in that step's batch ->
+        # one per position, as Sample.old_logprobs): π_old as the learner saw it, before the update. The trajectory
+        # page's token view shows them beside the engine's (`scored_logprobs`).
+        self.scored: dict[int, list[float]] = {}
         self.sender = WeightSyncSender()
         self._sent_version: int | None = None  # the policy version last gathered for the rollout workers
         self.temperature = config.sampling.temperature or 1.0
@@ -196,6 +200,7 @@ class Learner:
         # forward (before this step's first update) is compared with the engine's log-probs, at no extra cost.
         recomputed = self._recompute_old(samples, kept) if cfg.mismatch.correction != "none" and kept else None
         gap: dict[str, float] = dict(recomputed[1]) if recomputed is not None else {}
+        self.scored = dict(recomputed[0]) if recomputed is not None else {}
         corrected = 0.0
         self.model.train()
         for at, part in enumerate(parts):
@@ -249,6 +254,13 @@ class Learner:
             }
         )
         return metrics
+
+    def scored_logprobs(self) -> dict[int, list[float]]:
+        """The last step's learner log-probs per scored sample (index in its batch), rounded for storage. Each rank
+        holds the samples it scored (its share of the batch; all of them with a mismatch correction, which every
+        rank recomputes). Samples the step did not train (equal-reward groups dropped, no sampled token) and, with
+        several minibatches, those after the first (the update already moved the weights) are absent."""
+        return {i: [round(float(v), 4) for v in lps] for i, lps in self.scored.items()}
 
     def _substep(
         self,
@@ -321,6 +333,8 @@ class Learner:
                     gap = mismatch.add_sums(
                         gap, mismatch.sums_by_engine(logp.detach(), old, mask, engines, self.num_engines, mm.cap)
                     )
+                    for row, i in enumerate(indices):
+                        self.scored[i] = logp[row, : len(samples[i].old_logprobs)].detach().float().cpu().tolist()
                 ref = (
                     self._reference_logprobs(seqs, starts, owners, len(batch)) if self.loss_config.kl_in_loss else None
                 )

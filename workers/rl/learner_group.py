@@ -142,6 +142,13 @@ class LearnerGroup:
         metrics: dict[str, float] = self._all("train_step", samples)
         return metrics
 
+    def scored_logprobs(self) -> dict[int, list[float]]:
+        """Every rank's scored samples merged (each rank scored its own share of the batch)."""
+        merged: dict[int, list[float]] = {}
+        for part in ray.get([actor.call.remote("scored_logprobs") for actor in self.actors]):
+            merged.update(part)
+        return merged
+
     def weight_update(self) -> tuple[bytes | None, dict[str, float], int]:
         blob, stats = self._all("weight_update")
         return blob, stats, self.state()[1]

@@ -58,6 +58,7 @@ def token_view(
         sampled = [int(masks[i]) if i < len(masks) else 0 for i in range(len(shown))]
         out.append(
             {
+                "offset": position - len(region),  # where this region starts in the Sample's per-token arrays
                 "text": pieces,
                 "sampled": sampled,
                 "logprob": [
@@ -89,6 +90,36 @@ def stored_indices(flagged: Sequence[bool], group_size: int, rate: float, fixed_
     return sorted(chosen)
 
 
+def with_learner_logprobs(view: dict[str, Any], learner: Sequence[float], cap: float = 2.0) -> dict[str, Any]:
+    """`view` with the learner's log-prob of each sampled token beside the engine's (`learner_logprob`, None for the
+    environment's tokens) and the sample's gap: mean and max |δ| (δ = learner − engine, nats) and how many tokens
+    have a ratio exp(δ) outside [1/cap, cap] (docs/methods.md P7; C = 2 as the mismatch metrics). `learner` is
+    aligned with the Sample's per-token arrays; a view stored before segment offsets existed is returned as is."""
+    segments = view.get("segments") or []
+    if any("offset" not in seg for seg in segments):
+        return view
+    deltas: list[float] = []
+    shown = []
+    for seg in segments:
+        scored = []
+        for i, lp in enumerate(seg["logprob"]):
+            at = seg["offset"] + i
+            mine = learner[at] if lp is not None and at < len(learner) else None
+            scored.append(mine)
+            if mine is not None:
+                deltas.append(mine - lp)
+        shown.append({**seg, "learner_logprob": scored})
+    bound = math.log(cap)
+    gap = {
+        "tokens": len(deltas),
+        "mean_abs_delta": round(sum(abs(d) for d in deltas) / len(deltas), 5) if deltas else None,
+        "max_abs_delta": round(max(abs(d) for d in deltas), 5) if deltas else None,
+        "outside_cap": sum(1 for d in deltas if abs(d) > bound),
+        "cap": cap,
+    }
+    return {**view, "segments": shown, "learner": gap}
+
+
 def full_record(
     trajectory: dict[str, Any],
     *,
@@ -100,11 +131,18 @@ def full_record(
     policy_version: int,
     sampled_tokens: int,
     flags: Sequence[dict[str, Any]],
+    learner_logprobs: Sequence[float] | None = None,
+    mismatch_cap: float = 2.0,
 ) -> dict[str, Any]:
     """The record a training step writes: the environment's trajectory plus what the trajectory and group views
-    show beside it (`workers.trajectories` ignores these extra keys)."""
+    show beside it (`workers.trajectories` ignores these extra keys); with `learner_logprobs`, its token view also
+    carries the learner's log-prob of each sampled token and the sample's train-inference gap."""
+    extra: dict[str, Any] = {}
+    if learner_logprobs is not None and isinstance(trajectory.get("tokens"), dict):
+        extra["tokens"] = with_learner_logprobs(trajectory["tokens"], learner_logprobs, mismatch_cap)
     return {
         **trajectory,
+        **extra,
         "step": step,
         "group": group,
         "reward": reward,

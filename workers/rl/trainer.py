@@ -186,6 +186,7 @@ class Trainer:
         self.orders: dict[int, list[int]] = {}
         self.drawn_weights: dict[int, list[float]] = {}
         self.version = 0
+        self.scored: dict[int, list[float]] = {}  # id(Sample) -> the learner's log-probs of its tokens, last step
         self.last_metrics: dict[str, float] = {}
         self.flag_counts: dict[str, int] = {}
 
@@ -449,6 +450,9 @@ class Trainer:
         slept = time.perf_counter()
         released = sum(ray.get([r.sleep.remote() for r in rollouts])) if sleeps else 0
         metrics: dict[str, float] = self.learner.train_step(batch)
+        # The learner's log-probs of the tokens it scored, by sample (the batch holds the step's own Sample objects;
+        # a toggled batch holds copies and is left out): the token view shows them beside the engine's.
+        self.scored = {id(batch[i]): lps for i, lps in self.learner.scored_logprobs().items() if i < len(batch)}
         if toggle_metrics:
             # reward_mean stays the task reward; the learner trained on the toggled one
             metrics["toggled_reward_mean"] = metrics["reward_mean"]
@@ -512,6 +516,8 @@ class Trainer:
                         policy_version=s.policy_version,
                         sampled_tokens=s.sampled_tokens,
                         flags=[{"detector": f.detector, "severity": f.severity} for f in s.findings],
+                        learner_logprobs=self.scored.get(id(s)),
+                        mismatch_cap=config.mismatch.cap,
                     )
                 )
                 + "\n"

@@ -20,7 +20,7 @@ from workers.rl.trainer import shown_advantages
 pytestmark = pytest.mark.django_db
 
 
-def _store_step(run, rewards: list[float], group_size: int = 2):  # type: ignore[no-untyped-def]
+def _store_step(run, rewards: list[float], group_size: int = 2, learner_shift: float | None = None):  # type: ignore[no-untyped-def]
     samples = (
         _worker(VersionedBackend(version=2))
         .rollout(arithmetic_tasks(1, seed=0), group_size=len(rewards), seed=0, id_prefix="s1-")
@@ -41,6 +41,8 @@ def _store_step(run, rewards: list[float], group_size: int = 2):  # type: ignore
                 policy_version=s.policy_version,
                 sampled_tokens=s.sampled_tokens,
                 flags=[],
+                # The learner's side, for the first sample: its first sampled token scored `learner_shift` higher.
+                learner_logprobs=_shifted(s, learner_shift) if learner_shift is not None and i == 0 else None,
             )
         )
         for i, s in enumerate(samples)
@@ -58,6 +60,29 @@ def _store_step(run, rewards: list[float], group_size: int = 2):  # type: ignore
             storage_uri=storage_uri(name),
         )
     return samples
+
+
+def _shifted(sample, shift: float) -> list[float]:  # type: ignore[no-untyped-def]
+    first = sample.loss_mask.index(1)
+    return [lp + (shift if i == first else 0.0) for i, lp in enumerate(sample.old_logprobs)]
+
+
+def test_the_token_view_shows_the_learners_log_prob_and_outlines_a_token_past_the_cap(client, users, run) -> None:
+    samples = _store_step(run, [1.0, 0.0], learner_shift=1.0)
+    client.force_login(users["viewer"])
+    url = f"/runs/{run.pk}/trajectories/{samples[0].trajectory['id']}/tokens/"
+    fragment = client.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert 'title="log-prob -0.500 · p 0.607 · policy v2 · learner log-prob 0.500 · δ +1.000"' in fragment
+    assert fragment.count('class="tok p-mid mismatch"') == 1  # |δ| = 1 > log 2: outlined; the others δ = 0
+    assert "learner log-prob -0.500 · δ +0.000" in fragment
+    gap = fragment[
+        fragment.index('id="token-mismatch"') : fragment.index("</p>", fragment.index('id="token-mismatch"'))
+    ]
+    assert f"over the {samples[0].sampled_tokens} tokens the learner scored" in gap and "max 1.0000 nats" in gap
+    other = client.get(
+        f"/runs/{run.pk}/trajectories/{samples[1].trajectory['id']}/tokens/", headers={"HX-Request": "true"}
+    ).content.decode()
+    assert "The learner did not score this sample" in other and "learner log-prob" not in other
 
 
 def test_a_training_trajectory_shows_its_version_advantage_terms_and_a_token_summary(client, users, run) -> None:

@@ -121,8 +121,18 @@ def test_every_step_reports_the_gap_and_a_correction_uses_the_learners_recomputa
     engine that reported log-probs 0.8 nats too high shows a gap of 0.8 on every token, every one outside [1/2, 2];
     TIS then truncates none (r = e^-0.8 < 2) and the update equals the uncorrected one on the true log-probs."""
     plain = Learner(model_path, _config())
-    metrics = plain.train_step(_samples(plain, seed=3))
+    measured = _samples(plain, seed=3)
+    metrics = plain.train_step(measured)
     assert metrics["mismatch/abs_logprob_diff_max"] < 1e-4 and metrics["mismatch/tokens"] == 4 + 5 + 6 + 7
+    # Without a correction the first minibatch's forward is the learner's side (before the update).
+    unshifted = plain.scored_logprobs()
+    assert sorted(unshifted) == list(range(len(measured)))
+    assert all(
+        abs(lp - e) < 1e-3
+        for i, s in enumerate(measured)
+        for lp, e, m in zip(unshifted[i], s.old_logprobs, s.loss_mask, strict=True)
+        if m
+    )
     assert "mismatch/corrected_share" not in metrics
 
     corrected = Learner(model_path, _config(mismatch={"correction": "tis"}))
@@ -131,6 +141,14 @@ def test_every_step_reports_the_gap_and_a_correction_uses_the_learners_recomputa
     shifted = [dataclasses.replace(s, old_logprobs=[v + 0.8 for v in s.old_logprobs]) for s in samples]
     out = corrected.train_step(shifted)
     assert out["mismatch/abs_logprob_diff_mean"] == pytest.approx(0.8, abs=1e-4)
+    # The token view's learner side: the learner's log-prob of every position of every scored sample, 0.8 below
+    # the shifted engine's on the sampled tokens (with a correction, from its recomputation).
+    scored = corrected.scored_logprobs()
+    assert sorted(scored) == list(range(len(samples)))
+    for i, sample in enumerate(shifted):
+        assert len(scored[i]) == len(sample.old_logprobs)
+        deltas = [lp - e for lp, e, m in zip(scored[i], sample.old_logprobs, sample.loss_mask, strict=True) if m]
+        assert deltas and all(d == pytest.approx(-0.8, abs=2e-3) for d in deltas)
     assert out["mismatch/ratio_outside_share"] == 1.0 and out["mismatch/corrected_share"] == 0.0
     # With TIS the ratio is against the learner's π_old (= the true log-probs), the weight e^-0.8 on every token.
     base = reference.train_step(samples)

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from tests.workers.rl.test_token_versions import VersionedBackend, _sample, _worker
 from workers.envs.registry import arithmetic_tasks
 from workers.rl.config import TrainConfig
-from workers.rl.token_view import full_record, stored_indices, token_view
+from workers.rl.token_view import full_record, stored_indices, token_view, with_learner_logprobs
 from workers.rl.trainer import shown_advantages
 
 
@@ -87,3 +87,41 @@ def test_the_stored_record_has_the_advantage_of_each_sample_in_its_group():
         flags=[{"detector": "x", "severity": "low"}],
     )
     assert record["id"] == "t-0" and record["group"] == 1 and record["advantage"] == 0.5 and record["step"] == 3
+
+
+def test_the_learners_log_probs_sit_beside_the_engines_with_the_samples_gap():
+    """Two regions (a turn, the environment's reply, a second turn): positions run on across regions through each
+    segment's offset; the environment's tokens get no learner log-prob; the gap counts |δ| over the sampled ones."""
+    view = {
+        "segments": [
+            {"offset": 0, "text": ["a", "b"], "sampled": [1, 1], "logprob": [-0.5, -0.1], "version": [0, 0]},
+            {"offset": 2, "text": ["c", "d"], "sampled": [0, 1], "logprob": [None, -2.0], "version": [None, 0]},
+        ],
+        "sampled": 3,
+        "truncated": False,
+        "limit": 16384,
+    }
+    shown = with_learner_logprobs(view, [-0.5, -0.3, 9.9, -0.5])
+    assert [seg["learner_logprob"] for seg in shown["segments"]] == [[-0.5, -0.3], [None, -0.5]]
+    gap = shown["learner"]
+    assert (
+        gap["tokens"] == 3 and gap["max_abs_delta"] == 1.5 and gap["mean_abs_delta"] == pytest.approx(1.7 / 3, abs=1e-4)
+    )
+    assert gap["outside_cap"] == 1 and gap["cap"] == 2.0  # |1.5| > log 2; |0.2| is not
+    assert "learner_logprob" not in view["segments"][0]  # the stored view itself is left alone
+    old = {"segments": [{"text": ["a"], "sampled": [1], "logprob": [-0.5], "version": [0]}]}
+    assert with_learner_logprobs(old, [-0.5]) is old  # stored before offsets: nothing to align with
+    record = full_record(
+        {"id": "t", "tokens": view},
+        step=1,
+        group=0,
+        reward=1.0,
+        terms={},
+        advantage=0.5,
+        policy_version=0,
+        sampled_tokens=3,
+        flags=[],
+        learner_logprobs=[-0.5, -0.3, 0.0, -0.5],
+        mismatch_cap=3.0,
+    )
+    assert record["tokens"]["learner"]["outside_cap"] == 1 and record["tokens"]["learner"]["cap"] == 3.0
