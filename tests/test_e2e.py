@@ -1000,6 +1000,42 @@ def test_in_a_browser_charts_read_like_wandb_and_two_runs_overlay(stack, users):
     assert run.spec["config"]["lora"]["rank"] == 16 and run.spec["config"]["steps"] == 12, run.spec
     if not run.is_terminal:
         run_cancel(run=run, user=users["operator"])
+    _until_off_the_cluster(stack, run)
+
+
+def _until_off_the_cluster(stack, run) -> None:  # type: ignore[no-untyped-def]
+    """Wait until a cancelled run holds nothing on Ray: a dispatch that was submitting when it was cancelled submits,
+    sees the cancel and stops the job. The next test flushes the run's row, and a job still running then holds the
+    CPUs with nobody to stop it (the every-algorithm test waited 568 s behind one)."""
+    from apps.runs import ray_jobs
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        run.refresh_from_db()
+        if run.is_terminal and (run.submitted_at is None or run.ray_job_id):
+            break
+        time.sleep(0.5)
+    if run.submitted_at is None and not run.ray_job_id:
+        return  # stopped before any submission
+    client_env = devstack.ray_client_env()  # the Jobs API client reads Ray's token from the environment
+    saved = {key: os.environ.get(key) for key in client_env}
+    os.environ.update(client_env)
+    try:
+        ray_jobs.stop(run.submission_id, stack["ray"])
+        while time.monotonic() < deadline:
+            try:
+                if ray_jobs.state(run.submission_id, stack["ray"]).status in ("STOPPED", "FAILED", "SUCCEEDED"):
+                    return
+            except ray_jobs.RayJobNotFound:
+                return
+            time.sleep(0.5)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+    raise AssertionError(f"run {run.pk}'s Ray job {run.submission_id} did not stop within 180 s")
 
 
 def test_in_a_browser_the_first_screen_shows_the_example_run_and_where_to_start(stack, users, make_user):
