@@ -1,5 +1,5 @@
 """Run pages (namespace "runs"): the runs list (the home page), a run with its live charts, checkpoints and
-cancel, the comparison of runs is in `apps.runs.pages_compare`, the trajectory pages in `apps.runs.pages_trajectory`.
+cancel. The comparison of runs is in `apps.runs.pages_compare`, the trajectory pages in `apps.runs.pages_trajectory`.
 
 The trajectory page shows, for a search trajectory (workers.search.environment), each tool call and its arguments, the
 passages returned (chunk id, score, which retrievers found them), pruned chunks struck through, the token usage
