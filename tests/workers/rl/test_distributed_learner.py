@@ -104,6 +104,8 @@ def _ranks_train(rank: int, world: int, port: int, model_path: str, batches: Any
         for algorithm in ALGORITHMS:
             learner = Learner(model_path, _config(algorithm, strategy, world))
             metrics = [learner.train_step(batch) for batch in batches]
+            if (strategy, algorithm) == ("ddp", "grpo"):  # each rank's share of the token view's learner side
+                torch.save(learner.scored_logprobs(), folder / f"scored-rank{rank}.pt")
             state = learner.policy_state()  # every rank gathers; rank 0 holds the weights
             if rank == 0:
                 results[(strategy, algorithm)] = ({k: v.clone() for k, v in state.items()}, metrics)
@@ -294,3 +296,20 @@ def test_two_gpu_ranks_over_nccl_make_the_update_one_learner_makes(
     expected = {k: v.detach().cpu() for k, v in single.policy_state().items()}
     for strategy in ("ddp", "fsdp2"):
         _assert_same_weights(results[strategy], expected)
+
+
+def test_two_ranks_score_between_them_every_sample_one_learner_scores(
+    model_path: Path, batches: list[list[Sample]], two_rank_results: dict[Any, Any]
+) -> None:
+    """The token view's learner side under DDP: each rank keeps the samples it scored, no sample on both, and
+    merged (as LearnerGroup.scored_logprobs merges them) they are the single learner's, sample by sample."""
+    single = Learner(model_path, _config("grpo"))
+    for batch in batches:
+        single.train_step(batch)
+    expected = single.scored_logprobs()
+    parts = [torch.load(two_rank_results["folder"] / f"scored-rank{r}.pt") for r in (0, 1)]
+    assert parts[0] and parts[1] and not set(parts[0]) & set(parts[1])
+    merged = {**parts[0], **parts[1]}
+    assert sorted(merged) == sorted(expected)
+    for i, values in expected.items():
+        assert merged[i] == pytest.approx(values, abs=2e-3), i
