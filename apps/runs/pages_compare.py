@@ -55,13 +55,13 @@ def _with_curves(runs: list[Run]) -> list[Run]:
     return runs
 
 
-def candidates(*, q: str, tag: str, kind: str, selected: list[int]) -> list[Run]:
+def candidates(*, q: str, tag: str, kind: str, chosen: list[Run]) -> list[Run]:
     """The picker's rows: the chosen runs first (in their order), then up to CANDIDATES others matching the search,
-    newest first, on the runs list's own filters and indexes."""
-    chosen = {r.pk: r for r in selectors.run_list().filter(pk__in=selected).defer("spec", "log_tail", "summary")}
+    newest first, on the runs list's own filters and indexes; every row with `has_curves` (one query for all)."""
     filters = selectors.RunListFilters(q=q, tag=tag, kind=kind)
-    found = [r for r in selectors.run_list_page(filters=filters, page=1, per_page=CANDIDATES) if r.pk not in chosen]
-    return _with_curves([chosen[pk] for pk in selected if pk in chosen] + found)
+    picked = {r.pk for r in chosen}
+    found = [r for r in selectors.run_list_page(filters=filters, page=1, per_page=CANDIDATES) if r.pk not in picked]
+    return _with_curves([*chosen, *found])
 
 
 def _charted(names: list[str], asked: list[str]) -> list[str]:
@@ -124,7 +124,6 @@ def run_compare(request: HttpRequest) -> HttpResponse:
             for key in key_path.split("."):
                 value = value.get(key) if isinstance(value, dict) else None
             run.group_value = groups[run.pk] = "(none)" if value is None else str(value)  # type: ignore[attr-defined]
-    _with_curves(runs)
     return render(
         request,
         "runs/compare.html",
@@ -139,7 +138,7 @@ def run_compare(request: HttpRequest) -> HttpResponse:
             "matrix": matrix,
             "charted": len(charted),
             "max_charts": MAX_CHARTS,
-            "candidates": candidates(q=q, tag=tag, kind=kind, selected=ids),
+            "candidates": candidates(q=q, tag=tag, kind=kind, chosen=runs),
             "selected": ids,
             "q": q,
             "tag": tag,
