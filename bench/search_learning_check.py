@@ -136,10 +136,16 @@ def pooled(per_seed: list[list[dict[str, float]]]) -> list[dict[str, float]]:
 
 
 def sft_warm_up(
-    sft_config: Any, train: list[dict[str, Any]], reward: dict[str, Any], base_path: str, sft_path: str
+    sft_config: Any,
+    train: list[dict[str, Any]],
+    reward: dict[str, Any],
+    base_path: str,
+    sft_path: str,
+    examples: int = 0,
 ) -> dict[str, Any]:
     """The scripted teacher's trajectories on the train tasks, rejection-filtered; the base model fine-tuned on
-    them and saved to `sft_path`. Returns the filter report and the losses."""
+    them (a seeded draw of `examples` kept ones when it is above 0: a lighter warm-up) and saved to `sft_path`. Returns
+    the filter report and the losses."""
     import torch
 
     from workers.rl.sft import fine_tune, generate
@@ -158,12 +164,15 @@ def sft_warm_up(
         if done % 10 == 0 or done == total:
             log(f"SFT: {done}/{total} packs ({time.perf_counter() - sft_started:.0f}s)")
 
-    losses = fine_tune(student, [teacher_samples[i] for i in selected.kept], sft_config, progress)
+    kept = selected.kept
+    if 0 < examples < len(kept):  # a seeded draw, so both hop counts stay in it
+        kept = sorted(random.Random(0).sample(list(kept), examples))
+    losses = fine_tune(student, [teacher_samples[i] for i in kept], sft_config, progress)
     student.save_pretrained(sft_path)
     AutoTokenizer.from_pretrained(base_path, local_files_only=True).save_pretrained(sft_path)
     del student
-    log(f"SFT on {len(selected.kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
-    return {"filter": report, "loss": losses}
+    log(f"SFT on {len(kept)} trajectories: loss {losses} ({time.perf_counter() - sft_started:.0f}s)")
+    return {"filter": report, "loss": losses, "trained_on": len(kept)}
 
 
 def chart_path(results: Path) -> Path:
@@ -262,6 +271,9 @@ def main() -> None:
     parser.add_argument("--prompts-per-step", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--sft-epochs", type=int, default=2)
+    parser.add_argument(
+        "--sft-examples", type=int, default=0, help="warm up on a seeded draw of N kept teacher trajectories (0: all)"
+    )
     parser.add_argument("--lr", type=float, default=1e-4, help="CISPO learning rate (LoRA)")
     parser.add_argument("--sft-lr", type=float, default=5e-5, help="SFT warm-up learning rate (full parameters)")
     parser.add_argument("--threads", type=int, default=2)
@@ -378,7 +390,7 @@ def main() -> None:
         log(f"SFT model reused from {sft_path}")
         figures["sft"] = {"reused": sft_path}
     else:
-        figures["sft"] = sft_warm_up(sft_config, train, reward, base_path, sft_path)
+        figures["sft"] = sft_warm_up(sft_config, train, reward, base_path, sft_path, args.sft_examples)
     sft_eval = evaluated("sft", sft_path, list(held))
     rl_evals: list[dict[str, list[dict[str, float]]]] = []
     figures["rl"] = []
@@ -392,6 +404,7 @@ def main() -> None:
             "curriculum",
             "sft_epochs",
             "sft_lr",
+            "sft_examples",
             "temperature",
         )
         key = json.dumps(
