@@ -28,8 +28,9 @@ import ray
 from ray import serve
 
 from workers.rl.weightsync import WeightSyncSender, encode_full
-from workers.serving.app import NAMESPACE, ArmDeployment, Names, RouterDeployment
+from workers.serving.app import ArmDeployment, RouterDeployment
 from workers.serving.control import Target, TargetArm, fetch_target
+from workers.serving.names import NAMESPACE, Names
 from workers.serving.recorder import DEFAULT_METRICS_SECONDS, Recorder
 from workers.serving.weights import WeightStore, policy_state
 from workers.specs import ServeSpec

@@ -238,7 +238,7 @@ class ServingHarness:
     def arm_status(self, arm: str = "a") -> dict[str, Any]:
         from ray import serve
 
-        from workers.serving.app import ARM_DEPLOYMENT
+        from workers.serving.names import ARM_DEPLOYMENT
 
         handle = serve.get_deployment_handle(ARM_DEPLOYMENT, app_name=self.controller.names.arm_app(arm))
         status: dict[str, Any] = handle.status.remote().result(timeout_s=30)

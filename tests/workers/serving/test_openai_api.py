@@ -13,7 +13,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from workers.envs.registry import make_env
 from workers.envs.toolcalls import format_tool_call
 from workers.models.registry import TINY_LLAMA, load_tokenizer, resolve_base_model
-from workers.serving.app import text_pieces
+from workers.serving.arm import text_pieces
 from workers.serving.control import pick_arm, session_point
 from workers.serving.openai_api import (
     Envelope,
