@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 from workers.models.registry import resolve_base_model
 from workers.rl.batching import untied
 from workers.rl.config import TrainConfig
-from workers.rl.learner import CHECKPOINT_FORMAT, Learner
+from workers.rl.learner import Learner
+from workers.rl.learner_weights import CHECKPOINT_FORMAT
 
 if TYPE_CHECKING:
     from torch import Tensor
