@@ -386,7 +386,7 @@ def run_trl(args: argparse.Namespace, size: dict[str, int]) -> dict[str, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from workers.envs.base import canonical_number, extract_answer
+    from workers.envs.answers import canonical_number, extract_answer
     from workers.envs.registry import arithmetic_tasks
     from workers.models import SMOLLM2, resolve_base_model
     from workers.rewards.terms import normalized_match

@@ -18,7 +18,7 @@ from apps.datasets.models import DatasetVersion
 from apps.review.services import task_exclusion_guard
 from apps.rewards.models import RewardConfigVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
-from workers.envs.base import check_reward_compatible, check_task_rows
+from workers.envs.checks import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
 from workers.models.registry import BUILTIN_SHAPES
 from workers.rl.algorithms import SettingsError

@@ -7,7 +7,7 @@ from typing import Any
 
 from apps.rewards.models import RewardConfigVersion
 from apps.runs.models import Checkpoint, Run, RunKind
-from workers.envs.base import check_reward_compatible
+from workers.envs.checks import check_reward_compatible
 from workers.envs.registry import environment_choices, get_environment
 from workers.rewards.schema import RewardSpecError
 

@@ -1,7 +1,7 @@
 """Environments for RL rollouts: tasks in, chat observations out, one scoreable trajectory per episode.
 
-- `base`: the interface (`Task`, `Observation`, `StepResult`, `Environment`, `ToolUseEnvironment`) and the
-  checks a run's dataset and reward config must pass before it starts;
+- `base`: the interface (`Task`, `Observation`, `StepResult`, `Environment`, `ToolUseEnvironment`); `checks`: what
+  a run's dataset and reward config must pass before it starts; `answers`: how a reply becomes an answer;
 - `toolcalls`: the one tool-call format (`<tool_call>{"name": ..., "arguments": {...}}</tool_call>`), its parser
   and the system-prompt text that teaches it;
 - `exact_answer`: single-turn verifiable tasks; `calculator`: multi-turn word problems with a calculator tool;
@@ -18,11 +18,9 @@ from workers.envs.base import (
     TaskFieldError,
     ToolError,
     ToolUseEnvironment,
-    check_reward_compatible,
-    check_task_fields,
-    check_task_rows,
 )
 from workers.envs.calculator import CalculatorEnv
+from workers.envs.checks import check_reward_compatible, check_task_fields, check_task_rows
 from workers.envs.exact_answer import ExactAnswerEnv
 from workers.envs.registry import ENVIRONMENTS, arithmetic_tasks, environment_choices, make_env
 from workers.envs.toolcalls import ParseResult, ToolCall, ToolSpec, parse_tool_calls, render_tool_prompt

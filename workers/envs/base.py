@@ -16,28 +16,21 @@ trajectory fields it fills (`produces`), so a run that pairs it with a dataset o
 is refused when the run is created (`check_task_fields`, `check_task_rows`, `check_reward_compatible`), not hours
 into training. It also declares how it is benchmarked and launched (`score_field`, `default_metric`,
 `eval_reward`, `needs_corpus_index`, `referenced_chunk_ids`): the control plane asks the class instead of
-comparing environment names, so a new environment needs no edit there.
+comparing environment names, so a new environment needs no edit there. The run-creation checks live in
+`workers.envs.checks`, the answer formats in `workers.envs.answers`.
 """
 
 from __future__ import annotations
 
 import abc
 import math
-import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from typing import Any, ClassVar, Literal, TypedDict
+from typing import Any, ClassVar, TypedDict
 
+from workers.envs.answers import ANSWER_FORMATS, AnswerFormat, canonical_number, extract_answer
 from workers.envs.toolcalls import ToolCall, ToolSpec, json_kind, parse_tool_calls, render_tool_prompt
-from workers.rewards.schema import RewardSpec, validate_reward_spec
-
-AnswerFormat = Literal["text", "last_number"]
-"""How the final reply becomes the trajectory's `answer`: the whole stripped text, or the last number in it."""
-
-ANSWER_FORMATS: tuple[AnswerFormat, ...] = ("text", "last_number")
-
 
 MESSAGE_OVERHEAD_TOKENS = 4
 """ChatML wraps each message in `<|im_start|>role\\n` ... `<|im_end|>\\n`: about 4 tokens beyond the content."""
@@ -108,35 +101,6 @@ class ToolError(Exception):
 
 class EpisodeStateError(RuntimeError):
     """`step` before `reset` or after `done`, or `trajectory` before the episode ended."""
-
-
-# --- answers ------------------------------------------------------------------------------------------------------
-
-_NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?|-?\.\d+")
-
-
-def canonical_number(text: str) -> str | None:
-    """ "1,200.50" -> "1200.5", "12.0" -> "12", "-0" -> "0"; None when `text` is not one decimal number."""
-    cleaned = text.strip().replace(",", "")
-    if not cleaned or not re.fullmatch(r"[-+]?(\d+\.?\d*|\.\d+)", cleaned):
-        return None
-    try:
-        value = Decimal(cleaned)
-    except InvalidOperation:
-        return None
-    if value == value.to_integral_value():
-        return str(int(value))
-    return format(value.normalize(), "f")
-
-
-def extract_answer(text: str, answer_format: AnswerFormat) -> str | None:
-    """The final answer in a reply: the stripped text ("text"; None if blank) or its last number in canonical
-    form ("last_number"; None if it has none)."""
-    if answer_format == "text":
-        stripped = text.strip()
-        return stripped or None
-    matches = _NUMBER.findall(text)
-    return canonical_number(matches[-1]) if matches else None
 
 
 # --- the interface ------------------------------------------------------------------------------------------------
@@ -522,60 +486,3 @@ class ToolUseEnvironment(Environment):
             self._finish(answer=None, error=f"no final answer within max_turns={self.max_turns}")
             return StepResult(None, True, {**info, "truncated": True})
         return StepResult(Observation(replies), False, info)
-
-
-# --- checks at run creation ---------------------------------------------------------------------------------------
-
-
-EnvLike = Environment | type[Environment]
-
-
-def check_reward_compatible(env: EnvLike, reward_spec: RewardSpec | Mapping[str, Any]) -> list[str]:
-    """Problems that keep `reward_spec` from scoring `env`'s trajectories; [] when they fit.
-
-    Each problem names the term, what it reads and what the environment produces. `reward_spec` may be a
-    `RewardSpec` or its JSON dict (an invalid dict raises `RewardSpecError`).
-    """
-    spec = validate_reward_spec(reward_spec)
-    produced = ", ".join(sorted(env.produces))
-    offered = {tool.name for tool in env.tools}
-    problems: list[str] = []
-    for index, term in enumerate(spec.terms):
-        label = f"terms[{index}] ({term.type}" + (f" '{term.name}')" if term.name != term.type else ")")
-        needs = term.reads
-        if not any(option <= env.produces for option in needs.fields):
-            wanted = " or ".join(", ".join(sorted(option)) for option in needs.fields)
-            problems.append(
-                f"{label}: reads {wanted}, which environment '{env.name}' does not produce "
-                f"(it produces {produced}); remove the term or pick an environment that fills those fields"
-            )
-        missing_tools = sorted(needs.tools - offered)
-        if missing_tools:
-            problems.append(
-                f"{label}: counts calls to {', '.join(missing_tools)}, a tool environment '{env.name}' does not "
-                f"offer (tools: {', '.join(sorted(offered)) or 'none'}), so it would always be 0; remove the term"
-            )
-    return problems
-
-
-def check_task_fields(env: EnvLike, fields: Iterable[str]) -> list[str]:
-    """Problems with a dataset version whose rows have `fields` (e.g. its schema's columns); [] when it fits."""
-    present = set(fields)
-    return [
-        f"the dataset has no field '{name}', which environment '{env.name}' needs in every task row "
-        f"(required: {', '.join(sorted(env.required_task_fields))})"
-        for name in sorted(env.required_task_fields - present)
-    ]
-
-
-def check_task_rows(env: EnvLike, rows: Iterable[object], *, max_errors: int = 20) -> list[str]:
-    """Validate dataset rows for `env`; returns up to `max_errors` messages, each naming the row and field."""
-    problems: list[str] = []
-    for index, row in enumerate(rows, start=1):
-        try:
-            env.validate_task_row(row, index=index)
-        except TaskFieldError as exc:
-            problems.append(str(exc))
-            if len(problems) >= max_errors:
-                break
-    return problems

@@ -18,7 +18,8 @@ import random
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from workers.envs.base import AnswerFormat, ToolError, ToolUseEnvironment
+from workers.envs.answers import AnswerFormat
+from workers.envs.base import ToolError, ToolUseEnvironment
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
 
 Number = int | float

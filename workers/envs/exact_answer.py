@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from workers.envs.base import AnswerFormat, Environment, StepResult, extract_answer
+from workers.envs.answers import AnswerFormat, extract_answer
+from workers.envs.base import Environment, StepResult
 
 
 class ExactAnswerEnv(Environment):

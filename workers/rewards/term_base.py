@@ -20,7 +20,7 @@ class TermInputs:
     """What one reward term reads: any one of `fields` (sets of trajectory fields), and the `tools` whose calls
     it counts.
 
-    Declared beside each term's `value` so the run-creation check (`workers.envs.base.check_reward_compatible`)
+    Declared beside each term's `value` so the run-creation check (`workers.envs.checks.check_reward_compatible`)
     can refuse a reward an environment cannot feed, and a term over a tool the environment never offers (a
     constant, so almost surely a mistake), without this package knowing any environment.
     """

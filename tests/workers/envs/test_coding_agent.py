@@ -17,7 +17,8 @@ from workers.coding.environment import SUMMARY_HEADER, SUMMARY_PROMPT, CodingAge
 from workers.coding.patches import make_patch
 from workers.coding.task import RepoTask
 from workers.coding.workspace import Snapshot, SnapshotError, Workspace
-from workers.envs.base import EpisodeStateError, TaskFieldError, check_reward_compatible
+from workers.envs.base import EpisodeStateError, TaskFieldError
+from workers.envs.checks import check_reward_compatible
 from workers.envs.registry import ENVIRONMENTS, make_env
 from workers.envs.toolcalls import format_tool_call
 from workers.rewards.schema import coding_agent_spec, context1_spec

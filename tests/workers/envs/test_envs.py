@@ -27,7 +27,7 @@ from workers.envs import (
     parse_tool_calls,
     render_tool_prompt,
 )
-from workers.envs.base import canonical_number, extract_answer
+from workers.envs.answers import canonical_number, extract_answer
 from workers.envs.calculator import (
     CALCULATE,
     CalculatorError,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from workers.envs.base import check_reward_compatible
+from workers.envs.checks import check_reward_compatible
 from workers.envs.registry import get_environment
 from workers.realtime.reward import default_session_reward_config, default_session_reward_spec, score_session
 from workers.rewards.schema import RewardSpecError, spec_hash, validate_reward_spec
