@@ -48,7 +48,8 @@ from workers.rl.sampling import Curriculum  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
 from workers.search import synth, synth_steps  # noqa: E402
 from workers.search.corpus import build_corpus  # noqa: E402
-from workers.search.index import IndexConfig, SearchIndex, save_index  # noqa: E402
+from workers.search.index import IndexConfig, SearchIndex  # noqa: E402
+from workers.search.index_store import save_index  # noqa: E402
 from workers.search.metrics import mean_metrics  # noqa: E402
 from workers.search.rejection import select_trajectories  # noqa: E402
 from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402

@@ -78,7 +78,8 @@ def main() -> None:
 
     from workers.envs.registry import make_env
     from workers.search.corpus import build_corpus
-    from workers.search.index import IndexConfig, SearchIndex, save_index
+    from workers.search.index import IndexConfig, SearchIndex
+    from workers.search.index_store import save_index
     from workers.search.stdlib_corpus import stdlib_documents
     from workers.search.wide import WideParams, synthesize_wide, wide_entities
     from workers.swarm.metrics import swarm_episode_metrics

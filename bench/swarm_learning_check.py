@@ -61,7 +61,8 @@ from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
 from workers.search.corpus import build_corpus  # noqa: E402
-from workers.search.index import IndexConfig, SearchIndex, save_index  # noqa: E402
+from workers.search.index import IndexConfig, SearchIndex  # noqa: E402
+from workers.search.index_store import save_index  # noqa: E402
 from workers.search.metrics import mean_metrics  # noqa: E402
 from workers.search.stdlib_corpus import stdlib_documents  # noqa: E402
 from workers.search.wide import WideParams, synthesize_wide  # noqa: E402

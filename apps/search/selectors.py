@@ -27,7 +27,7 @@ def index_for(corpus_version: DatasetVersion, config: dict[str, Any] | None = No
 
 
 def ready_index_uri(corpus_version: DatasetVersion) -> str:
-    """The URI the harness loads (workers.search.index.load_index); a 400 telling how to build one if none is
+    """The URI the harness loads (workers.search.index_store.load_index); a 400 telling how to build one if none is
     ready."""
     index = index_for(corpus_version)
     if index is None:

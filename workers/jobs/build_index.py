@@ -19,7 +19,8 @@ from typing import Any
 
 from workers.jobs.common import load_spec, reporter_for
 from workers.reporting import configure_logging
-from workers.search.index import SearchIndex, save_index
+from workers.search.index import SearchIndex
+from workers.search.index_store import save_index
 from workers.search.types import iter_chunks_jsonl
 from workers.specs import BuildIndexSpec
 from workers.storage import read_bytes

@@ -48,7 +48,8 @@ from workers.envs.base import (
 )
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind
 from workers.rewards.schema import context1_spec
-from workers.search.index import GrepError, Hit, load_index
+from workers.search.index import GrepError, Hit
+from workers.search.index_store import load_index
 from workers.search.metrics import ensemble_metrics, episode_metrics
 from workers.search.types import also_in, chunk_doc_ids
 

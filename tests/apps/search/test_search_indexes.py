@@ -20,8 +20,9 @@ from apps.search.services.indexes import index_finalize, index_launch
 from tests.apps.runs.test_storage_s3 import s3_endpoint, s3_settings  # noqa: F401 (fixtures)
 from tests.factories import trajectories_version
 from workers.jobs.build_index import BuildIndexSpec, build
-from workers.search import index as index_module
-from workers.search.index import IndexConfig, load_index
+from workers.search import index_store as index_module
+from workers.search.index import IndexConfig
+from workers.search.index_store import load_index
 from workers.search.types import Chunk, dump_chunks_jsonl
 
 pytestmark = pytest.mark.django_db

@@ -181,7 +181,8 @@ def test_the_eval_job_scores_search_attempts_fused_as_context1_kx(
 ) -> None:
     from workers.jobs import evaluate
     from workers.search.environment import SearchEnv
-    from workers.search.index import IndexConfig, SearchIndex, save_index
+    from workers.search.index import IndexConfig, SearchIndex
+    from workers.search.index_store import save_index
     from workers.search.types import Chunk
 
     chunks = [Chunk(f"d{i}#0", f"d{i}", 0, f"Passage {i} about topic number {i}.") for i in range(3)]

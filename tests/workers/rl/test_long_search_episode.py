@@ -13,7 +13,8 @@ from workers.models.registry import TINY_LLAMA
 from workers.rl.config import TrainConfig, loss_config_for
 from workers.rl.losses import policy_loss
 from workers.rl.rollout import RolloutWorker
-from workers.search.index import IndexConfig, SearchIndex, save_index
+from workers.search.index import IndexConfig, SearchIndex
+from workers.search.index_store import save_index
 from workers.search.types import Chunk
 
 MAX_NEW_TOKENS = 48

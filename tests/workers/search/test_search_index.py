@@ -16,8 +16,10 @@ from pydantic import ValidationError
 
 from workers.jobs.build_index import BuildIndexError, BuildIndexSpec, build
 from workers.search import embed
-from workers.search import index as index_module
-from workers.search.index import GrepError, IndexConfig, SearchIndex, load_index, rrf_fuse, save_index
+from workers.search import index as search_index
+from workers.search import index_store as index_module
+from workers.search.index import GrepError, IndexConfig, SearchIndex, rrf_fuse
+from workers.search.index_store import load_index, save_index
 from workers.search.types import Chunk, dump_chunks_jsonl
 
 DOCS = {
@@ -172,7 +174,7 @@ def test_convex_reranker_scores_match_an_independent_computation(hybrid):
     hits = hybrid.search(query, k=5)
     # Oracle: bm25s's own scores and the raw embeddings, min-max normalised over the reranked candidates.
     rows = {c.chunk_id: i for i, c in enumerate(hybrid.chunks)}
-    tokens = index_module.bm25s.tokenize(
+    tokens = search_index.bm25s.tokenize(
         query, stopwords="en", stemmer=Stemmer.Stemmer("english"), return_ids=False, show_progress=False
     )[0]
     bm25 = hybrid._bm25.get_scores(tokens)

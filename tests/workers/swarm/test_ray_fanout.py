@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from workers.search.index import SearchIndex, save_index
+from workers.search.index import SearchIndex
+from workers.search.index_store import save_index
 from workers.swarm.subagents import SubagentJob, run_subagents
 
 

@@ -15,7 +15,8 @@ from workers.rewards.schema import parl_spec
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.rollout import RolloutWorker
-from workers.search.index import SearchIndex, save_index
+from workers.search.index import SearchIndex
+from workers.search.index_store import save_index
 from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL
 
 
