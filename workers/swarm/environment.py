@@ -41,7 +41,8 @@ from workers.envs.base import StepResult, Task, TaskFieldError, ToolError
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
 from workers.rewards.schema import parl_spec
 from workers.rewards.table import TableSpecError, gold_table_from, normalize_cell
-from workers.search.environment import _DOCUMENT, SearchEnv, _Block, _render
+from workers.search.environment import SearchEnv, _Block, _render
+from workers.search.tools import DOCUMENT_ITEM
 from workers.swarm.metrics import swarm_episode_metrics
 from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, resolve_runner, run_subagents
 
@@ -271,7 +272,7 @@ class SwarmEnv(SearchEnv):
         )
         if result.done and self._error is None and self._final_text is not None:
             # The answer keeps its lines (a table is rows of text); <Document> items are taken out as in search.
-            self._answer = _DOCUMENT.sub(" ", self._final_text).strip() or None
+            self._answer = DOCUMENT_ITEM.sub(" ", self._final_text).strip() or None
         critical = self.critical_steps
         info = {**result.info, "critical_steps": critical, "stage_cost": 1 + sub_max}
         if not result.done and self.max_critical_steps is not None and critical > self.max_critical_steps:

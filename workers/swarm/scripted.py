@@ -22,7 +22,7 @@ from typing import Any, Literal
 from workers.envs.base import Environment, Message
 from workers.envs.toolcalls import format_tool_call
 from workers.rewards.table import render_markdown_table
-from workers.search.environment import GREP_TOOL, READ_TOOL, SEARCH_TOOL
+from workers.search.tools import GREP_TOOL, READ_TOOL, SEARCH_TOOL
 from workers.search.types import Chunk
 from workers.search.wide import HEADING_PATTERN, entity_heading, read_attributes
 from workers.swarm.environment import ASSIGN_TOOL, CREATE_TOOL

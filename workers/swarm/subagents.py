@@ -36,7 +36,8 @@ from workers.envs.base import Task, approx_tokens
 from workers.envs.toolcalls import format_tool_call
 from workers.models.base import SamplingParams
 from workers.models.frozen import frozen_backend
-from workers.search.environment import MAX_QUERY_CHARS, SEARCH_TOOL, SearchEnv
+from workers.search.environment import SearchEnv
+from workers.search.tools import MAX_QUERY_CHARS, SEARCH_TOOL
 from workers.search.types import Chunk
 from workers.search.wide import entity_heading, read_attributes
 

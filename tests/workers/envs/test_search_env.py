@@ -15,9 +15,10 @@ from workers.envs.registry import make_env
 from workers.envs.toolcalls import format_tool_call
 from workers.rewards.schema import context1_spec, with_f_beta
 from workers.rewards.score import score_trajectory
-from workers.search.environment import SearchEnv, parse_final_output
+from workers.search.environment import SearchEnv
 from workers.search.index import IndexConfig, SearchIndex
 from workers.search.metrics import ensemble_metrics, ensemble_outputs, episode_metrics
+from workers.search.tools import parse_final_output
 from workers.search.types import Chunk
 from workers.trajectories import Trajectory
 

@@ -29,7 +29,7 @@ from workers.detectors.base import (
     turns_of,
 )
 from workers.findings import Finding, Severity
-from workers.search.environment import GREP_TOOL, READ_TOOL, SEARCH_TOOL
+from workers.search.tools import GREP_TOOL, READ_TOOL, SEARCH_TOOL
 
 RETRIEVAL_TOOLS = frozenset({SEARCH_TOOL, GREP_TOOL, READ_TOOL})
 """Calls that look for evidence; prune_chunks is not one."""
