@@ -19,11 +19,7 @@ from workers.rl.algorithms import (
     DEFAULT_MAX_COMPLETION_LENGTH,
     METHOD_DEFAULTS,
     Algorithm,
-    EffectiveSettings,
     LossConfig,
-    SettingRow,
-    effective_settings,
-    environment_max_turns,
     loss_config,
 )
 from workers.rl.capacity import rank_memory
@@ -47,6 +43,7 @@ from workers.rl.config_sections import (
     environment_default_group_size,
     environment_default_substeps,
 )
+from workers.rl.effective import EffectiveSettings, SettingRow, effective_settings, environment_max_turns
 from workers.rl.placement import plan_resources
 
 __all__ = [
@@ -371,7 +368,7 @@ UPSAMPLE_HARD_SOURCE = (
 
 def settings_for(config: TrainConfig) -> EffectiveSettings:
     """The run's effective algorithm settings: its method's defaults merged with its overrides
-    (`workers.rl.algorithms.effective_settings`, with the environment's real `max_turns`), and how it samples
+    (`workers.rl.effective.effective_settings`, with the environment's real `max_turns`), and how it samples
     its prompts (`upsample_hard`: a row always, a note when on and the method samples uniformly)."""
     settings = effective_settings(config)
     upsample = config.upsample_hard

@@ -19,8 +19,9 @@ from pydantic import ValidationError
 from apps.runs.models import Run, RunKind
 from workers.rewards.schema import RewardSpecError, validate_reward_spec
 from workers.rewards.term_base import Anneal
-from workers.rl.algorithms import EffectiveSettings, SettingsError
+from workers.rl.algorithms import SettingsError
 from workers.rl.config import TrainConfig, settings_for
+from workers.rl.effective import EffectiveSettings
 
 register = template.Library()
 

@@ -9,15 +9,9 @@ import pytest
 from pydantic import ValidationError
 
 from workers.models.registry import BUILTIN_SHAPES
-from workers.rl.algorithms import (
-    ALGORITHMS,
-    DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS,
-    METHOD_DEFAULTS,
-    SettingsError,
-    effective_settings,
-    episode_token_limit,
-)
+from workers.rl.algorithms import ALGORITHMS, DEFAULT_DYNAMIC_SAMPLING_MAX_ROUNDS, METHOD_DEFAULTS, SettingsError
 from workers.rl.config import TrainConfig, estimate_memory_gb, loss_config_for, settings_for
+from workers.rl.effective import effective_settings, episode_token_limit
 
 
 def _config(**values: Any) -> TrainConfig:
