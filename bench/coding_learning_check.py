@@ -510,7 +510,7 @@ def main() -> None:
     end_phase("eval_sft", phase)
 
     # 4. RL with Composer's defaults (C1, C2) from the SFT model.
-    from workers.rl.trainer import data_order
+    from workers.rl.steps import data_order
 
     phase = time.perf_counter()
     config = TrainConfig(

@@ -39,7 +39,7 @@ from workers.rl.config import TrainConfig  # noqa: E402
 from workers.rl.example_recipe import EXAMPLE_CONFIG, example_split  # noqa: E402
 from workers.rl.learner import Learner  # noqa: E402
 from workers.rl.rollout import RolloutWorker  # noqa: E402
-from workers.rl.trainer import data_order  # noqa: E402
+from workers.rl.steps import data_order  # noqa: E402
 from workers.rl.weightsync import WeightSyncReceiver  # noqa: E402
 
 REWARD = {"terms": [{"type": "normalized_match"}]}  # the example run's reward config ("exact-answer")

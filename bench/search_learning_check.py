@@ -495,7 +495,7 @@ def rl_run(
     receiver = WeightSyncReceiver()
     blob, _ = learner.weight_update()  # the engine starts from the learner's weights (a resumed run's, too)
     rollout.backend.load_state_dict(receiver.receive(blob), learner.version)
-    from workers.rl.trainer import data_order
+    from workers.rl.steps import data_order
 
     for step in range(len(history), config.steps):
         if curriculum is not None:

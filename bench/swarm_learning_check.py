@@ -333,7 +333,7 @@ def main() -> None:
     receiver.receive(blob)
     from workers.rewards.schema import validate_reward_spec
     from workers.rewards.score import annealed_weights
-    from workers.rl.trainer import data_order
+    from workers.rl.steps import data_order
 
     spec = validate_reward_spec(reward)
     history = []

@@ -33,7 +33,7 @@ from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging, report_flags
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.rl.rollout import RolloutWorker
-from workers.rl.trainer import trajectory_summary
+from workers.rl.steps import trajectory_summary
 from workers.search.metrics import mean_metrics
 from workers.specs import EvalConfig, EvalSpec
 from workers.storage import read_bytes, write_bytes

@@ -24,7 +24,7 @@ from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging
 from workers.rl.checkpoints import checkpoint_policy_state
 from workers.rl.sft import RECORDS, fine_tune, generate, record_samples, shown_names
-from workers.rl.trainer import trajectory_summary
+from workers.rl.steps import trajectory_summary
 from workers.search.metrics import mean_metrics
 from workers.search.rejection import select_trajectories
 from workers.specs import SFTSpec

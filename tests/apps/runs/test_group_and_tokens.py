@@ -14,8 +14,8 @@ from apps.runs.models import TrajectorySummary
 from apps.runs.storage import storage_uri
 from tests.workers.rl.test_token_versions import VersionedBackend, _worker
 from workers.envs.registry import arithmetic_tasks
+from workers.rl.steps import shown_advantages
 from workers.rl.token_view import full_record
-from workers.rl.trainer import shown_advantages
 
 pytestmark = pytest.mark.django_db
 

@@ -7,7 +7,7 @@ import pytest
 
 from workers.rl.config import TrainConfig
 from workers.rl.config_sections import BetaSchedule
-from workers.rl.trainer import annealed_beta
+from workers.rl.steps import annealed_beta
 
 
 def test_the_default_schedule_moves_from_4_to_2_over_five_epochs_and_stays() -> None:

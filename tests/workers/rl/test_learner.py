@@ -12,7 +12,7 @@ from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
 from workers.rl.packing import completion_logprobs
 from workers.rl.rollout import Sample
-from workers.rl.trainer import data_order
+from workers.rl.steps import data_order
 from workers.rl.weightsync import WeightSyncReceiver
 
 

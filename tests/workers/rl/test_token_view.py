@@ -10,8 +10,8 @@ from pydantic import ValidationError
 from tests.workers.rl.test_token_versions import VersionedBackend, _sample, _worker
 from workers.envs.registry import arithmetic_tasks
 from workers.rl.config import TrainConfig
+from workers.rl.steps import shown_advantages
 from workers.rl.token_view import full_record, stored_indices, token_view, with_learner_logprobs
-from workers.rl.trainer import shown_advantages
 
 
 def test_a_rollouts_record_carries_its_sampled_tokens_with_log_probs_and_versions():

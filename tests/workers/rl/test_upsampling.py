@@ -24,7 +24,7 @@ from workers.rl.sampling import (
     upsample_weight,
     weighted_order,
 )
-from workers.rl.trainer import data_order, step_prompts
+from workers.rl.steps import data_order, step_prompts
 from workers.specs import TrainSpec
 
 

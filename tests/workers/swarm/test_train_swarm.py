@@ -12,7 +12,7 @@ import pytest
 import workers.jobs.train as train
 from tests.workers.jobs.test_train_dynamic_sampling import RecordingReporter
 from workers.rewards.schema import parl_spec
-from workers.rl.trainer import TOGGLE_BUDGETS_FILE
+from workers.rl.steps import TOGGLE_BUDGETS_FILE
 from workers.search.index import SearchIndex
 from workers.search.index_store import save_index
 from workers.search.types import Chunk
