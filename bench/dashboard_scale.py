@@ -261,7 +261,7 @@ def main() -> None:
     from django.test import Client
 
     from apps.accounts.models import User
-    from apps.runs import selectors
+    from apps.runs import selectors, selectors_list
 
     seeding: dict[str, float] = {}
     if not args.reuse:
@@ -292,7 +292,7 @@ def main() -> None:
     client.force_login(User.objects.get(username="viewer"))
     long_id = n["runs"]
     typical_id = n["runs"] // 2
-    last_page = math.ceil(n["runs"] / selectors.RUNS_PER_PAGE)
+    last_page = math.ceil(n["runs"] / selectors_list.RUNS_PER_PAGE)
     rows = {
         "runs list, page 1": "/",
         "runs list, filtered (kind+status+tag)": "/?kind=train&status=succeeded&tag=grpo",
@@ -308,7 +308,7 @@ def main() -> None:
         print(f"{label:40} {results[label]}", flush=True)
 
     # The peer: the same page with one downsampling query per run (N+1), through the run page's selector.
-    ours = selectors.run_sparklines
+    ours = selectors_list.run_sparklines
 
     def n_plus_one(*, run_ids: list[int], name: str = "reward_mean", points: int = 50):  # type: ignore[no-untyped-def]
         out = {}
@@ -318,7 +318,7 @@ def main() -> None:
                 out[run_id] = list(zip(series["steps"], series["mean"], strict=True))
         return out
 
-    selectors.run_sparklines = n_plus_one  # type: ignore[assignment]
+    selectors_list.run_sparklines = n_plus_one  # type: ignore[assignment]
     try:
         peer = {
             "runs list, page 1": measure(client, "/", args.requests),
@@ -327,7 +327,7 @@ def main() -> None:
             ),
         }
     finally:
-        selectors.run_sparklines = ours
+        selectors_list.run_sparklines = ours
     # The chart's peer: the same request downsampled from the points, as before roll-ups (a huge bucket size
     # makes metric_series take its point-scan path).
     rollup_steps = selectors.ROLLUP_STEPS

@@ -20,7 +20,7 @@ from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.ingest import ingest_view
 from apps.runs.learning import learning_view, run_learning
 from apps.runs.models import Run, RunStatus, TrajectorySummary
-from apps.runs.selectors import LEARNING_EVAL, LEARNING_FILTERS, LEARNING_REWARD, learning_filter
+from apps.runs.selectors_list import LEARNING_EVAL, LEARNING_FILTERS, LEARNING_REWARD, learning_filter
 
 
 class LearningRewardSerializer(serializers.Serializer):

@@ -29,7 +29,7 @@ from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
 from apps.common.errors import validation_messages
 from apps.rewards.services import reward_spec_diff
-from apps.runs import chart_reads, kinds, selectors, services
+from apps.runs import chart_reads, kinds, selectors, selectors_list, services
 from apps.runs.health import HEALTH_STATUSES, run_health
 from apps.runs.layouts import layout_for, layout_save, scope_of
 from apps.runs.learning import run_learning
@@ -65,8 +65,8 @@ COLUMN_SUGGESTIONS = [
 
 @needs(Capability.READ)
 def runs_index(request: HttpRequest) -> HttpResponse:
-    filters = selectors.RunListFilters.from_query(request.GET)
-    page = selectors.run_list_page(filters=filters, page=request.GET.get("page"))
+    filters = selectors_list.RunListFilters.from_query(request.GET)
+    page = selectors_list.run_list_page(filters=filters, page=request.GET.get("page"))
     for run in page:
         run.sparkline_points = _sparkline_points(run.sparkline)
         run.reward_last = run.sparkline[-1][1] if run.sparkline else None
@@ -83,7 +83,7 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         # For a new installation (a handful of runs) and for anyone who has not launched a run yet; never on a
         # filtered list.
         "start_here": not query
-        and (page.paginator.count < 5 or not selectors.user_launched_a_run(request_user(request))),
+        and (page.paginator.count < 5 or not selectors_list.user_launched_a_run(request_user(request))),
         "columns": columns,
         "column_problems": filters.column_problems(),
         "sortable": [
@@ -96,7 +96,10 @@ def runs_index(request: HttpRequest) -> HttpResponse:
         "column_suggestions": COLUMN_SUGGESTIONS,
         "statuses": RunStatus.values,
         "health_statuses": HEALTH_STATUSES,
-        "learning_choices": [("Reward", selectors.LEARNING_REWARD), ("Held-out eval", selectors.LEARNING_EVAL)],
+        "learning_choices": [
+            ("Reward", selectors_list.LEARNING_REWARD),
+            ("Held-out eval", selectors_list.LEARNING_EVAL),
+        ],
         "kinds": [handler.kind for handler in kinds.handlers()],
         "sparkline_size": (SPARKLINE_WIDTH, SPARKLINE_HEIGHT),
     }

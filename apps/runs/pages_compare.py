@@ -14,7 +14,7 @@ from django.shortcuts import render
 from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.rewards.services import reward_spec_diff
-from apps.runs import kinds, selectors
+from apps.runs import kinds, selectors, selectors_list
 from apps.runs.layouts import DEFAULT_PINNED
 from apps.runs.models import MetricPoint, Run
 
@@ -58,9 +58,11 @@ def _with_curves(runs: list[Run]) -> list[Run]:
 def candidates(*, q: str, tag: str, kind: str, chosen: list[Run]) -> list[Run]:
     """The picker's rows: the chosen runs first (in their order), then up to CANDIDATES others matching the search,
     newest first, on the runs list's own filters and indexes; every row with `has_curves` (one query for all)."""
-    filters = selectors.RunListFilters(q=q, tag=tag, kind=kind)
+    filters = selectors_list.RunListFilters(q=q, tag=tag, kind=kind)
     picked = {r.pk for r in chosen}
-    found = [r for r in selectors.run_list_page(filters=filters, page=1, per_page=CANDIDATES) if r.pk not in picked]
+    found = [
+        r for r in selectors_list.run_list_page(filters=filters, page=1, per_page=CANDIDATES) if r.pk not in picked
+    ]
     return _with_curves([*chosen, *found])
 
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from apps.runs import kinds
 from apps.runs.models import RunKind
-from apps.training import services
+from apps.training import lifecycle
 from apps.training.api import TrainingLaunchSerializer, launch_from_api
 from apps.training.lineage import lineage_advance
 from workers.specs import RescoreSpec, SFTSpec, TrainSpec
 
 # All three launch through `POST /api/v1/runs/` with one input; training's checkpoints start its auto-evals.
 for kind, spec, job, on_checkpoints in (
-    (RunKind.TRAIN, TrainSpec, services.train_job, services.auto_eval_checkpoints),
-    (RunKind.SFT, SFTSpec, services.sft_job, None),
-    (RunKind.RESCORE, RescoreSpec, services.rescore_job, None),
+    (RunKind.TRAIN, TrainSpec, lifecycle.train_job, lifecycle.auto_eval_checkpoints),
+    (RunKind.SFT, SFTSpec, lifecycle.sft_job, None),
+    (RunKind.RESCORE, RescoreSpec, lifecycle.rescore_job, None),
 ):
     kinds.register(
         kinds.RunKindHandler(
@@ -27,6 +27,6 @@ for kind, spec, job, on_checkpoints in (
             launch=launch_from_api,
         )
     )
-kinds.subscribe(RunKind.EVAL, "succeeded", "training.eval_curve", services.eval_curve_after_eval)
+kinds.subscribe(RunKind.EVAL, "succeeded", "training.eval_curve", lifecycle.eval_curve_after_eval)
 for kind in (RunKind.SFT, RunKind.TRAIN):  # the next stage of an SFT → RL → RFT → RL lineage
     kinds.subscribe(kind, "succeeded", "training.lineage", lineage_advance)

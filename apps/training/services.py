@@ -1,5 +1,7 @@
-"""Writes for training, SFT warm-up and offline re-scoring runs: launch, resume, and what follows their checkpoints
-(auto-eval) and the evals of those checkpoints (the eval curve and the run-level detectors)."""
+"""Writes for training, SFT warm-up and offline re-scoring runs: launch (with an environment's recipe reward when a
+launch names none) and resume. What follows their checkpoints (auto-eval) and the evals of those checkpoints (the
+eval curve and the run-level detectors), and the job input each kind's worker receives, are in
+`apps.training.lifecycle`."""
 
 from __future__ import annotations
 
@@ -11,17 +13,13 @@ from pydantic import ValidationError as PydanticError
 from rest_framework.exceptions import ValidationError
 
 from apps.accounts.models import User
-from apps.benchmarks.models import BenchmarkVersion, Eval
-from apps.benchmarks.services import eval_auto
+from apps.benchmarks.models import BenchmarkVersion
 from apps.common.errors import pydantic_problems
 from apps.datasets.models import DatasetKind, DatasetVersion
-from apps.review.services import flags_record
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.rewards.services import reward_spec_validate, reward_version_create
-from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
-from apps.runs.selectors import metric_series
-from apps.runs.services import metric_series_replace, run_create
-from apps.runs.storage import file_uri, storage_uri
+from apps.runs.models import Checkpoint, Run, RunKind
+from apps.runs.services import run_create
 from apps.training.checkpoints import latest_in_lineage
 from apps.training.guards import (
     episode_problems,
@@ -29,10 +27,10 @@ from apps.training.guards import (
     training_data_guards,
     with_corpus_index,
 )
-from workers.detectors.registry import DetectorConfig, run_run_detectors
+from apps.training.lifecycle import rescore_job, sft_job, train_job
 from workers.envs.registry import ENVIRONMENTS, get_environment
 from workers.models.registry import model_name_problems
-from workers.rewards.schema import spec_hash, with_anneal_horizon
+from workers.rewards.schema import spec_hash
 from workers.rl.config import TrainConfig
 from workers.rl.config_sections import SFTConfig
 
@@ -46,36 +44,6 @@ RECORDS_TEACHER = "records"
 """`teacher_model` of an SFT run on a trajectories dataset (RFT): the stored records are the examples."""
 """Agents written as code that the SFT warm-up takes as its teacher, with the environment each one plays."""
 """Teachers that are programs, not models (workers.search.teacher): no model check for them."""
-
-
-# --- the job input each kind's worker receives (workers.specs), built from the run row -------------------
-def rescore_job(run: Run) -> dict[str, Any]:
-    assert run.dataset_version is not None and run.reward_version is not None
-    return {
-        "input_uri": file_uri(run.dataset_version.file),
-        "output_uri": storage_uri(f"runs/{run.pk}/scores.jsonl"),
-        "reward": run.reward_version.spec,
-    }
-
-
-def train_job(run: Run) -> dict[str, Any]:
-    assert run.dataset_version is not None and run.reward_version is not None
-    resume = run.spec.get("resume_from")
-    steps = run.spec["config"].get("steps")
-    reward = run.reward_version.spec
-    return {
-        "config": run.spec["config"],
-        "input_uri": file_uri(run.dataset_version.file),
-        # An annealed term with an empty horizon (PARL's λ1, λ2 by default) anneals over this run's steps.
-        "reward": with_anneal_horizon(reward, steps) if isinstance(steps, int) else reward,
-        "output_prefix": storage_uri(f"runs/{run.pk}"),
-        "resume_from": resume["uri"] if resume else None,
-        "exclude_task_ids": list(run.spec.get("excluded_tasks") or []),
-    }
-
-
-def sft_job(run: Run) -> dict[str, Any]:
-    return {key: value for key, value in train_job(run).items() if key != "resume_from"}
 
 
 # --- an environment's recipe reward ------------------------------------------------------------------------
@@ -389,65 +357,3 @@ def run_resume(*, run: Run, user: User) -> Run:
         auto_eval=list(BenchmarkVersion.objects.filter(pk__in=run.spec.get("auto_eval") or [])),
         corpus_version=DatasetVersion.objects.filter(pk=corpus_id).first() if corpus_id else None,
     )
-
-
-# --- lifecycle hooks (registered in apps.training.kinds) ------------------------------------------------------
-def auto_eval_checkpoints(*, run_id: int, steps: list[int]) -> None:
-    """TRAIN's checkpoints hook: evaluate the new checkpoints on the benchmark versions the run's spec names (none:
-    nothing starts)."""
-    eval_auto(run_id=run_id, steps=steps)
-
-
-def eval_curve_after_eval(*, run_id: int) -> None:
-    """EVAL's succeeded subscriber: an eval of a training run's checkpoint updates that run's eval curve."""
-    evaluation = Eval.objects.select_related("benchmark_version__benchmark").filter(run_id=run_id).first()
-    if evaluation is not None and evaluation.checkpoint_id is not None:
-        training_run_eval_curve(evaluation=evaluation)
-
-
-def training_run_eval_curve(*, evaluation: Eval) -> list[Any]:
-    """After an eval of a training run's checkpoint: chart the run's eval results per checkpoint step
-    (`eval/<benchmark>/<metric>` metric points on the training run) and run the run-level detectors
-    (reward-eval divergence: training reward rising while this held-out eval falls) on the run's reward and
-    these points. A divergence is stored as a `Flag` of the run (trajectory_ref "run:<id>"), once per detector.
-    Returns the findings."""
-    assert evaluation.checkpoint_id is not None
-    checkpoint = Checkpoint.objects.select_related("run").get(pk=evaluation.checkpoint_id)
-    run = checkpoint.run
-    if run.kind != RunKind.TRAIN:
-        return []
-    version = evaluation.benchmark_version
-    evals = (
-        Eval.objects.filter(checkpoint__run=run, benchmark_version=version, run__status=RunStatus.SUCCEEDED)
-        .exclude(metrics={})
-        .select_related("checkpoint")
-        .order_by("checkpoint__step", "-created_at")
-    )
-    points: dict[int, dict[str, float]] = {}
-    for other in evals:
-        assert other.checkpoint is not None  # filtered on checkpoint__run
-        points.setdefault(other.checkpoint.step, other.metrics)  # the newest eval of each checkpoint
-    names = [m for m in ("pass@1", "mean_score") if any(m in metrics for metrics in points.values())]
-    for metric in names:
-        # Rewritten whole: a retried hook or a re-run eval never leaves a duplicate point.
-        metric_series_replace(
-            run_id=run.pk,
-            name=f"eval/{version.benchmark.name}/{metric}"[:100],
-            points=[(step, float(metrics[metric])) for step, metrics in sorted(points.items()) if metric in metrics],
-        )
-    if not names:
-        return []
-    reward = metric_series(run_id=run.pk, name="reward_mean", max_points=2000)
-    series = {
-        "reward_mean": list(zip(reward["steps"], reward["mean"], strict=True)),
-        "eval/pass@1": [(step, float(m[names[0]])) for step, m in sorted(points.items()) if names[0] in m],
-    }
-    config = DetectorConfig.model_validate((run.spec.get("config") or {}).get("detectors") or {})
-    findings = run_run_detectors(series, config)
-    flags_record(
-        run=run,
-        findings=findings,
-        step=max(points),
-        evidence={"benchmark_version": version.pk, "eval_metric": names[0]},
-    )
-    return findings

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from apps.runs.models import MetricPoint, Run
-from apps.runs.selectors import RunListFilters, run_list_page, run_sparklines
+from apps.runs.selectors_list import RunListFilters, run_list_page, run_sparklines
 
 pytestmark = pytest.mark.django_db
 
