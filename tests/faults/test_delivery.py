@@ -13,7 +13,8 @@ import textwrap
 import httpx
 import pytest
 
-from workers.reporting import IngestError, Reporter, replay_spools
+from workers.reporting import IngestError, Reporter
+from workers.spool import replay_spools
 
 URL = "http://cp/api/v1/runs/7/ingest/"
 

@@ -7,8 +7,9 @@ import os
 import threading
 from typing import TypeVar
 
-from workers.reporting import Reporter, replay_spools, spool_dir
+from workers.reporting import Reporter
 from workers.specs import JobSpec
+from workers.spool import replay_spools, spool_dir
 
 SpecT = TypeVar("SpecT", bound="JobSpec")
 

@@ -62,6 +62,8 @@ Isolation mode, from the environment variable CRUCIBLE_SANDBOX_ISOLATION:
   workspace's size is measured every 0.2 s and the program killed past the limit. Do not use it for untrusted
   code on a machine that matters.
 
+The limits and the result types, and the reading of the launcher's report into a result, are in `results.py`.
+
 Caveats: the exit status is under the program's control (it can `os._exit(0)` before its tests run), so graders
 should also check for output the tests print after they pass.
 """
@@ -69,10 +71,8 @@ should also check for output the tests print after they pass.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
-import math
 import os
 import selectors
 import shutil
@@ -82,119 +82,50 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path, PurePosixPath
-from typing import Any, Literal
+from typing import Any
 
 from workers.sandbox import uids
+from workers.sandbox.results import (
+    EXIT_MEMORY,
+    ISOLATION_ENV,
+    ISOLATION_MODES,
+    Captured,
+    Observation,
+    ObservationKind,
+    Outcome,
+    SandboxLimits,
+    SandboxResult,
+    classify,
+    error_result,
+    parse_report,
+)
 from workers.sandbox.uids import SandboxUnavailable
 
 log = logging.getLogger("crucible.sandbox")
 
-
-ISOLATION_ENV = "CRUCIBLE_SANDBOX_ISOLATION"
-ISOLATION_MODES = ("strict", "rlimits-only")
+# The limits and results live in results.py; these are the sandbox's public names, imported from here.
+__all__ = [
+    "ISOLATION_ENV",
+    "ISOLATION_MODES",
+    "Observation",
+    "ObservationKind",
+    "Outcome",
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxUnavailable",
+    "isolation_mode",
+    "run_python",
+]
 
 _LAUNCHER = Path(__file__).with_name("launcher.py")
 _MAX_OPEN_FILES = 256
-_MAX_WORKSPACE_FILES = 4096  # inodes of the workspace tmpfs
-# Share of the CPU limit that, used by a program the kernel SIGKILLed, marks the CPU limit as the cause.
-_CPU_SPENT = 0.85
-# Exit status the launcher's child uses for an uncaught MemoryError.
-_EXIT_MEMORY = 77
 # How long past wall_seconds the launcher may take (interpreter start-up, namespace teardown) before it is killed.
 _LAUNCHER_GRACE_SECONDS = 5.0
 # How long to keep reading output after the launcher was killed or has exited.
 _DRAIN_SECONDS = 2.0
 _MAX_REPORT_BYTES = 1024 * 1024
 _CHILD_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "CRUCIBLE_SANDBOX": "1"}
-
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Resource limits of one run. Times in seconds, sizes in bytes."""
-
-    wall_seconds: float = 10.0
-    cpu_seconds: int = 10
-    memory_bytes: int = 512 * 1024 * 1024  # RLIMIT_AS
-    max_processes: int = 16  # RLIMIT_NPROC for the sandbox uid
-    max_output_bytes: int = 64 * 1024  # stdout/stderr kept each; the rest dropped, noted truncated
-    max_file_bytes: int = 16 * 1024 * 1024  # RLIMIT_FSIZE
-    max_disk_bytes: int = 64 * 1024 * 1024  # the whole workspace (its tmpfs), the caller's files included
-    max_workspace_files: int = _MAX_WORKSPACE_FILES  # inodes of the workspace tmpfs (files and directories)
-
-    def __post_init__(self) -> None:
-        if not (math.isfinite(self.wall_seconds) and self.wall_seconds > 0):
-            raise ValueError(f"wall_seconds must be a positive number, got {self.wall_seconds!r}")
-        for name in ("cpu_seconds", "memory_bytes", "max_processes", "max_disk_bytes", "max_workspace_files"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        for name in ("max_output_bytes", "max_file_bytes"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-
-
-class Outcome(StrEnum):
-    """How the run ended."""
-
-    OK = "ok"  # exited 0
-    FAILED = "failed"  # nonzero exit (an exception, a failed assert)
-    TIMEOUT = "timeout"  # wall time or CPU time exceeded
-    MEMORY = "memory"  # MemoryError / allocation refused
-    KILLED = "killed"  # died from a signal other than the above
-    ERROR = "error"  # the sandbox itself could not start (never blamed on the code)
-
-
-ObservationKind = Literal["limit", "denied", "cleanup", "isolation"]
-
-
-@dataclass(frozen=True)
-class Observation:
-    """One thing the program ran into (see the module docstring for the kinds and the two sources)."""
-
-    kind: str  # ObservationKind, or whatever a forged "program" line claimed
-    what: str  # e.g. "processes", "memory", "read", "network"
-    detail: str  # one human line
-    target: str = ""  # the path, address or pid concerned, when there is one
-    source: str = "sandbox"  # "sandbox": seen from outside the program; "program": its own monitor (forgeable)
-    count: int = 1  # how many processes of the program reported it
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "what": self.what,
-            "target": self.target,
-            "detail": self.detail,
-            "source": self.source,
-            "count": self.count,
-        }
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    """The end of one run: outcome, exit status or signal, captured output (each stream capped) and timing."""
-
-    outcome: Outcome
-    exit_code: int | None
-    signal: int | None
-    stdout: str
-    stderr: str
-    truncated: bool
-    wall_seconds: float
-    detail: str  # one human line, e.g. "wall time limit 10.0 s exceeded"
-    isolation: str  # what was applied, e.g. "netns+pidns+ipcns+mntns+tmpfs+rlimits+uid59000+landlock"
-    observations: tuple[Observation, ...] = ()  # what the program ran into: limits, refusals, leftovers
-
-    @property
-    def passed(self) -> bool:
-        return self.outcome is Outcome.OK
-
-    def observed(self, kind: str, what: str | None = None) -> list[Observation]:
-        """The observations of `kind` (and `what`, when given)."""
-        return [o for o in self.observations if o.kind == kind and (what is None or o.what == what)]
 
 
 def isolation_mode() -> str:
@@ -237,7 +168,7 @@ def run_python(
         lease = uids.lease_uid()
         if lease is None:
             free = uids.sandbox_uids()
-            return _error(
+            return error_result(
                 f"no free uid in {free[0]}-{free[-1]} ({uids.UIDS_ENV}) after {uids.LEASE_WAIT_SECONDS:g} s", started
             )
     try:
@@ -246,7 +177,7 @@ def run_python(
             try:
                 _populate(Path(workdir), code, extra, lease)
             except OSError as exc:
-                return _error(f"could not prepare the sandbox directory: {exc}", started)
+                return error_result(f"could not prepare the sandbox directory: {exc}", started)
             return _execute(workdir, limits, stdin, mode, started, lease, python_environment)
         finally:
             _remove_tree(workdir)
@@ -329,7 +260,7 @@ def _build_config(
         "main": os.path.join(workdir, "main.py"),
         "uid": uid,  # None when we are not root: the launcher keeps the caller's uid
         "gid": uid,
-        "memory_exit_code": _EXIT_MEMORY,
+        "memory_exit_code": EXIT_MEMORY,
         "limits": {
             "wall_seconds": limits.wall_seconds,
             "cpu_seconds": limits.cpu_seconds,
@@ -343,15 +274,6 @@ def _build_config(
     }
 
 
-@dataclass
-class _Captured:
-    stdout: bytes
-    stderr: bytes
-    report: bytes
-    truncated: bool
-    backstop_fired: bool
-
-
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
     # The launcher leads its own session (start_new_session); the sandbox dies with it (parent-death signal).
     with contextlib.suppress(OSError):
@@ -360,7 +282,7 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _capture(proc: subprocess.Popen[bytes], report_r: int, limits: SandboxLimits, started: float) -> _Captured:
+def _capture(proc: subprocess.Popen[bytes], report_r: int, limits: SandboxLimits, started: float) -> Captured:
     """Read stdout, stderr and the launcher's report concurrently, keeping at most the caps, until all close."""
     assert proc.stdout is not None and proc.stderr is not None
     out_fd, err_fd = proc.stdout.fileno(), proc.stderr.fileno()
@@ -401,7 +323,7 @@ def _capture(proc: subprocess.Popen[bytes], report_r: int, limits: SandboxLimits
                     kept[fd] += chunk[:room]
                 if len(chunk) > room and fd != report_r:
                     truncated = True
-    return _Captured(bytes(kept[out_fd]), bytes(kept[err_fd]), bytes(kept[report_r]), truncated, backstop_fired)
+    return Captured(bytes(kept[out_fd]), bytes(kept[err_fd]), bytes(kept[report_r]), truncated, backstop_fired)
 
 
 def _execute(
@@ -435,7 +357,7 @@ def _execute(
                     start_new_session=True,
                 )
             except (OSError, ValueError, subprocess.SubprocessError) as exc:
-                return _error(f"could not start the sandbox launcher: {exc}", started)
+                return error_result(f"could not start the sandbox launcher: {exc}", started)
             finally:
                 os.close(report_w)
         with proc:
@@ -452,7 +374,7 @@ def _execute(
                     proc.wait()
     finally:
         os.close(report_r)
-    report = _parse_report(captured.report)
+    report = parse_report(captured.report)
     leftovers = 0
     if lease is not None:
         if (report or {}).get("swept"):
@@ -461,191 +383,4 @@ def _execute(
             # The launcher died (or failed) before its own last step: kill what runs under the uid now (the lease
             # stays marked dirty, so the next check under it kills leftovers first too).
             leftovers = uids.sweep_uid(lease.uid)
-    return _classify(captured, report, proc.returncode, limits, time.monotonic() - started, leftovers)
-
-
-def _error(detail: str, started: float, stdout: str = "", stderr: str = "", truncated: bool = False) -> SandboxResult:
-    return SandboxResult(
-        outcome=Outcome.ERROR,
-        exit_code=None,
-        signal=None,
-        stdout=stdout,
-        stderr=stderr,
-        truncated=truncated,
-        wall_seconds=time.monotonic() - started,
-        detail=f"sandbox error: {detail}",
-        isolation="none",
-    )
-
-
-def _last_line(text: str, limit: int = 200) -> str:
-    for line in reversed(text.splitlines()):
-        if line.strip():
-            line = line.strip()
-            return line if len(line) <= limit else line[: limit - 1] + "…"
-    return ""
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-def _parse_report(data: bytes) -> dict[str, Any] | None:
-    lines = data.decode("utf-8", "replace").strip().splitlines()
-    if not lines:
-        return None
-    try:
-        report = json.loads(lines[-1])
-    except ValueError:
-        return None
-    return report if isinstance(report, dict) else None
-
-
-def _mib(size: float) -> str:
-    return f"{size / (1024 * 1024):g} MiB"
-
-
-def _ended(
-    captured: _Captured, report: dict[str, Any] | None, launcher_status: int | None, limits: SandboxLimits
-) -> tuple[Outcome, str, int | None, int | None]:
-    """(outcome, detail, exit code, signal) of a run."""
-    stderr = captured.stderr.decode("utf-8", "replace")
-    if report is None:
-        if captured.backstop_fired:
-            return (
-                Outcome.TIMEOUT,
-                f"wall time limit {limits.wall_seconds} s exceeded; the sandbox did not stop itself",
-                None,
-                None,
-            )
-        hint = _last_line(stderr)
-        return (
-            Outcome.ERROR,
-            f"sandbox error: the launcher ended (status {launcher_status}) without a report"
-            + (f": {hint}" if hint else ""),
-            None,
-            None,
-        )
-    kind = report.get("kind")
-    if kind == "unavailable":
-        raise SandboxUnavailable(
-            f"sandbox isolation unavailable: {report.get('message')}. Set {ISOLATION_ENV}=rlimits-only to run "
-            "with resource limits only (no namespace, tmpfs or Landlock confinement)"
-        )
-    if kind != "done":
-        return Outcome.ERROR, f"sandbox error: {report.get('message') or 'unknown launcher failure'}", None, None
-
-    exit_code = report.get("exit_code")
-    sig = report.get("signal")
-    cpu_used = float(report.get("cpu_seconds") or 0.0)
-    if report.get("wall_killed"):
-        return Outcome.TIMEOUT, f"wall time limit {limits.wall_seconds} s exceeded", exit_code, sig
-    if report.get("disk_killed"):
-        return Outcome.KILLED, f"the workspace grew past its {_mib(limits.max_disk_bytes)} disk limit", None, sig
-    if exit_code == 0:
-        return Outcome.OK, "exited with status 0", 0, None
-    memory_error = _last_line(stderr).startswith("MemoryError")
-    if exit_code == _EXIT_MEMORY or (exit_code is not None and memory_error):
-        return Outcome.MEMORY, f"memory limit {_mib(limits.memory_bytes)} exceeded (MemoryError)", exit_code, None
-    if sig is not None:
-        # RLIMIT_CPU is set with soft == hard, so the kernel SIGKILLs at the limit (SIGXCPU would be ignored by
-        # the namespace's init); a SIGKILL the launcher did not send, with the CPU budget spent, is the CPU limit.
-        # The kernel checks the limit against tick-sampled CPU time, while wait4 reports the scheduler's precise
-        # sum, which on a busy (virtual) machine can be several percent lower: hence "nearly spent".
-        if sig == signal.SIGXCPU or (sig == signal.SIGKILL and cpu_used >= _CPU_SPENT * limits.cpu_seconds - 0.05):
-            return Outcome.TIMEOUT, f"CPU time limit {limits.cpu_seconds} s exceeded", None, sig
-        if sig in (signal.SIGABRT, signal.SIGSEGV, signal.SIGBUS) and (
-            memory_error or "Cannot allocate memory" in stderr or "out of memory" in stderr.lower()
-        ):
-            return Outcome.MEMORY, f"killed by {_signal_name(sig)} after running out of memory", None, sig
-        return Outcome.KILLED, f"killed by {_signal_name(sig)}", None, sig
-    hint = _last_line(stderr)
-    return Outcome.FAILED, f"exited with status {exit_code}" + (f" ({hint})" if hint else ""), exit_code, None
-
-
-def _observations(
-    outcome: Outcome,
-    detail: str,
-    captured: _Captured,
-    report: dict[str, Any] | None,
-    limits: SandboxLimits,
-    leftovers: int,
-) -> tuple[Observation, ...]:
-    """What the run ran into: its outcome's limit, the launcher's and the monitor's findings, weaker modes."""
-    found: list[Observation] = []
-    if outcome is Outcome.TIMEOUT:
-        found.append(Observation("limit", "cpu time" if detail.startswith("CPU") else "wall time", detail))
-    elif outcome is Outcome.MEMORY:
-        found.append(Observation("limit", "memory", detail))
-    if captured.truncated:
-        found.append(Observation("limit", "output", f"output beyond {limits.max_output_bytes} bytes a stream dropped"))
-    report = report or {}
-    for item in [*(report.get("observations") or []), *(report.get("program_observations") or [])]:
-        if not isinstance(item, dict):
-            continue
-        fields = {name: str(item.get(name) or "")[:300] for name in ("kind", "what", "target", "detail", "source")}
-        if not fields["kind"] or not fields["what"]:
-            continue
-        count = item.get("count", 1)
-        found.append(
-            Observation(
-                fields["kind"],
-                fields["what"],
-                fields["detail"],
-                target=fields["target"],
-                source=fields["source"] if fields["source"] in ("sandbox", "program") else "program",
-                count=count if isinstance(count, int) and count > 0 else 1,
-            )
-        )
-    if leftovers:
-        found.append(Observation("cleanup", "processes", f"{leftovers} process(es) outlived the launcher; killed"))
-    if report.get("kind") == "done":
-        if not report.get("per_check_uid"):
-            found.append(
-                Observation(
-                    "isolation",
-                    "uid",
-                    "not running as root: the program runs under the caller's uid (without its capabilities, in "
-                    "a user namespace of its own), not a uid of its own; checks are separated by the namespaces "
-                    "and Landlock only",
-                )
-            )
-        isolation = str(report.get("isolation") or "")
-        if "(degraded:" in isolation:
-            missing = isolation.split("(degraded:", 1)[1].rstrip(")").strip()
-            found.append(Observation("isolation", "degraded", f"rlimits-only mode: {missing}"))
-    merged: dict[tuple[str, str, str], Observation] = {}
-    for observation in found:
-        key = (observation.kind, observation.what, observation.target)
-        if key in merged:
-            first = merged[key]
-            merged[key] = dataclasses.replace(first, count=first.count + observation.count)
-        else:
-            merged[key] = observation
-    return tuple(merged.values())
-
-
-def _classify(
-    captured: _Captured,
-    report: dict[str, Any] | None,
-    launcher_status: int | None,
-    limits: SandboxLimits,
-    wall: float,
-    leftovers: int = 0,
-) -> SandboxResult:
-    outcome, detail, exit_code, sig = _ended(captured, report, launcher_status, limits)
-    return SandboxResult(
-        outcome=outcome,
-        exit_code=exit_code,
-        signal=sig,
-        stdout=captured.stdout.decode("utf-8", "replace"),
-        stderr=captured.stderr.decode("utf-8", "replace"),
-        truncated=captured.truncated,
-        wall_seconds=wall,
-        detail=detail,
-        isolation=str(report.get("isolation") or "none") if report else "none",
-        observations=_observations(outcome, detail, captured, report, limits, leftovers),
-    )
+    return classify(captured, report, proc.returncode, limits, time.monotonic() - started, leftovers)

@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from workers.reporting import IngestError, Reporter, configure_logging, replay_spools, spool_dir
+from workers.reporting import IngestError, Reporter, configure_logging
+from workers.spool import replay_spools, spool_dir
 
 log = logging.getLogger("crucible.serve.recorder")
 
