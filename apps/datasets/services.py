@@ -24,13 +24,11 @@ from workers.search.corpus import (
     build_corpus,
     chunker_config_from,
 )
-from workers.search.corpus_files import (
+from workers.search.corpus_files import is_zip, other_archive, parse_documents_zip
+from workers.search.corpus_jsonl import (
     canonical_report,
-    is_zip,
     looks_like_canonical_chunks,
-    other_archive,
     parse_documents_jsonl,
-    parse_documents_zip,
     validate_canonical,
 )
 from workers.search.types import Chunk, dump_chunks_jsonl, iter_chunks_jsonl

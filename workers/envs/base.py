@@ -206,6 +206,8 @@ class Environment(abc.ABC):
         is the reference, the rest aliases); any other field lands in `metadata`. Raises `TaskFieldError` naming
         the row (`index`, 1-based when given), the field and this environment.
         """
+        # One function on purpose: one check per field, in the row's order, each naming its field; split up, the error
+        # messages would lose their order.
         where = f"task row {index}" if index is not None else "task row"
 
         def fail(field_name: str | None, problem: str) -> TaskFieldError:

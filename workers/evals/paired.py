@@ -230,6 +230,8 @@ def compare_paired(
     Holm is used rather than plain Bonferroni because it is uniformly more powerful with the same guarantee and
     needs no independence between slices (tasks with several tags make slices overlap).
     """
+    # One function on purpose: pairing, the interval and the two tests read the same paired arrays; the steps follow
+    # the docstring's order.
     if not (isinstance(alpha, int | float) and 0.0 < alpha < 1.0):
         raise ValueError(f"alpha must be strictly between 0 and 1 (got {alpha!r})")
     check_confidence(confidence)

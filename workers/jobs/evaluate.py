@@ -83,6 +83,8 @@ def load_policy(config: EvalConfig, opts: dict[str, Any]) -> Any:
 
 
 def run(spec: EvalSpec) -> dict[str, Any]:
+    # One function on purpose: a job's wiring, read top to bottom (read the tasks, load the model, run the episodes,
+    # write and report).
     config, opts = spec.config, spec.storage_options
     configure_storage(opts)
     started = time.perf_counter()

@@ -50,6 +50,8 @@ def import_tasks(
 ) -> dict[str, Any]:
     """Verify, write the kept snapshots and rows, write the report; returns the report. Each progress line goes to
     `echo` when given (manage.py import_repo_tasks prints it), else to this module's logger, and to the reporter."""
+    # One function on purpose: a job's wiring: verify, write the snapshots, write the rows and the report, each step
+    # reporting progress.
     started = time.monotonic()
 
     def say(line: str) -> None:

@@ -81,6 +81,7 @@ _score_shard_remote = ray.remote(num_cpus=1)(score_shard)
 
 
 def run(spec: RescoreSpec) -> dict[str, Any]:
+    # One function on purpose: a job's wiring, read top to bottom (read, score, write, report).
     started = time.monotonic()
     reward = validate_reward_spec(spec.reward)
     with reporter_for(spec) as reporter:

@@ -30,7 +30,7 @@ from workers.realtime.samples import SessionRowError, parse_sessions_jsonl, sess
 from workers.reporting import configure_logging
 from workers.rewards.schema import RewardSpec, RewardSpecError, spec_hash, validate_reward_spec
 from workers.rewards.score import histogram
-from workers.rewards.term_types import SessionFeedbackTerm
+from workers.rewards.term_feedback import SessionFeedbackTerm
 from workers.rl.algorithms import CONSTANT_NORMALISER
 from workers.rl.config import TrainConfig
 from workers.rl.learner import Learner
@@ -101,6 +101,8 @@ def _check_fits(samples: list[Sample], learner: Any) -> None:
 
 
 def run(spec: SessionTrainSpec) -> dict[str, Any]:
+    # One function on purpose: a job's wiring, read top to bottom (read the sessions, build the samples, one learner
+    # step, checkpoint, report).
     import torch
 
     started = time.monotonic()

@@ -40,6 +40,7 @@ def _upload_dir(local: Path, uri: str, storage_options: dict[str, Any]) -> None:
 
 
 def run(spec: SFTSpec) -> dict[str, Any]:
+    # One function on purpose: a job's wiring, read top to bottom (read, tokenize, epochs, checkpoint, report).
     import torch
     from transformers import AutoModelForCausalLM
 

@@ -99,6 +99,8 @@ class HFBackend:
         Prompts of different lengths are left-padded into one batch. A row's budget is `params.max_new_tokens`,
         cut to the model's `max_position_embeddings` minus its prompt length (finish reason "length").
         """
+        # One function on purpose: the sampling loop: padding, the per-row budgets, stop strings and log-probs share
+        # the loop's state.
         if self._asleep:
             raise RuntimeError("the engine is asleep (the learner is training on its device): call wake() first")
         prompts = check_prompts(prompt_token_ids, self._vocab_size)

@@ -25,7 +25,8 @@ from typing import Any
 
 from workers.rewards.schema import RewardSpec
 from workers.rewards.score import RewardResult, combine_reward, score_trajectory
-from workers.rewards.term_types import BrokenToolCallsTerm, LengthPenaltyTerm, SessionFeedbackTerm, SignalWeights
+from workers.rewards.term_feedback import SessionFeedbackTerm, SignalWeights
+from workers.rewards.term_types import BrokenToolCallsTerm, LengthPenaltyTerm
 from workers.trajectories import Trajectory
 
 

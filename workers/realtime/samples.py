@@ -129,6 +129,8 @@ def session_to_trajectory(record: SessionRecord) -> Trajectory:
     thinking; tool output is estimated at `CHARS_PER_TOKEN` characters per token; `tool_calls` counts the calls
     and `turns` the replies.
     """
+    # One function on purpose: one pass over a session's requests, each turn built from the state the turns before it
+    # left.
     turns: list[Turn] = []
     call_names: dict[str, str] = {}
     served = ordered_turns(record)
@@ -335,6 +337,8 @@ def session_samples(
     Samples come in the records' order, each session's turns by turn index; `Sample.group` is the session's index
     in `records` and `Sample.trajectory["id"]` is `<trajectory id>#<turn index>`.
     """
+    # One function on purpose: one pass over the served turns: the sample, its advantage and the counts are decided
+    # together per turn.
     spec = validate_reward_spec(reward_spec)
     stats = SessionStats(sessions=len(records), baseline=baseline)
     if baseline not in BASELINES:

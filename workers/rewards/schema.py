@@ -28,6 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails, PydanticCustomError
 
 from workers.rewards.term_base import Anneal, TermBase, TermInputs
+from workers.rewards.term_feedback import SessionFeedbackTerm
+from workers.rewards.term_judge import RubricJudgeTerm
 from workers.rewards.term_types import (
     BrokenToolCallsTerm,
     CriticalStepsTerm,
@@ -41,8 +43,6 @@ from workers.rewards.term_types import (
     ParallelInstantiationTerm,
     PassedTestsTerm,
     PrunePenaltyTerm,
-    RubricJudgeTerm,
-    SessionFeedbackTerm,
     SubagentFinishTerm,
     TodoLeftTerm,
     TrajectoryRecallTerm,

@@ -275,6 +275,7 @@ def _names(value: object, columns: Sequence[str]) -> bool:
 def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
     """Validate a task row's `table` field ({"columns", "key_columns", "rows", optional "metrics", "aliases",
     "tolerance", "key_aliases", "case_sensitive", "extra_columns"}); raises `TableSpecError` naming the field."""
+    # One function on purpose: one check per field of the table spec, each naming its field, in the spec's order.
     if not isinstance(value, Mapping):
         raise TableSpecError(f"{where} must be an object with columns, key_columns and rows")
     columns = value.get("columns")

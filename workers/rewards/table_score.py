@@ -208,6 +208,7 @@ def score_table(answer: str | None, gold: GoldTable) -> TableScore:
     """Score the first Markdown table in `answer` against `gold` (module docstring, steps 1-6). No table, or one
     that fails the required-columns rule, scores 0 on every metric: `parsed`, `missing_columns` and
     `extra_columns` tell which."""
+    # One function on purpose: the module docstring's steps 1-6 in order, on one parsed table.
     table = parse_markdown_table(answer)
     width = len(gold.columns)
     if table is None:

@@ -74,6 +74,8 @@ def group_advantages(
         ValueError: naming the argument, for a non-1-D or non-finite ``rewards``, a ``group_size`` below 2 or not
             dividing N, an unknown ``scale`` or a bad ``eps``.
     """
+    # One function on purpose: argument checks, then the formula of each scaling mode on the same grouped tensor
+    # (docs/methods.md).
     if rewards.dim() != 1:
         raise ValueError(f"rewards must be a 1-D tensor [N], got shape {tuple(rewards.shape)}.")
     if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 2:

@@ -159,6 +159,7 @@ class LossConfig:
         ``max_completion_length`` is stored for every algorithm; Dr. GRPO and Composer use it and fall back to
         `DEFAULT_MAX_COMPLETION_LENGTH` when it is not given.
         """
+        # One function on purpose: a table: one branch per algorithm, each with the settings its source reports.
         constant = DEFAULT_MAX_COMPLETION_LENGTH if max_completion_length is None else max_completion_length
         if algorithm == "grpo":
             return cls(

@@ -88,9 +88,63 @@ def episode_token_limit(config: TrainConfig, max_turns: int | None = None) -> in
     return config.sampling.max_new_tokens * max(turns or 1, 1)
 
 
+def _loss_and_mismatch(
+    config: TrainConfig, loss: LossConfig, limit: int, rows: list[SettingRow], notes: list[str]
+) -> LossConfig:
+    """The loss's and the mismatch correction's rows and notes (appended to `rows` and `notes`); returns the
+    method's own loss (its defaults), against which an override is marked."""
+    algorithm: Algorithm = config.algorithm
+    base = LossConfig.defaults(algorithm, max_completion_length=limit)
+    for name in LOSS_OVERRIDES:
+        if name == "cispo_mask" and algorithm != "cispo":
+            continue
+        if name == "tau" and algorithm != "kimi":
+            continue
+        if name in ("kl_estimator", "kl_placement") and loss.kl_coef == 0:
+            continue
+        value = getattr(loss, name)
+        source = _placement_source(loss.kl_estimator) if name == "kl_placement" else LOSS_SETTING_MEANING[name]
+        rows.append(SettingRow(f"loss.{name}", _show(value), value != getattr(base, name), source))
+    if algorithm in CONSTANT_NORMALISER:
+        rows.append(
+            SettingRow(
+                "loss.max_completion_length",
+                str(limit),
+                False,
+                "Dr. GRPO's constant normaliser: the most tokens the policy can sample in one episode "
+                "(max_new_tokens × the environment's max_turns)",
+            )
+        )
+    mismatch = config.mismatch
+    rows.append(
+        SettingRow(
+            "mismatch.correction",
+            mismatch.correction,
+            mismatch.correction != "none",
+            "Train-inference mismatch (docs/methods.md P7), measured every step under mismatch/: none, or an "
+            "importance weight on each token's policy-gradient term (tis min(r, C), mis r or 0 above C; seq_* on the "
+            "sequence's geometric mean), π_old then recomputed by the learner. Off by default: on CPU the engine "
+            "and the learner both compute in fp32",
+        )
+    )
+    if mismatch.correction != "none" or mismatch.cap != 2.0:
+        rows.append(
+            SettingRow("mismatch.cap", _show(mismatch.cap), mismatch.cap != 2.0, "C; 2 is the common choice (P7)")
+        )
+    if loss.kl_coef > 0 and loss.kl_placement == "reward" and loss.kl_estimator != "k1":
+        notes.append(
+            f"kl_estimator={loss.kl_estimator!r} as a reward penalty is biased: its policy gradient misses the "
+            "estimator's own gradient (k1 is the unbiased one in the reward)."
+        )
+    return base
+
+
 def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> EffectiveSettings:
     """`config.algorithm`'s method defaults merged with the run's overrides (a field left unset, None, is the
     method's). Raises `SettingsError` naming the field for a combination that cannot work."""
+    # One function on purpose: each setting's default depends on the ones picked before it (drop on dynamic sampling,
+    # the cache on the overlong penalty), in the order the rows are shown; the loss's and the mismatch rows are in
+    # _loss_and_mismatch.
     algorithm: Algorithm = config.algorithm
     method = METHOD_DEFAULTS[algorithm]
     limit = episode_token_limit(config, max_turns)
@@ -173,48 +227,7 @@ def effective_settings(config: TrainConfig, *, max_turns: int | None = None) -> 
     if algorithm == "dapo" and not overlong:
         notes.append("overlong_penalty is off: DAPO (P3) adds the soft overlong penalty of eq. 13 to the reward.")
 
-    base = LossConfig.defaults(algorithm, max_completion_length=limit)
-    for name in LOSS_OVERRIDES:
-        if name == "cispo_mask" and algorithm != "cispo":
-            continue
-        if name == "tau" and algorithm != "kimi":
-            continue
-        if name in ("kl_estimator", "kl_placement") and loss.kl_coef == 0:
-            continue
-        value = getattr(loss, name)
-        source = _placement_source(loss.kl_estimator) if name == "kl_placement" else LOSS_SETTING_MEANING[name]
-        rows.append(SettingRow(f"loss.{name}", _show(value), value != getattr(base, name), source))
-    if algorithm in CONSTANT_NORMALISER:
-        rows.append(
-            SettingRow(
-                "loss.max_completion_length",
-                str(limit),
-                False,
-                "Dr. GRPO's constant normaliser: the most tokens the policy can sample in one episode "
-                "(max_new_tokens × the environment's max_turns)",
-            )
-        )
-    mismatch = config.mismatch
-    rows.append(
-        SettingRow(
-            "mismatch.correction",
-            mismatch.correction,
-            mismatch.correction != "none",
-            "Train-inference mismatch (docs/methods.md P7), measured every step under mismatch/: none, or an "
-            "importance weight on each token's policy-gradient term (tis min(r, C), mis r or 0 above C; seq_* on the "
-            "sequence's geometric mean), π_old then recomputed by the learner. Off by default: on CPU the engine "
-            "and the learner both compute in fp32",
-        )
-    )
-    if mismatch.correction != "none" or mismatch.cap != 2.0:
-        rows.append(
-            SettingRow("mismatch.cap", _show(mismatch.cap), mismatch.cap != 2.0, "C; 2 is the common choice (P7)")
-        )
-    if loss.kl_coef > 0 and loss.kl_placement == "reward" and loss.kl_estimator != "k1":
-        notes.append(
-            f"kl_estimator={loss.kl_estimator!r} as a reward penalty is biased: its policy gradient misses the "
-            "estimator's own gradient (k1 is the unbiased one in the reward)."
-        )
+    base = _loss_and_mismatch(config, loss, limit, rows, notes)
     return EffectiveSettings(
         algorithm=algorithm,
         scale_rewards=scale,

@@ -54,6 +54,8 @@ class Learner(LearnerWeights):
     ) -> None:
         """`reader`: a single-process learner that only reads a checkpoint's policy (workers.rl.checkpoints), also
         inside a rank of a process group (a DDP run that starts from a single learner's checkpoint)."""
+        # One function on purpose: the learner's state in the order it must be built (model, LoRA, reference,
+        # optimizer, ranks).
         from transformers import AutoModelForCausalLM
 
         if threads:
@@ -151,6 +153,8 @@ class Learner(LearnerWeights):
         and no group advantages; every sample with a sampled token is trained (an advantage of 0 included) and the
         per-sequence normalisers count every sample of the batch. The KL in the loss still applies.
         """
+        # One function on purpose: the step's order is the method (shape rewards, advantages, select, minibatches,
+        # metrics); each part it calls is its own function.
         started = time.perf_counter()
         cfg = self.config
         settings = self.settings
@@ -275,6 +279,8 @@ class Learner(LearnerWeights):
         `learner_old`: the learner's recomputed log-probs per sample (a mismatch correction is on): the loss's π_old,
         and with the engine's the correction's weights. `measure`: compare this forward with the engine's
         log-probs (the step's first minibatch, before any update)."""
+        # One function on purpose: forward, loss, backward and the optimizer step of one minibatch share its tensors;
+        # split, they would pass a dozen of them around.
         mm = self.config.mismatch
         gap: dict[str, float] = {}
         corrected = 0.0

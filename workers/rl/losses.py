@@ -193,6 +193,8 @@ def policy_loss(
         ValueError: for mismatched shapes, a missing ``ref_logp`` (KL in the loss), or (Dr. GRPO, Composer) a
             sequence with more valid tokens than ``max_completion_length``.
     """
+    # One function on purpose: one formula per algorithm on the same ratios and masks (docs/methods.md P1-P5), side by
+    # side so they can be compared.
     _check_inputs(logp, old_logp, advantages, mask, config, ref_logp)
     dtype = torch.promote_types(logp.dtype, torch.float32)
     logp_f = logp.to(dtype)

@@ -248,6 +248,8 @@ def completion_logprobs(
 
     Dropout, if the model has any, differs between packed and unpacked runs; call in eval mode for exact parity.
     """
+    # One function on purpose: packing the rows, the forward and the unpacking share the offsets; the steps are
+    # commented in order.
     if not temperature > 0:
         raise ValueError(f"temperature={temperature}: must be positive")
     if packs_per_forward is not None and packs_per_forward < 1:

@@ -168,6 +168,7 @@ class RolloutWorker:
         step (0-based), scales the weights of annealed terms (PARL's λ1, λ2). `between_turns`, when given, is
         called before every turn's generation and may load new weights into the backend (partial rollouts); it
         returns the seconds it spent. Each sampled token records the backend's `policy_version` at its turn."""
+        # One function on purpose: the multi-turn loop: every live episode's state advances together, turn by turn.
         reward = self.reward if f_beta is None else with_f_beta(self.reward, f_beta)
         started = time.perf_counter()
         applied = 0.0

@@ -263,6 +263,8 @@ class Trainer:
         """Generate (or take the rollouts already running), train, sync the weights, report and checkpoint step
         `step`; returns the next step's rollouts when they are already launched. Each phase is reported as it
         starts: the stall watchdog applies its limit (config.stall_limits)."""
+        # One function on purpose: one training step's phases in order (generate, train, sync, report, checkpoint),
+        # each reported as it starts.
         config, reporter = self.config, self.reporter
         reporter.progress(step, config.steps, phase="generation")
         wait_started = time.perf_counter()

@@ -308,6 +308,8 @@ def expose_dirs(plan: Plan, dirs: list[str]) -> None:
     workspace itself lies under the ancestor, a mount fails) an "isolation" observation says the interpreter may
     not start as a subprocess, and the run goes on.
     """
+    # One function on purpose: one pass over the directories' ancestors, mounting as it goes; the launcher's steps
+    # stay in one place to audit.
     if not plan.is_root:
         return  # the program runs under the caller's own uid, which reaches whatever the caller reaches
     blocked: dict[str, list[str]] = {}  # topmost closed ancestor -> directories under it

@@ -173,6 +173,8 @@ def _program_observations(data: bytes) -> list[dict[str, Any]]:
 
 
 def run(cfg: dict[str, Any], plan: confine.Plan, pid: int, started: float) -> dict[str, Any]:
+    # One function on purpose: the supervision loop: the deadline, the setup pipe, the monitor pipe and the disk poll
+    # share one poll() and its state.
     for fd in (plan.setup_w, plan.life_r, plan.obs_w, plan.ruleset_fd, *plan.python_roots.values()):
         if fd is not None:
             os.close(fd)

@@ -406,6 +406,8 @@ def build_corpus(
     never deletes a document's text (`dedup.merge_copies`): a copy within a document is dropped, a chunk that
     several documents hold word for word is stored once with the others' ids in `metadata["also_in"]`.
     """
+    # One function on purpose: one pass over the documents: chunking, the repeated-text filters and the report's
+    # counts advance together.
     config = config or ChunkerConfig()
     documents = list(documents)
     boilerplate = dedup.boilerplate_paragraphs([d.text for d in documents]) if config.drop_boilerplate else set()

@@ -119,6 +119,8 @@ class SearchEnv(ToolUseEnvironment):
         training: bool = True,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     ) -> None:
+        # One function on purpose: every setting is checked and the problems are raised together, each naming its
+        # field; then they are stored.
         super().__init__(
             max_turns=max_turns,
             answer_format="text",
@@ -240,6 +242,7 @@ class SearchEnv(ToolUseEnvironment):
         return sum(self._count(text) + MESSAGE_OVERHEAD_TOKENS for text in texts)
 
     def step(self, action_text: str) -> StepResult:
+        # One function on purpose: one branch per tool call, each turning the call into its observation and reward.
         self._begin_step(action_text)
         self._view_changed = False
         turn = self._calls_of(action_text)

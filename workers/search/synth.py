@@ -176,6 +176,8 @@ def synthesize(
 
     `on_progress(kept, tried)` is called after each generator batch. The same corpus, params and a deterministic
     generator give the same tasks and report (apart from `seconds`)."""
+    # One function on purpose: the generator's loop: candidates, verification, the stopping rule and the report share
+    # its counters.
     started = time.monotonic()
     report = _Report(generator=generator.name, params=params, corpus_label=corpus_label, corpus_hash=corpus_hash)
     seeds = seed_chunks(corpus, params)

@@ -274,6 +274,7 @@ def wide_entities(corpus: SynthCorpus, columns: Sequence[str]) -> list[tuple[str
 
 def synthesize_wide(chunks: Sequence[Chunk], params: WideParams, *, corpus_label: str = "") -> WideResult:
     """Up to `params.num_tasks` verified wide tasks from `chunks` (see the module docstring)."""
+    # One function on purpose: the generator's loop: candidates, verification and the report share its counters.
     started = time.perf_counter()
     corpus = SynthCorpus(chunks)
     rng = random.Random(f"wide:{params.seed}")

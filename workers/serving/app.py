@@ -130,6 +130,8 @@ class Router:
 
     @api.post("/v1/chat/completions")
     async def chat_completions(self, request: Request) -> Response:
+        # One function on purpose: the endpoint: parse, route to an arm, stream or answer, record; the order is the
+        # request's.
         received = time.time()
         headers: dict[str, str] = {}
         try:

@@ -188,6 +188,8 @@ class ArmReplica:
             self.shipper.turn(outcome.turn)
 
     def _run(self, payload: dict[str, Any], streamed: bool) -> _Outcome:
+        # One function on purpose: one request, in order: parse, render, check the context, sample, answer; each
+        # refusal names its field.
         request = parse_request(payload["request"])
         tools = tool_specs(request.tools or []) if request.uses_tools else []
         messages = render_messages(request, tools)

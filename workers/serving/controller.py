@@ -329,6 +329,8 @@ class ServingController:
         """Bring arm `name`'s replicas to `arm`'s checkpoint (its first weights: a full sync); returns the swap's
         figures, which are also reported."""
 
+        # One function on purpose: a swap's phases in order (load, encode, publish, wait for every replica to apply
+        # it), each timed for the swap's figures.
         state = self.arms[name]
         started = time.perf_counter()
         if self._warm is not None:

@@ -222,6 +222,8 @@ def simulate(spec: SimulateSpec, *, token: str, reporter: Reporter | None = None
     """Play the simulation `spec` describes with `token` as the serving key and feedback credential; returns the
     summary. Raises ValueError for a spec whose inputs are unusable (naming the field) and `SimulationStopped` when a
     401/403 stopped it (after writing the table of what was played)."""
+    # One function on purpose: the simulation's wiring, read top to bottom: check the spec, play the sessions, send
+    # feedback, write the summary.
     started = time.monotonic()
     _check_urls(spec)
     settings = Settings(

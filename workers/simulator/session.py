@@ -175,6 +175,7 @@ def play_session(
 def _converse(
     plan: SessionPlan, result: SessionResult, *, client: openai.OpenAI, settings: Settings, stop: threading.Event
 ) -> None:
+    # One function on purpose: one simulated conversation, turn by turn, with the state each turn leaves for the next.
     env = make_env(settings)
     tools = openai_tools(env.tools)
     messages = request_messages(env.reset(plan.task), env.tools)

@@ -136,6 +136,8 @@ class SwarmEnv(SearchEnv):
         training: bool = True,
         system_prompt: str | None = DEFAULT_SYSTEM_PROMPT,
     ) -> None:
+        # One function on purpose: every setting is checked and the problems are raised together, each naming its
+        # field.
         problems: list[str] = []
         if step_preset not in STEP_PRESETS:
             problems.append(f"step_preset must be one of {', '.join(STEP_PRESETS)}, got {step_preset!r}")
@@ -345,6 +347,8 @@ class SwarmEnv(SearchEnv):
 
     def _launch_reply(self) -> None:
         """Start every assign_task call of this reply together; each call's outcome is a result or 'kind:error'."""
+        # One function on purpose: the calls of one reply are started, waited for and recorded together: one loop's
+        # state.
         jobs: list[tuple[int, SubagentJob]] = []
         over_limit = self._view_tokens() > self.hard_cutoff * self.token_budget
         for call in self._reply_calls:

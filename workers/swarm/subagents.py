@@ -230,6 +230,8 @@ def make_policy(job: SubagentJob) -> SubagentPolicy:
 def run_subagent(job: SubagentJob, index: SearchIndex | None = None) -> SubagentResult:
     """Run one sub-agent to its final message, its step limit or an error; never raises."""
 
+    # One function on purpose: a sub-agent's loop: its turns, its tool calls and its limits share one state, and it
+    # never raises.
     started = time.perf_counter()
     try:
         env = SearchEnv(

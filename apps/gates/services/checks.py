@@ -19,9 +19,8 @@ from apps.gates.services.deployments import deploy
 from apps.runs.models import RunStatus, TrajectorySummary
 from apps.webhooks.services import webhook_emit
 from workers.detectors.registry import detectors
+from workers.evals.gate_evidence import BenchmarkEvidence, GateInputs
 from workers.evals.gates import (
-    BenchmarkEvidence,
-    GateInputs,
     evaluate_rules,
     parse_rules,
 )
