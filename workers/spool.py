@@ -29,7 +29,6 @@ def spool_dir() -> Path:
     return Path(configured) if configured else Path.home() / ".crucible" / "spool"
 
 
-
 class Spool:
     """One reporter's events on disk: a header line, one line per event as it is made, and `ack` lines for what
     the control plane stored. The reporter holds an exclusive lock on the file while it lives, so a replay never
@@ -200,5 +199,3 @@ def _replay_one(path: Path, http: httpx.Client, chunk: int) -> int | None:
     if unsent:
         log.info("replayed %d events a killed reporter left in %s", len(unsent), path)
     return len(unsent)
-
-

@@ -22,14 +22,13 @@ from workers.coding.libraries import (
     Library,
     vendored_sources,
 )
+from workers.coding.mutation_operators import REPAIR_OPERATORS, repair_mutations
 from workers.coding.mutations import (
-    REPAIR_OPERATORS,
     FunctionInfo,
     Mutation,
     combine,
     find_functions,
     implement_mutation,
-    repair_mutations,
 )
 
 Family = Literal["repair", "implement"]

@@ -23,14 +23,10 @@ intermediate state. A rollout worker that wants the G samples of a group to star
 environment and forks the other G - 1 from it; `Snapshot.load` caches snapshots per process, so plain `reset`s of
 the same task already share the snapshot and only the (empty) top layer is per episode.
 
-Self-summarisation (docs/methods.md C3). With `summary_threshold_tokens` > 0, when a reply's observation would bring the
-context past the threshold, the observation is followed by a user message holding `SUMMARY_PROMPT`. The policy's
-next reply is taken as the summary (no tool in it runs); the environment then rewrites its conversation to the
-system prompt, the task and "Summary of your work so far: ..." and sets `view_changed`, so the rollout worker closes
-the segment and starts the next from the rewritten conversation. The chain is one trajectory: every segment's
-sampled tokens (summaries included) are trained with the episode's one reward. At most `max_summaries` summaries;
-`context_limit` (threshold + `summary_headroom_tokens`) is where the worker aborts, and an observation that would
-leave no room for the summary request is cut to fit.
+Siblings. Self-summarisation (docs/methods.md C3) past `summary_threshold_tokens` is `SelfSummary` in
+`workers.coding.environment_summary`; the episode's end (the diff, the hidden tests) and its record (trajectory
+fields, counts, metrics, the SFT rule) are `EpisodeRecord` in `workers.coding.environment_records`, which builds on
+it and which `CodingAgentEnv` inherits; task rows are read by `workers.coding.environment_tasks`.
 
 Token counts come from the policy's tokenizer when the rollout worker binds it (`bind_token_counter`), else a
 4-characters-per-token estimate, plus a fixed per-message overhead for the chat template's markers.
@@ -39,15 +35,13 @@ Token counts come from the policy's tokenizer when the rollout worker binds it (
 from __future__ import annotations
 
 import copy
-import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from workers import storage
-from workers.coding.archive import content_hash
-from workers.coding.execute import CommandLimits
-from workers.coding.hidden_tests import run_hidden_tests
-from workers.coding.task import RepoTaskError, parse_repo_task_row
+from workers.coding.environment_records import EpisodeRecord, select_resolved
+from workers.coding.environment_summary import SUMMARY_PROMPT
+from workers.coding.environment_tasks import inline_snapshot, parse_task_fields, prompt_text
 from workers.coding.tools import (
     EDIT_TOOL,
     FINISH_TOOL,
@@ -57,22 +51,18 @@ from workers.coding.tools import (
     SEARCH_TOOL,
     CodingTools,
     EpisodeState,
-    is_artifact_path,
 )
 from workers.coding.workspace import Snapshot, Workspace
 from workers.envs.base import (
-    MESSAGE_OVERHEAD_TOKENS,
     EpisodeStateError,
     Message,
     Observation,
     StepResult,
     Task,
-    TaskFieldError,
     ToolError,
-    ToolUseEnvironment,
     approx_tokens,
 )
-from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, json_kind, parse_tool_calls
+from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec, parse_tool_calls
 from workers.rewards.schema import coding_agent_spec
 
 if TYPE_CHECKING:
@@ -80,19 +70,6 @@ if TYPE_CHECKING:
     from workers.coding.workspace import Snapshot, Workspace
 
 ENV_NAME = "coding_agent"
-
-SUMMARY_PROMPT = (
-    "Your context is almost full. Write a summary of your work so far, for yourself to continue from with a fresh "
-    "context: the task, what you found (files, functions, line numbers), what you changed and why, what is left to "
-    "do and what you were about to do next. Do not call any tool: reply with the summary only."
-)
-"""The fixed request for a self-summary (docs/methods.md C3: the prompt is not given by the source; this is ours)."""
-
-SUMMARY_HEADER = "Summary of your work so far:"
-SUMMARY_FOOTER = (
-    "Continue the task from here. Every change you made is still in the repository; read files again if you "
-    "need their exact text."
-)
 
 DEFAULT_SYSTEM_PROMPT = (
     "You are a coding agent working in a Python repository. Explore it with list_files, read_file and "
@@ -102,11 +79,8 @@ DEFAULT_SYSTEM_PROMPT = (
     "short message saying what you changed."
 )
 
-MAX_DIFF_CHARS = 256_000
-"""The trajectory keeps at most this much of the final diff (a cut is marked); `edited_files` lists every file."""
 
-
-class CodingAgentEnv(CodingTools, ToolUseEnvironment):
+class CodingAgentEnv(CodingTools, EpisodeRecord):
     name: ClassVar[str] = ENV_NAME
     description: ClassVar[str] = (
         "Composer-style coding agent in a repository snapshot: list_files, read_file, search_code, edit_file, run "
@@ -248,25 +222,6 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
     # --- wiring ---------------------------------------------------------------------------------------------------
 
     @property
-    def context_limit(self) -> int | None:
-        """Tokens the conversation may reach before the rollout worker aborts the episode: the summary threshold
-        plus its headroom (room for the last observation, the summary request and the summary). None without
-        self-summarisation: the worker's own limit applies."""
-        if not self.summary_threshold_tokens:
-            return None
-        return self.summary_threshold_tokens + self.summary_headroom_tokens
-
-    def bind_token_counter(self, count: Callable[[str], int]) -> None:
-        """Count tokens with the policy's tokenizer (the rollout worker binds it)."""
-        self._count = count
-
-    @property
-    def view_changed(self) -> bool:
-        """Whether the last step rewrote the conversation (a self-summary): the rollout worker then starts a new
-        segment from `messages` instead of appending the observation."""
-        return self._view_changed
-
-    @property
     def workspace(self) -> Workspace:
         if self._workspace is None:
             raise EpisodeStateError(f"environment '{self.name}' has no workspace; call reset(task) first")
@@ -280,28 +235,9 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
 
     @classmethod
     def select_for_sft(cls, records: Sequence[Mapping[str, Any]]) -> tuple[list[int], dict[str, Any]]:
-        """The SFT warm-up keeps the teacher's episodes that solved their task (every hidden test passed) without an
-        error or a malformed tool call, once per (task, final diff): Context-1's recall filter has nothing to read
-        in a coding episode. Counts every drop by reason."""
-        kept: list[int] = []
-        dropped = {"error": 0, "malformed": 0, "unresolved": 0, "duplicate": 0}
-        seen: set[tuple[str, str]] = set()
-        for index, record in enumerate(records):
-            counts = record.get("counts") or {}
-            report = record.get("hidden_tests") or {}
-            key = (str(record.get("task_id")), str(record.get("diff") or ""))
-            if record.get("error"):
-                dropped["error"] += 1
-            elif int(counts.get("malformed_tool_calls", 0)) > 0:
-                dropped["malformed"] += 1
-            elif not report.get("resolved"):
-                dropped["unresolved"] += 1
-            elif key in seen:
-                dropped["duplicate"] += 1
-            else:
-                seen.add(key)
-                kept.append(index)
-        return kept, {"generated": len(records), "kept": len(kept), "dropped": dropped, "rule": "resolved"}
+        """The SFT warm-up's rule for coding episodes: `workers.coding.environment_records.select_resolved` (solved,
+        no error, no malformed tool call, once per task and final diff)."""
+        return select_resolved(records)
 
     # --- tasks ----------------------------------------------------------------------------------------------------
 
@@ -313,47 +249,10 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
         if isinstance(row, dict) and row.get("prompt") is None and isinstance(row.get("instruction"), str):
             row = {**row, "prompt": row["instruction"]}
         task = super().validate_task_row(row, index=index)
-        cls._parse_repo_task(task.metadata | {"id": task.id, "instruction": _prompt_text(task)}, index=index)
+        parse_task_fields(
+            task.metadata | {"id": task.id, "instruction": prompt_text(task)}, environment=cls.name, index=index
+        )
         return task
-
-    @classmethod
-    def _parse_repo_task(cls, fields: Mapping[str, Any], *, index: int | None = None) -> RepoTask:
-        where = f"task row {index}" if index is not None else "task row"
-        row = {key: value for key, value in fields.items() if key not in ("repo", "prompt", "answer", "aliases")}
-        repo = fields.get("repo")
-        if repo is not None:
-            files = repo.get("files") if isinstance(repo, Mapping) else None
-            if (
-                not isinstance(files, Mapping)
-                or not files
-                or not all(isinstance(path, str) and isinstance(text, str) for path, text in files.items())
-            ):
-                raise TaskFieldError(
-                    f"{where}: field 'repo' must be {{\"files\": {{path: text, ...}}}} with at least one file, got "
-                    f"{json_kind(repo)}",
-                    field="repo",
-                    environment=cls.name,
-                )
-            if fields.get("snapshot") is not None:
-                raise TaskFieldError(
-                    f"{where}: give either 'snapshot' or an inline 'repo', not both",
-                    field="repo",
-                    environment=cls.name,
-                )
-            row["snapshot"] = {"sha256": content_hash(dict(files)), "file_count": len(files)}
-            row.setdefault("family", "imported")
-            row.setdefault("provenance", {"kind": "imported", "ids": {}})
-        elif fields.get("snapshot") is None:
-            raise TaskFieldError(
-                f"{where}: missing field 'snapshot', which environment '{cls.name}' needs (or give the files inline "
-                'as "repo": {"files": {...}})',
-                field="snapshot",
-                environment=cls.name,
-            )
-        try:
-            return parse_repo_task_row(row, index=index)
-        except RepoTaskError as exc:
-            raise TaskFieldError(str(exc), field=exc.field, environment=cls.name) from None
 
     # --- episode --------------------------------------------------------------------------------------------------
 
@@ -366,10 +265,12 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
         """Start an episode on `task`, in a fresh workspace over its snapshot or, given `workspace`, in a fork of
         it (the caller's workspace is left as it is)."""
 
-        repo_task = self._parse_repo_task(task.metadata | {"id": task.id, "instruction": _prompt_text(task)})
+        repo_task = parse_task_fields(
+            task.metadata | {"id": task.id, "instruction": prompt_text(task)}, environment=self.name
+        )
         repo = task.metadata.get("repo")
         if isinstance(repo, Mapping):
-            snapshot = _inline_snapshot(repo_task.snapshot.sha256, repo["files"])
+            snapshot = inline_snapshot(repo_task.snapshot.sha256, repo["files"])
         else:
             snapshot = Snapshot.load(repo_task.snapshot, storage_options=storage.STORAGE_OPTIONS or None)
         messages = super().reset(task)
@@ -401,10 +302,6 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
         self._state = copy.deepcopy(other._state)
         self._view_changed = False
         self._workspace = other._workspace.fork()
-
-    def _view_tokens(self, extra: Sequence[str] = ()) -> int:
-        texts = [*(m["content"] for m in self._messages), *extra]
-        return sum(self._count(text) + MESSAGE_OVERHEAD_TOKENS for text in texts)
 
     def step(self, action_text: str) -> StepResult:
         self._begin_step(action_text)
@@ -477,110 +374,6 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
             return StepResult(None, True, {**info, "truncated": True})
         return StepResult(Observation(replies), False, info)
 
-    # --- self-summarisation (docs/methods.md C3) ----------------------------------------------------------------------
-
-    def _wants_summary(self, replies: Sequence[Message]) -> bool:
-        if not self.summary_threshold_tokens or len(self._state.summaries) >= self.max_summaries:
-            return False
-        if self._steps >= self.max_turns:
-            return False  # the episode ends with this reply: no summary would be read
-        return self._view_tokens([m["content"] for m in replies]) > self.summary_threshold_tokens
-
-    def _fit_for_summary(
-        self, replies: list[Message], tool_turns: list[dict[str, Any]]
-    ) -> tuple[list[Message], list[dict[str, Any]]]:
-        """Cut this reply's tool messages so that they, the summary request and a reply fit under
-        `context_limit` (a huge observation must not make the worker abort the chain instead of summarising)."""
-        limit = self.context_limit or 0
-        room = limit - self._view_tokens([SUMMARY_PROMPT]) - len(replies) * MESSAGE_OVERHEAD_TOKENS
-        used = sum(self._count(m["content"]) for m in replies)
-        if used <= room:
-            return replies, tool_turns
-        share = max(0, room) // max(1, len(replies))
-        fitted: list[Message] = []
-        for message in replies:
-            text = message["content"]
-            if self._count(text) > share:
-                chars = max(0, share * len(text) // max(1, self._count(text)) - 80)
-                text = text[:chars] + "\n[... cut: the context is full; a summary is requested next]"
-            fitted.append({"role": message["role"], "content": text})
-        turns = [
-            {**turn, "content": fitted[i]["content"]} if i < len(fitted) else turn for i, turn in enumerate(tool_turns)
-        ]
-        return fitted, turns
-
-    def _take_summary(self, action_text: str) -> StepResult:
-        """The reply to the summary request: record it, close the segment and restart the conversation from the
-        system prompt, the task and the summary."""
-        parsed = parse_tool_calls(action_text, self.tools)
-        summary = (parsed.final_text or action_text).strip() or "(no summary was written)"
-        self._turns.append({"role": "assistant", "content": action_text, "summary": True})
-        self._state.lengths.summary_tokens += self._count(action_text)
-        self._state.segments.append(self._view_tokens())
-        self._state.summaries.append({"turn": self._steps, "text": summary, "tokens": self._count(summary)})
-        self._state.awaiting_summary = False
-        restart: Message = {"role": "user", "content": f"{SUMMARY_HEADER}\n{summary}\n\n{SUMMARY_FOOTER}"}
-        self._messages = [*self.initial_messages(self.task), restart]
-        self._turns.append({**restart, "segment_start": len(self._state.segments)})
-        self._view_changed = True
-        info = self._info(tool_calls=0, malformed_tool_calls=0, tool_errors=0, view_changed=True, summary=True)
-        if self._steps >= self.max_turns:
-            self._end(answer=None, reason="max_turns", error=f"no finish within max_turns={self.max_turns}")
-            return StepResult(None, True, {**info, "truncated": True})
-        return StepResult(Observation([restart]), False, info)
-
-    # --- the end of an episode ------------------------------------------------------------------------------------
-
-    def _end(self, *, answer: str | None, reason: str, error: str | None = None) -> None:
-        self._state.finish_reason = reason
-        self._state.finish_message = answer
-        self._finish(answer=answer, error=error)
-
-    def _finish(self, *, answer: str | None, error: str | None = None) -> None:
-        """Every way an episode ends comes here (finish, a final reply, max_turns, `abort`): close the last
-        segment, take the diff and run the hidden tests on a fork of the final workspace."""
-        if self._state.finish_reason is None:
-            self._state.finish_reason = "aborted"
-        self._state.segments.append(self._view_tokens())
-        if self._workspace is not None:
-            diff = self._workspace.diff()
-            if len(diff) > MAX_DIFF_CHARS:
-                diff = diff[:MAX_DIFF_CHARS] + f"\n[... diff cut: {len(diff) - MAX_DIFF_CHARS:,} more characters]\n"
-            self._state.diff = diff
-            self._state.edited_files = sorted(p for p in self._workspace.changed_paths() if not is_artifact_path(p))
-            error = self._run_hidden_tests() or error
-        super()._finish(answer=answer, error=error)
-
-    def _run_hidden_tests(self) -> str | None:
-        """Run the task's hidden tests; returns an error message when they could not run at all (an
-        infrastructure failure, never counted as the policy's)."""
-
-        assert self._repo_task is not None and self._workspace is not None
-        limits = CommandLimits(
-            wall_seconds=self.test_wall_seconds,
-            cpu_seconds=max(1, int(self.test_wall_seconds)),
-            memory_bytes=self.command_memory_mb * 1024 * 1024,
-        )
-        try:
-            report = run_hidden_tests(self._workspace.fork(), self._repo_task.hidden_tests, limits=limits)
-        except Exception as exc:  # a sandbox that cannot start: the episode is void, not failed
-            self._state.hidden = None
-            self._state.tests_passed = None
-            return f"hidden tests could not run: {type(exc).__name__}: {exc}"
-        self._state.hidden = {
-            "outcomes": dict(report.outcomes),
-            "fail_to_pass_passed": report.fail_to_pass_passed,
-            "fail_to_pass_total": report.fail_to_pass_total,
-            "pass_to_pass_passed": report.pass_to_pass_passed,
-            "pass_to_pass_total": report.pass_to_pass_total,
-            "fraction": float(report.fraction),
-            "resolved": bool(report.resolved),
-            "detail": str(report.detail or "")[:2_000],
-            "seconds": round(float(report.seconds), 3),
-        }
-        self._state.tests_passed = float(report.fraction)
-        return None
-
     # --- tools ----------------------------------------------------------------------------------------------------
 
     def run_tool(self, call: ToolCall) -> str:
@@ -603,96 +396,3 @@ class CodingAgentEnv(CodingTools, ToolUseEnvironment):
         if call.name == RUN_TOOL:
             return self._command(args["command"])
         raise ToolError(f"unknown tool '{call.name}'")  # parse_tool_calls lets no other name through
-
-    # --- the trajectory -------------------------------------------------------------------------------------------
-
-    @property
-    def counts(self) -> dict[str, int]:
-        counts = super().counts
-        counts.update({f"{name}_calls": n for name, n in self._state.tool_counts.items()})
-        counts["summaries"] = len(self._state.summaries)
-        counts["run_limit_hits"] = self._state.run_limit_hits
-        return counts
-
-    def length_stats(self) -> dict[str, int]:
-        """The episode's `workers.trajectories.LengthStats` so far."""
-        lengths = self._state.lengths
-        return {
-            "thinking_tokens": lengths.thinking_tokens,
-            "tool_call_tokens": lengths.tool_call_tokens,
-            "tool_output_tokens": lengths.tool_output_tokens,
-            "final_message_tokens": lengths.final_message_tokens,
-            "summary_tokens": lengths.summary_tokens,
-            "tool_calls": self._tool_calls,
-            "turns": self._steps,
-        }
-
-    def trajectory_fields(self) -> dict[str, Any]:
-        state = self._state
-        return {
-            "tests_passed": state.tests_passed,
-            "hidden_tests": copy.deepcopy(state.hidden),
-            "diff": state.diff,
-            "edited_files": list(state.edited_files),
-            "files_edited_by_run": list(state.edited_by_run),
-            "files_edited_by_tool": list(state.edited_by_tool),
-            "length_stats": self.length_stats(),
-            "summaries": copy.deepcopy(state.summaries),
-            "segments": list(state.segments),
-            "finish_reason": state.finish_reason,
-            "family": self._repo_task.family if self._repo_task is not None else None,
-        }
-
-    def episode_metrics(self, record: Mapping[str, Any]) -> dict[str, float]:
-        return coding_episode_metrics(record)
-
-
-def coding_episode_metrics(record: Mapping[str, Any]) -> dict[str, float]:
-    """Per-episode metrics of a coding-agent record (the trainer averages them per step as `env/<name>`):
-    `tests_passed` (hidden-test pass fraction, the benchmark score), `resolved`, `summaries` per trajectory,
-    `segments`, `segment_tokens_mean` / `segment_tokens_max`, `turns`, `tool_calls`, `malformed_tool_calls`,
-    `files_edited` and `files_edited_by_run`. Tolerates records without these fields (uploads)."""
-    raw_hidden, raw_counts = record.get("hidden_tests"), record.get("counts")
-    hidden: Mapping[str, Any] = raw_hidden if isinstance(raw_hidden, Mapping) else {}
-    counts: Mapping[str, Any] = raw_counts if isinstance(raw_counts, Mapping) else {}
-    segments = [int(n) for n in record.get("segments") or [] if isinstance(n, int | float)]
-    summaries = record.get("summaries") or []
-    return {
-        "tests_passed": float(record.get("tests_passed") or 0.0),
-        "resolved": 1.0 if hidden.get("resolved") else 0.0,
-        "summaries": float(len(summaries)),
-        "segments": float(len(segments)),
-        "segment_tokens_mean": float(statistics.fmean(segments)) if segments else 0.0,
-        "segment_tokens_max": float(max(segments)) if segments else 0.0,
-        "turns": float(counts.get("turns", 0) or 0),
-        "tool_calls": float(counts.get("tool_calls", 0) or 0),
-        "malformed_tool_calls": float(counts.get("malformed_tool_calls", 0) or 0),
-        "files_edited": float(len(record.get("edited_files") or [])),
-        "files_edited_by_run": float(len(record.get("files_edited_by_run") or [])),
-    }
-
-
-# --- helpers ------------------------------------------------------------------------------------------------------
-
-
-_INLINE_SNAPSHOTS: dict[str, Snapshot] = {}
-_INLINE_CACHE_SIZE = 8
-
-
-def _inline_snapshot(sha256: str, files: Mapping[str, str]) -> Snapshot:
-    """The snapshot of a task's inline files, built once per process for the episodes of one task (like
-    `Snapshot.load`'s cache for stored ones)."""
-
-    snapshot = _INLINE_SNAPSHOTS.get(sha256)
-    if snapshot is None:
-        snapshot = Snapshot.from_files(dict(files))
-        _INLINE_SNAPSHOTS[sha256] = snapshot
-        while len(_INLINE_SNAPSHOTS) > _INLINE_CACHE_SIZE:
-            _INLINE_SNAPSHOTS.pop(next(iter(_INLINE_SNAPSHOTS)))
-    return snapshot
-
-
-def _prompt_text(task: Task) -> str:
-    if isinstance(task.prompt, str):
-        return task.prompt
-    return next((m["content"] for m in reversed(task.prompt) if m["role"] == "user"), "")

@@ -33,6 +33,8 @@ It needs the row's `source.function` and `source.path` (generated tasks have the
     agent = ScriptedCodingAgent.for_row(row)                 # a repo_task/v1 row with a reference_patch
     record = run_episode(env, agent)                         # env: a reset coding_agent environment
     samples = teacher_rollout(coding_teacher_for(), tokenizer, encode, rows, ...)  # the SFT job (workers.rl.teacher)
+
+Its notes, the edits it plans and the parsers of the tools' observations live in `workers.coding.scripted_reading`.
 """
 
 from __future__ import annotations
@@ -40,12 +42,24 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Callable, Generator, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 from typing import Any
 
-from workers.coding.environment import SUMMARY_PROMPT
+from workers.coding.environment_summary import SUMMARY_PROMPT
 from workers.coding.patches import FilePatch, parse_patch
+from workers.coding.scripted_reading import (
+    Edit,
+    Notes,
+    Observations,
+    command_passed,
+    leading_context,
+    listed_paths,
+    minimal_edit,
+    module_of,
+    named_target,
+    observations_since_reply,
+    search_lines,
+)
 from workers.coding.tools import EDIT_TOOL, FINISH_TOOL, LIST_TOOL, READ_TOOL, RUN_TOOL, SEARCH_TOOL, is_test_path
 from workers.envs.base import Environment, Message
 from workers.envs.toolcalls import format_tool_call
@@ -68,33 +82,6 @@ _NUMBERED = re.compile(r"^\s*(\d+)\| ?(.*)$")
 _READ_HEADER = re.compile(r"^(\S.*) \(lines \d+-\d+ of \d+\)$")
 _MATCHES = re.compile(r"matches (\d+) times")
 _DEF = re.compile(r"^\s*(?:async\s+)?(?:def|class)\s+([A-Za-z_][A-Za-z0-9_]*)")
-
-Observations = list[str]
-
-
-@dataclass
-class _Edit:
-    """One edit_file call the plan makes: a hunk of the reference patch, with the original line where its old
-    text starts (for extending its context upwards)."""
-
-    path: str
-    search: str
-    replace: str
-    first_line: int
-    context_added: int = 0
-
-
-@dataclass
-class _Notes:
-    """What the agent has learned and done, for its messages and its self-summaries."""
-
-    listing: list[str] = field(default_factory=list)
-    known: dict[str, dict[int, str]] = field(default_factory=dict)  # path -> original line number -> text
-    names: dict[str, list[str]] = field(default_factory=dict)  # path -> functions or classes the patch touches
-    edited: list[str] = field(default_factory=list)
-    failed_edits: list[str] = field(default_factory=list)
-    check: str | None = None
-    check_passed: bool | None = None
 
 
 def call(name: str, **arguments: Any) -> str:
@@ -123,7 +110,7 @@ class ScriptedCodingAgent:
         self.instruction = instruction
         self.max_calls = max(1, max_calls_per_reply)
         self.target = target
-        self.notes = _Notes()
+        self.notes = Notes()
         self._script: Generator[str, Observations, None] | None = None
         self._pending: Observations | None = None  # observations that came with a summary request
         self._last = ""
@@ -145,20 +132,20 @@ class ScriptedCodingAgent:
             patch,
             instruction=instruction,
             max_calls_per_reply=max_calls_per_reply,
-            target=_named_target(row, instruction) if locate == "search" else None,
+            target=named_target(row, instruction) if locate == "search" else None,
         )
 
     # --- the conversation --------------------------------------------------------------------------------------
 
     def reply(self, messages: Sequence[Message]) -> str:
         if messages and messages[-1]["role"] == "user" and messages[-1]["content"] == SUMMARY_PROMPT:
-            self._pending = _observations_since_reply(messages[:-1])
+            self._pending = observations_since_reply(messages[:-1])
             return self.summary()
         if self._script is None:
             self._script = self._plan()
             text = next(self._script)
         else:
-            observations = self._pending if self._pending is not None else _observations_since_reply(messages)
+            observations = self._pending if self._pending is not None else observations_since_reply(messages)
             self._pending = None
             try:
                 text = self._script.send(observations)
@@ -197,7 +184,7 @@ class ScriptedCodingAgent:
         notes = self.notes
         observations = yield "Let me look at the repository layout first.\n" + call(LIST_TOOL)
         for text in observations:
-            notes.listing += _listed_paths(text)
+            notes.listing += listed_paths(text)
 
         reads = self._reads()
         for start in range(0, len(reads), self.max_calls):
@@ -216,7 +203,7 @@ class ScriptedCodingAgent:
         notes.check = command
         observations = yield "Now let me check that the change works.\n" + call(RUN_TOOL, command=command)
         output = observations[0] if observations else ""
-        notes.check_passed = _command_passed(output)
+        notes.check_passed = command_passed(output)
         yield call(FINISH_TOOL, message=self._finish_message())
 
     def _search_plan(self, target: tuple[str, str]) -> Generator[str, Observations, bool]:
@@ -228,14 +215,14 @@ class ScriptedCodingAgent:
         calls = [call(SEARCH_TOOL, pattern=f"class {owner}\\b", path=path)] if owner else []
         calls.append(call(SEARCH_TOOL, pattern=f"def {name}\\(", path=path))
         observations = yield f"Let me find `{qualname}` in {path}.\n" + "\n".join(calls)
-        lines = [_search_lines(text, path) for text in observations]
+        lines = [search_lines(text, path) for text in observations]
         defs = lines[-1] if lines else []
         after = lines[0][0] if owner and lines and lines[0] else 0
         start = next((number for number in defs if number > after), None)
         if start is None:
             return False
         changed = [
-            hunk.old_start + _leading_context(hunk)
+            hunk.old_start + leading_context(hunk)
             for file_patch in self.files
             if file_patch.old_path == path
             for hunk in file_patch.hunks
@@ -299,7 +286,7 @@ class ScriptedCodingAgent:
             known = self.notes.known.get(file_patch.old_path or "", {})
             names: list[str] = []
             for hunk in file_patch.hunks:
-                changed = hunk.old_start + _leading_context(hunk)
+                changed = hunk.old_start + leading_context(hunk)
                 for number in range(changed, 0, -1):
                     match = _DEF.match(known.get(number, ""))
                     if match:
@@ -311,7 +298,7 @@ class ScriptedCodingAgent:
     def _edit_replies(self, *, minimal: bool = False) -> Generator[str, Observations, None]:
         """Replies that carry out the patch; a failed edit (ambiguous search text) is retried with more context.
         `minimal`: each hunk's edit holds only its changed lines, not its context (widened when not unique)."""
-        queue: list[str | _Edit] = []
+        queue: list[str | Edit] = []
         for file_patch in self.files:
             old, new = file_patch.old_path, file_patch.new_path
             if new is None and old is not None:
@@ -320,7 +307,7 @@ class ScriptedCodingAgent:
             assert new is not None
             if old is None:
                 content = "".join(line for hunk in file_patch.hunks for line in hunk.new)
-                queue.append(_Edit(new, "", content, 0))
+                queue.append(Edit(new, "", content, 0))
                 continue
             if old != new:
                 queue.append(
@@ -329,28 +316,28 @@ class ScriptedCodingAgent:
                 )
             for hunk in sorted(file_patch.hunks, key=lambda h: h.old_start, reverse=True):
                 edit = (
-                    _minimal_edit(new, hunk)
+                    minimal_edit(new, hunk)
                     if minimal
-                    else _Edit(new, "".join(hunk.old), "".join(hunk.new), hunk.old_start)
+                    else Edit(new, "".join(hunk.old), "".join(hunk.new), hunk.old_start)
                 )
                 if not edit.search.strip():
                     self._widen(edit, old)  # a pure insertion: anchor it on the lines above
                 queue.append(edit)
         while queue:
             batch, queue = queue[: self.max_calls], queue[self.max_calls :]
-            paths = list(dict.fromkeys(item.path if isinstance(item, _Edit) else "the file layout" for item in batch))
+            paths = list(dict.fromkeys(item.path if isinstance(item, Edit) else "the file layout" for item in batch))
             names = [n for path in paths for n in self.notes.names.get(path, [])]
             what = f"`{'`, `'.join(names)}` in {', '.join(paths)}" if names else ", ".join(paths)
             calls = [
                 call(EDIT_TOOL, path=item.path, search=item.search, replace=item.replace)
-                if isinstance(item, _Edit)
+                if isinstance(item, Edit)
                 else call(RUN_TOOL, command=item)
                 for item in batch
             ]
             observations = yield f"I'll make the change to {what}.\n" + "\n".join(calls)
-            retry: list[str | _Edit] = []
+            retry: list[str | Edit] = []
             for item, result in zip(batch, observations, strict=False):
-                if not isinstance(item, _Edit):
+                if not isinstance(item, Edit):
                     continue
                 if result.startswith("error"):
                     repeated = _MATCHES.search(result)
@@ -366,7 +353,7 @@ class ScriptedCodingAgent:
                     self.notes.edited.append(item.path)
             queue = retry + queue
 
-    def _widen(self, edit: _Edit, original_path: str) -> bool:
+    def _widen(self, edit: Edit, original_path: str) -> bool:
         """Prepend up to 3 more known original lines above the edit to its search and replace text; False when
         nothing is known above it."""
         known = self.notes.known.get(original_path, {})
@@ -396,7 +383,7 @@ class ScriptedCodingAgent:
         )
         if tests:
             return f"{TEST_COMMAND} {' '.join(shlex.quote(t) for t in tests[:3])}"
-        modules = [m for m in dict.fromkeys(_module_of(p) for p in changed if not is_test_path(p)) if m]
+        modules = [m for m in dict.fromkeys(module_of(p) for p in changed if not is_test_path(p)) if m]
         if not modules:
             return "python -c \"print('no module to import')\""
         return f'python -c "import {", ".join(modules[:4])}"'
@@ -414,100 +401,6 @@ class ScriptedCodingAgent:
         elif notes.check_passed is False:
             message += " The check I ran still reports a failure."
         return message
-
-
-# --- reading observations ---------------------------------------------------------------------------------------
-
-
-def _observations_since_reply(messages: Sequence[Message]) -> Observations:
-    """The tool messages after the last assistant reply, in order."""
-    out: Observations = []
-    for message in reversed(messages):
-        if message["role"] == "assistant":
-            break
-        if message["role"] == "tool":
-            out.append(message["content"])
-    return out[::-1]
-
-
-def _listed_paths(observation: str) -> list[str]:
-    """The file paths a list_files result shows (its full-listing form; the entries form has none to take)."""
-    lines = observation.splitlines()
-    if not lines or "file(s) in" not in lines[0]:
-        return []
-    prefix = ""
-    match = re.search(r"file\(s\) in '([^']+)'", lines[0])
-    if match:
-        prefix = match.group(1).rstrip("/") + "/"
-    return [prefix + line.strip() for line in lines[1:] if line.strip() and not line.startswith("[")]
-
-
-def _search_lines(observation: str, path: str) -> list[int]:
-    """The line numbers of a search_code result's matches in `path`, in order."""
-    prefix = f"{path}:"
-    out: list[int] = []
-    for line in observation.splitlines():
-        if line.startswith(prefix):
-            number = line[len(prefix) :].split(":", 1)[0]
-            if number.isdigit():
-                out.append(int(number))
-    return out
-
-
-def _named_target(row: Mapping[str, Any], instruction: str) -> tuple[str, str] | None:
-    """(path, qualname) of the function a generated row's `source` names, when its instruction names it too."""
-    source = row.get("source")
-    if not isinstance(source, Mapping):
-        return None
-    path, function = source.get("path"), source.get("function")
-    if not isinstance(path, str) or not isinstance(function, str) or not path or not function:
-        return None
-    if path not in instruction or function.rpartition(".")[2] not in instruction:
-        return None
-    return path, function
-
-
-def _minimal_edit(path: str, hunk: Any) -> _Edit:
-    """The hunk's edit without its unchanged leading and trailing context lines."""
-    old, new = list(hunk.old), list(hunk.new)
-    head = 0
-    while head < min(len(old), len(new)) and old[head] == new[head]:
-        head += 1
-    tail = 0
-    while tail < min(len(old), len(new)) - head and old[len(old) - 1 - tail] == new[len(new) - 1 - tail]:
-        tail += 1
-    return _Edit(
-        path, "".join(old[head : len(old) - tail]), "".join(new[head : len(new) - tail]), hunk.old_start + head
-    )
-
-
-def _command_passed(observation: str) -> bool:
-    head = observation.lower()
-    return bool(re.search(r"exit (?:code|status)[: ]+0\b", head)) or (
-        "error" not in head and "failed" not in head and "traceback" not in head
-    )
-
-
-def _leading_context(hunk: Any) -> int:
-    """Lines of leading context before the hunk's first removed or added line."""
-    count = 0
-    for old_line, new_line in zip(hunk.old, hunk.new, strict=False):
-        if old_line != new_line:
-            break
-        count += 1
-    return count
-
-
-def _module_of(path: str) -> str | None:
-    """ "pkg/sub/mod.py" -> "pkg.sub.mod" ("pkg/__init__.py" -> "pkg"); None for a name Python cannot import."""
-    parts = list(PurePosixPath(path).with_suffix("").parts)
-    if parts and parts[-1] == "__init__":
-        parts = parts[:-1]
-    if parts and parts[0] == "src":
-        parts = parts[1:]
-    if not parts or not all(part.isidentifier() for part in parts):
-        return None
-    return ".".join(parts)
 
 
 # --- episodes -----------------------------------------------------------------------------------------------------

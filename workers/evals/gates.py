@@ -11,27 +11,32 @@ A gate is a JSON list of rules, each an object discriminated by ``type``:
 fix); `evaluate_rules` applies the rules to a candidate's eval evidence and returns a `GateEvaluation` whose
 verdict is "fail" if any rule fails, else "pending" while an approval rule awaits a human, else "pass". Each
 `RuleOutcome` carries the exact inputs it read (values, eval ids, benchmark versions and content hashes, a hash of
-the per-task scores) and its statistic, so a decision can be audited and reproduced later.
+the per-task scores) and its statistic, so a decision can be audited and reproduced later. That evidence, the
+inputs and the outcome records (`BenchmarkEvidence`, `GateInputs`, `RuleOutcome`, `GateEvaluation`) are in
+`workers.evals.gate_evidence`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from workers.evals.paired import TaskScore, compare_paired
-
-Verdict = Literal["pass", "fail", "pending"]
-Approval = Literal["approved", "rejected", ""]
-
+from workers.evals.gate_evidence import (
+    BenchmarkEvidence,
+    GateEvaluation,
+    GateInputs,
+    RuleOutcome,
+    Verdict,
+    evidence_record,
+    json_number,
+)
+from workers.evals.paired import compare_paired
 
 # --- rule schema ---------------------------------------------------------------------------------------------------
 
@@ -79,13 +84,13 @@ class ThresholdRule(_Rule):
                 {},
                 _missing_benchmark(self.benchmark, inputs.candidate),
             )
-        record = _evidence_record(evidence, self.metric)
+        record = evidence_record(evidence, self.metric)
         used = {"benchmark": self.benchmark, "candidate": record}
         value = evidence.metrics.get(self.metric)
         if value is None:
             have = ", ".join(sorted(evidence.metrics)) or "none"
             return "fail", used, {}, f"metric {self.metric!r} missing from the {self.benchmark!r} eval (has: {have})"
-        statistic = {"value": _num(value), "op": self.op, "threshold": self.value}
+        statistic = {"value": json_number(value), "op": self.op, "threshold": self.value}
         label = f"{self.metric} on {self.benchmark} = {_fmt(value)}"
         if not math.isfinite(value):
             return "fail", used, statistic, f"{label} is not a finite number"
@@ -134,7 +139,7 @@ class NoRegressionRule(_Rule):
         evidence = inputs.candidate.get(name)
         used: dict[str, Any] = {
             "benchmark": name,
-            "candidate": None if evidence is None else _evidence_record(evidence, self.metric),
+            "candidate": None if evidence is None else evidence_record(evidence, self.metric),
             "baseline": None,
         }
         if evidence is None:
@@ -151,7 +156,7 @@ class NoRegressionRule(_Rule):
                 {"compared": False},
                 (f"the current deployment has no eval on benchmark {name!r}; evaluate it there to compare against"),
             )
-        used["baseline"] = _evidence_record(base, self.metric)
+        used["baseline"] = evidence_record(base, self.metric)
         if not evidence.tasks:
             return "fail", used, {"compared": False}, f"the candidate's {name!r} eval has no per-task scores to compare"
         if not base.tasks:
@@ -229,12 +234,12 @@ class FlagRateRule(_Rule):
     def evaluate(self, inputs: GateInputs) -> Decision:
         """Fails when the rate is missing or not a fraction: an unmeasured candidate is not a clean one."""
         rate = inputs.flag_rates.get(self.detector)
-        used = {"detector": self.detector, "rate": None if rate is None else _num(rate)}
+        used = {"detector": self.detector, "rate": None if rate is None else json_number(rate)}
         who = "any detector" if self.detector == "*" else f"detector {self.detector!r}"
         if rate is None:
             have = ", ".join(sorted(inputs.flag_rates)) or "none"
             return "fail", used, {}, f"no flag rate for {who} on the candidate's trajectories (have: {have})"
-        statistic = {"rate": _num(rate), "max_rate": self.max_rate}
+        statistic = {"rate": json_number(rate), "max_rate": self.max_rate}
         if not (0.0 <= rate <= 1.0):
             return "fail", used, statistic, f"flag rate for {who} is {rate!r}, not a fraction in [0, 1]"
         if rate <= self.max_rate:
@@ -363,103 +368,7 @@ def parse_rules(raw: object) -> list[AnyRule]:
         raise GateRulesError([_translate(err) for err in exc.errors(include_url=False)]) from None
 
 
-# --- evidence ------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class BenchmarkEvidence:
-    """One finished eval of a model on one benchmark version.
-
-    ``version`` / ``content_hash`` identify the exact task set; ``eval_id`` is the control plane's eval record
-    (None when not persisted); ``metrics`` maps metric names to values (e.g. "pass@1" -> 0.62, a rate in [0, 1]);
-    ``tasks`` maps task ids to per-task scores (see `TaskScore`).
-    """
-
-    benchmark: str
-    version: int
-    content_hash: str
-    eval_id: int | None
-    metrics: Mapping[str, float]
-    tasks: Mapping[str, TaskScore]
-
-
-@dataclass(frozen=True)
-class GateInputs:
-    """Everything a gate may look at.
-
-    ``candidate`` / ``baseline``: evidence keyed by benchmark name, for the model to deploy and for the current
-    deployment (``baseline`` is None when nothing is deployed). ``flag_rates``: detector name -> fraction of the
-    candidate's evaluated trajectories it flagged, in [0, 1] ("*" = flagged by any detector). ``approval``: the
-    human decision so far ("" = none yet).
-    """
-
-    candidate: Mapping[str, BenchmarkEvidence]
-    baseline: Mapping[str, BenchmarkEvidence] | None = None
-    flag_rates: Mapping[str, float] = field(default_factory=dict)
-    approval: Approval = ""
-
-
-@dataclass(frozen=True)
-class RuleOutcome:
-    """The decision on one rule: ``rule`` as JSON, the ``inputs`` it read, its ``statistic`` and a message."""
-
-    index: int
-    rule: dict[str, Any]
-    verdict: Verdict
-    inputs: dict[str, Any]
-    statistic: dict[str, Any]
-    message: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "index": self.index,
-            "rule": self.rule,
-            "verdict": self.verdict,
-            "inputs": self.inputs,
-            "statistic": self.statistic,
-            "message": self.message,
-        }
-
-
-@dataclass(frozen=True)
-class GateEvaluation:
-    """All rule outcomes and the overall ``verdict``: "fail" if any rule failed, else "pending" if an approval is
-    still awaited, else "pass"."""
-
-    outcomes: list[RuleOutcome]
-    verdict: Verdict
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "outcomes": [o.to_dict() for o in self.outcomes]}
-
-
 # --- evaluation ----------------------------------------------------------------------------------------------------
-
-
-def _num(value: float) -> float | None:
-    """A JSON-safe number: NaN and infinities (which strict JSON cannot hold) become None."""
-    value = float(value)
-    return value if math.isfinite(value) else None
-
-
-def _tasks_sha256(tasks: Mapping[str, TaskScore]) -> str:
-    """SHA-256 of the per-task scores (sorted ids, canonical JSON): pins the exact data a comparison used."""
-    payload = [[task_id, float(tasks[task_id].score)] for task_id in sorted(tasks)]
-    return hashlib.sha256(json.dumps(payload, separators=(",", ":")).encode("utf-8")).hexdigest()
-
-
-def _evidence_record(evidence: BenchmarkEvidence, metric: str) -> dict[str, Any]:
-    value = evidence.metrics.get(metric)
-    return {
-        "benchmark": evidence.benchmark,
-        "version": evidence.version,
-        "content_hash": evidence.content_hash,
-        "eval_id": evidence.eval_id,
-        "metric": metric,
-        "metric_value": None if value is None else _num(value),
-        "n_tasks": len(evidence.tasks),
-        "tasks_sha256": _tasks_sha256(evidence.tasks),
-    }
 
 
 def _fmt(value: float) -> str:

@@ -12,7 +12,8 @@ A `RewardSpec` is plain JSON, e.g.
 Every term has a `type`, an optional unique `name` (default: the type) and a finite `weight` (default 1.0).
 Terms are gains (added) or penalties (magnitudes >= 0, subtracted); `workers.rewards.score` combines them.
 
-A term type is one class in `workers.rewards.term_types` (on `workers.rewards.term_base.TermBase`): its fields,
+A term type is one class in `workers.rewards.term_types` (the session-feedback and rubric-judge terms in
+`term_feedback` and `term_judge`), on `workers.rewards.term_base.TermBase`: its fields,
 its `value` and what that value `reads`. Everything listed per type (`TERM_CLASSES`, `TERM_TYPES`, `TERM_INPUTS`,
 the `TermSpec` union) derives from `TERM_CLASSES` here, so adding a term is adding its class (and its formula in
 `terms`) and naming it there.

@@ -1,17 +1,15 @@
-"""The reward term types (docs/methods.md: Context-1 X2-X5, Composer C4, real-time R1-R3, PARL K1-K2, WideSearch B2,
-Kimi's rubric judges): each class's fields, its `value` and what that value `reads`. `workers.rewards.schema`
-names them in `TERM_CLASSES`; the formulas are `workers.rewards.terms`."""
+"""The reward term types (docs/methods.md: Context-1 X2-X5, coding outcomes and Composer C4, PARL K1-K2, WideSearch
+B2): each class's fields, its `value` and what that value `reads`. Real-time RL's session-feedback term is in
+`workers.rewards.term_feedback`, Kimi's rubric judge term in `workers.rewards.term_judge`. `workers.rewards.schema`
+names them all in `TERM_CLASSES`; the formulas are `workers.rewards.terms`."""
 
 from __future__ import annotations
 
-import math
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from workers.models.registry import model_name_problems
 from workers.rewards import terms as formulas
-from workers.rewards.judge import DEFAULT_CRITERIA, judge_trajectory
 from workers.rewards.swarm_stats import swarm_stats
 from workers.rewards.table_score import table_metrics
 from workers.rewards.term_base import ANSWER_FIELDS, Anneal, TermBase, TermInputs, TermKind
@@ -274,100 +272,6 @@ class LengthPenaltyTerm(TermBase):
         return formulas.concave_length_cost(self.length(trajectory), k=self.k, q=self.q)
 
 
-class SignalWeights(BaseModel):
-    """What each user feedback signal is worth (`workers.session_records.Signal`), in reward units per signal.
-    The sign says which way it pulls. thumbs is multiplied by the rating (+1 or -1); tests_passed and tests_failed
-    by the fraction of tests their value gives (passed, failed; the whole weight without one). Cursor's real-time RL
-    names edits kept and dissatisfied follow-ups as its signals (docs/methods.md section 2) but gives no weights: these
-    defaults count every clear verdict as +1 or -1 and free text as nothing."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    edit_kept: float = Field(default=1.0, allow_inf_nan=False, description="The user kept the agent's edit")
-    edit_reverted: float = Field(default=-1.0, allow_inf_nan=False, description="The user reverted it")
-    dissatisfied_followup: float = Field(
-        default=-1.0, allow_inf_nan=False, description="The next message showed the user was not satisfied"
-    )
-    accepted: float = Field(default=1.0, allow_inf_nan=False, description="A proposed change was accepted")
-    rejected: float = Field(default=-1.0, allow_inf_nan=False, description="A proposed change was rejected")
-    thumbs: float = Field(default=1.0, allow_inf_nan=False, description="Times the rating, +1 or -1")
-    tests_passed: float = Field(default=1.0, allow_inf_nan=False, description="Times the fraction that passed")
-    tests_failed: float = Field(default=-1.0, allow_inf_nan=False, description="Times the fraction that failed")
-    text: float = Field(default=0.0, allow_inf_nan=False, description="Free text: no reward of its own")
-
-
-class SessionFeedbackTerm(TermBase):
-    """Real-time RL's reward from what users did with a served session (docs/methods.md section 2, "Real-time RL":
-    "distil user responses into rewards"): each feedback signal is worth its weight (`weights`), credited to the
-    turn it is about and, times `turn_decay` per turn of distance, to the turns before it; a session-level signal
-    is about the last turn. A turn's credit is the `combine` ("sum" or "mean") of the signals that reach it; a turn
-    none reaches (a signal of weight 0 does not count) is dropped from training (`no_feedback="drop"`) or credited
-    `neutral_value` ("neutral"). See `workers.rewards.terms.session_turn_credits`.
-
-    Trained per turn (`workers.realtime.reward.score_session`); the session's own value, for re-scoring and
-    reports, is the mean credit of its kept turns, and a session none of whose turns is kept is dropped (the
-    score says `dropped`: it is not trained on and counts in no mean)."""
-
-    kind: ClassVar[TermKind] = "gain"
-    reads: ClassVar[TermInputs] = TermInputs((frozenset({"feedback"}),))
-    type: Literal["session_feedback"] = "session_feedback"
-    weights: SignalWeights = Field(default_factory=SignalWeights)
-    no_feedback: Literal["drop", "neutral"] = Field(
-        default="drop",
-        description="A turn (a session) no signal reaches: 'drop' leaves it out of training, 'neutral' credits it "
-        "neutral_value",
-    )
-    neutral_value: float = Field(
-        default=0.0, allow_inf_nan=False, description="The credit of a turn without feedback under 'neutral'"
-    )
-    turn_decay: float = Field(
-        default=1.0,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="A signal about turn t credits turn j <= t times turn_decay^(t - j); 1 credits every earlier "
-        "turn fully (Composer 2 C3: the final reward for every token of the chain)",
-    )
-    combine: Literal["sum", "mean"] = Field(
-        default="sum", description="How the signals reaching a turn combine: their sum, or their mean"
-    )
-
-    def signals(self, trajectory: Trajectory) -> list[tuple[int, float]]:
-        """(position of the turn it is about, contribution) of each signal with a non-zero weight."""
-        turns = trajectory.session_turns or [0]
-        out: list[tuple[int, float]] = []
-        for record in trajectory.feedback:
-            weight = float(getattr(self.weights, record.signal))
-            if weight == 0.0:
-                continue
-            out.append(
-                (
-                    formulas.feedback_turn_position(turns, record.turn_index),
-                    formulas.feedback_signal_value(record.signal, record.value, weight),
-                )
-            )
-        return out
-
-    def turn_credits(self, trajectory: Trajectory) -> list[float | None]:
-        """The unweighted credit of each served turn, in `session_turns` order (one turn when the trajectory
-        names none); None for a dropped turn."""
-        return formulas.session_turn_credits(
-            len(trajectory.session_turns) or 1,
-            self.signals(trajectory),
-            decay=self.turn_decay,
-            combine=self.combine,
-            no_feedback=self.no_feedback,
-            neutral_value=self.neutral_value,
-        )
-
-    def drops(self, trajectory: Trajectory) -> bool:
-        return all(credit is None for credit in self.turn_credits(trajectory))
-
-    def value(self, trajectory: Trajectory) -> float:
-        kept = [credit for credit in self.turn_credits(trajectory) if credit is not None]
-        return math.fsum(kept) / len(kept) if kept else 0.0
-
-
 # --- Kimi K2.5's PARL (docs/methods.md section 1, K1 and K2) ----------------------------------------------------------
 
 
@@ -453,70 +357,3 @@ class CriticalStepsTerm(TermBase):
     def value(self, trajectory: Trajectory) -> float:
         critical = _swarm_stats(trajectory).get("critical_steps", 0.0)
         return min(self.cap, self.per_step * max(0.0, critical - self.free_steps))
-
-
-# --- generative reward models with rubrics (Kimi K2.5, docs/methods.md section 1) -------------------------------------
-
-
-class Criterion(BaseModel):
-    """One line of a rubric: what the judge scores, and how much it weighs in the term's value."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    name: str = Field(pattern=r"^[A-Za-z][A-Za-z0-9_]{0,39}$", description="A word (letters, digits, '_')")
-    description: str = Field(min_length=1, max_length=500, description="What the judge looks for")
-    weight: float = Field(default=1.0, ge=0, le=100, allow_inf_nan=False)
-
-
-def _default_criteria() -> list[Criterion]:
-    return [Criterion(name=name, description=description) for name, description in DEFAULT_CRITERIA]
-
-
-class RubricJudgeTerm(TermBase):
-    """A generative reward model (Kimi K2.5's GRMs, `workers.rewards.judge`): the `judge` model scores the
-    trajectory on each of the rubric's `criteria` from 0 to `max_score`; the value is their weighted mean divided by
-    max_score, in [0, 1]. Judgements (per-criterion scores and the judge's text) are cached by content hash and
-    stored with the trajectory. Put it beside a verified reward, as Kimi does ("on top of verified reward signals")."""
-
-    kind: ClassVar[TermKind] = "gain"
-    reads: ClassVar[TermInputs] = TermInputs((frozenset({"turns"}),))
-    type: Literal["rubric_judge"] = "rubric_judge"
-    judge: str = Field(
-        default="smollm2-135m-instruct", min_length=1, description="A built-in model name or a model directory"
-    )
-    criteria: list[Criterion] = Field(default_factory=_default_criteria, min_length=1, max_length=16)
-    max_score: int = Field(default=10, ge=1, le=100, description="The best score of a criterion (0 is the worst)")
-    max_new_tokens: int = Field(default=96, ge=8, le=2048, description="Length of the judge's reply")
-    max_chars: int = Field(default=4000, ge=200, le=100_000, description="How much of the trajectory the judge reads")
-
-    @field_validator("judge")
-    @classmethod
-    def _judge_is_a_model(cls, value: str) -> str:
-        problems = model_name_problems(value)
-        if problems:
-            raise ValueError(problems[0])
-        return value
-
-    @field_validator("criteria")
-    @classmethod
-    def _unique_criteria(cls, value: list[Criterion]) -> list[Criterion]:
-        names = [c.name for c in value]
-        if len(set(names)) != len(names):
-            raise ValueError(f"criterion names must be unique, got {names}")
-        if not any(c.weight > 0 for c in value):
-            raise ValueError("every criterion weighs 0: give at least one a weight > 0")
-        return value
-
-    def judgement(self, trajectory: Trajectory) -> Any:
-        return judge_trajectory(
-            trajectory.model_dump(mode="json"),
-            term_name=self.name,
-            judge=self.judge,
-            criteria=[(c.name, c.description, c.weight) for c in self.criteria],
-            scale=self.max_score,
-            max_new_tokens=self.max_new_tokens,
-            max_chars=self.max_chars,
-        )
-
-    def value(self, trajectory: Trajectory) -> float:
-        return float(self.judgement(trajectory).score)

@@ -25,7 +25,8 @@ from workers.coding.generate import (
 )
 from workers.coding.instructions import leaked_lines
 from workers.coding.libraries import baseline, load_library
-from workers.coding.mutations import Edit, Mutation, find_functions, repair_mutations
+from workers.coding.mutation_operators import repair_mutations
+from workers.coding.mutations import Edit, Mutation, find_functions
 from workers.coding.patches import apply_patch
 from workers.coding.task import node_id_file, parse_repo_task_row
 from workers.coding.verify import verify_task

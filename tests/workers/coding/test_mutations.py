@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from workers.coding.archive import unpack
+from workers.coding.mutation_operators import REPAIR_OPERATORS, repair_mutations
 from workers.coding.mutations import (
-    REPAIR_OPERATORS,
     Edit,
     Mutation,
     apply_edits,
@@ -20,7 +20,6 @@ from workers.coding.mutations import (
     combine,
     find_functions,
     implement_mutation,
-    repair_mutations,
 )
 
 SOURCE = '''\

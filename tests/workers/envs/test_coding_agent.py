@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from workers.coding.archive import content_hash, pack
-from workers.coding.environment import SUMMARY_HEADER, SUMMARY_PROMPT, CodingAgentEnv
+from workers.coding.environment import CodingAgentEnv
+from workers.coding.environment_summary import SUMMARY_HEADER, SUMMARY_PROMPT
 from workers.coding.patches import make_patch
 from workers.coding.task import RepoTask
 from workers.coding.workspace import Snapshot, SnapshotError, Workspace

@@ -7,14 +7,12 @@ import json
 import pydantic
 import pytest
 
+from workers.evals.gate_evidence import BenchmarkEvidence, GateInputs, RuleOutcome
 from workers.evals.gates import (
     ApprovalRule,
-    BenchmarkEvidence,
     FlagRateRule,
-    GateInputs,
     GateRulesError,
     NoRegressionRule,
-    RuleOutcome,
     ThresholdRule,
     evaluate_rules,
     parse_rules,

@@ -11,7 +11,7 @@ from workers.envs.registry import get_environment
 from workers.realtime.reward import default_session_reward_config, default_session_reward_spec, score_session
 from workers.rewards.schema import RewardSpecError, spec_hash, validate_reward_spec
 from workers.rewards.score import score_trajectory
-from workers.rewards.term_types import SignalWeights
+from workers.rewards.term_feedback import SignalWeights
 from workers.rewards.terms import feedback_signal_value, feedback_turn_position, session_turn_credits
 from workers.session_records import SIGNALS
 from workers.trajectories import LengthStats, Trajectory, Turn

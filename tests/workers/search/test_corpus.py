@@ -16,14 +16,8 @@ from workers.search.corpus import (
     chunk_document,
     chunker_config_from,
 )
-from workers.search.corpus_files import (
-    html_to_text,
-    looks_like_canonical_chunks,
-    parse_documents_folder,
-    parse_documents_jsonl,
-    parse_documents_zip,
-    validate_canonical,
-)
+from workers.search.corpus_files import html_to_text, parse_documents_folder, parse_documents_zip
+from workers.search.corpus_jsonl import looks_like_canonical_chunks, parse_documents_jsonl, validate_canonical
 from workers.search.stdlib_corpus import STDLIB_MODULES, stdlib_documents
 from workers.search.types import dump_chunks_jsonl, iter_chunks_jsonl
 

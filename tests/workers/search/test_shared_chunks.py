@@ -14,7 +14,7 @@ import pytest
 from workers.envs.registry import make_env
 from workers.envs.toolcalls import format_tool_call
 from workers.search.corpus import ChunkerConfig, CorpusError, Document, build_corpus
-from workers.search.corpus_files import validate_canonical
+from workers.search.corpus_jsonl import validate_canonical
 from workers.search.dedup import merge_copies
 from workers.search.environment import SearchEnv
 from workers.search.index import IndexConfig, SearchIndex

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from tests.workers.simulator.tasks import task_row
-from workers.coding.environment import SUMMARY_PROMPT, CodingAgentEnv
+from workers.coding.environment import CodingAgentEnv
+from workers.coding.environment_summary import SUMMARY_PROMPT
 from workers.envs.toolcalls import render_tool_prompt
 from workers.session_records import FeedbackIn, Signal
 from workers.simulator.feedback import FeedbackFailed, FeedbackPoster, FeedbackRefused
