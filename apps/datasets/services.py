@@ -224,13 +224,20 @@ def corpus_version_create(
     chunker: ChunkerOption = None,
     filename: str = "corpus",
     notes: str = "",
+    reuse_identical: bool = False,
 ) -> DatasetVersion:
-    """Chunk already-parsed documents (a folder, the built-in corpus) into the corpus dataset's next version."""
+    """Chunk already-parsed documents (a folder, the built-in corpus) into the corpus dataset's next version.
+    `reuse_identical`: when the same documents chunked the same way are already a version, return that version
+    (otherwise that is a 400)."""
     if dataset.kind != DatasetKind.CORPUS:
         raise ValidationError(
             {"dataset": [f"{dataset.name} holds {dataset.kind}, not a corpus; pick a corpus dataset"]}
         )
     data, row_count, report = corpus_chunks_from_source(source=source, chunker=chunker)
+    if reuse_identical:
+        existing = DatasetVersion.objects.filter(dataset=dataset, content_hash=hashlib.sha256(data).hexdigest()).first()
+        if existing is not None:
+            return existing
     return _version_store(
         dataset=dataset,
         data=data,

@@ -5,6 +5,7 @@ GET  /api/v1/search-indexes/      ?corpus_version=12&status=ready               
 GET  /api/v1/search-indexes/<id>/
 POST /api/v1/datagen/             {"corpus_version": 12, "target_dataset": "t", "params": {}} (operator)
 GET  /api/v1/datagen/, /api/v1/datagen/<id>/ (with the verification report)
+POST /api/v1/beir-imports/   multipart: file (BEIR zip), corpus_dataset, tasks_dataset, splits?, chunker? (operator)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from django.db.models import QuerySet
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import serializers, status, viewsets
+from rest_framework.parsers import FormParser, MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
@@ -20,6 +22,7 @@ from apps.accounts.models import Capability, User
 from apps.accounts.permissions import request_user
 from apps.common.params import id_field, query_params
 from apps.common.routers import AppRouter
+from apps.datasets.api import DatasetVersionSerializer
 from apps.datasets.models import DatasetVersion
 from apps.runs import selectors
 from apps.runs.api import RunSerializer
@@ -27,6 +30,7 @@ from apps.runs.models import Run, RunKind
 from apps.search.models import CorpusIndex
 from apps.search.selectors import datagen_report
 from apps.search.services.datagen import datagen_launch
+from apps.search.services.imports import beir_import
 from apps.search.services.indexes import index_launch_or_reuse
 
 
@@ -168,6 +172,63 @@ class DatagenViewSet(viewsets.GenericViewSet):
         return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
 
 
+class BeirImportSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="A BEIR zip as published: corpus.jsonl, queries.jsonl, qrels/*.tsv")
+    corpus_dataset = serializers.CharField(max_length=100, help_text="Corpus dataset for the documents (created)")
+    tasks_dataset = serializers.CharField(max_length=100, help_text="Tasks dataset for the judged queries (created)")
+    splits = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text="Comma-separated qrels splits; default: every one"
+    )
+    chunker = serializers.CharField(
+        required=False, allow_blank=True, default="", help_text='Chunker options as JSON, e.g. {"max_words": 150}'
+    )
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class BeirImportResultSerializer(serializers.Serializer):
+    corpus_version = DatasetVersionSerializer()
+    tasks_version = DatasetVersionSerializer()
+    corpus_reused = serializers.BooleanField(help_text="The same documents, chunked the same way, were already stored")
+    report = serializers.DictField()
+
+
+class BeirImportViewSet(viewsets.GenericViewSet):
+    """Import a BEIR dataset (workers.search.beir): its corpus as a corpus version, its judged queries with their
+    graded document relevance as a tasks version; the whole zip is checked first and nothing is stored on a
+    problem (a 400 naming the file, line and field)."""
+
+    serializer_class = BeirImportSerializer
+    parser_classes = [MultiPartParser, FormParser]
+    capability_map = {"create": Capability.LAUNCH}
+
+    @extend_schema(request=BeirImportSerializer, responses={201: BeirImportResultSerializer})
+    def create(self, request: Request) -> Response:
+        body = BeirImportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        handle = data["file"]
+        result = beir_import(
+            data=handle.read(),
+            filename=handle.name,
+            corpus_dataset=data["corpus_dataset"],
+            tasks_dataset=data["tasks_dataset"],
+            user=request_user(request),
+            splits=[s for s in data["splits"].split(",") if s.strip()],
+            chunker=data["chunker"] or None,
+            notes=data["notes"],
+        )
+        return Response(
+            {
+                "corpus_version": DatasetVersionSerializer(result.corpus_version).data,
+                "tasks_version": DatasetVersionSerializer(result.tasks_version).data,
+                "corpus_reused": result.corpus_reused,
+                "report": result.report,
+            },
+            status=status.HTTP_201_CREATED,
+        )
+
+
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
 router.register("datagen", DatagenViewSet, basename="datagen")
+router.register("beir-imports", BeirImportViewSet, basename="beir-import")

@@ -11,7 +11,16 @@ from django.core.management.base import BaseCommand, CommandError
 from pydantic import ValidationError
 
 from apps.datasets.models import DatasetKind, DatasetVersion
+from workers.search.beir import RELEVANT
 from workers.search.index import IndexConfig
+from workers.search.retrieval_docs import (
+    ALL_QUERIES,
+    DOC_KS,
+    doc_queries,
+    evaluate_documents,
+    has_document_gold,
+    report_documents,
+)
 from workers.search.retrieval_eval import (
     KS,
     IndexViews,
@@ -26,16 +35,19 @@ from workers.search.synth import synthesize
 from workers.search.synth_corpus import SynthCorpus
 from workers.search.synth_params import SynthParams
 from workers.search.synth_steps import TemplateGenerator
-from workers.search.types import also_in, iter_chunks_jsonl
+from workers.search.types import Chunk, also_in, chunk_doc_ids, iter_chunks_jsonl
 
 METRICS = (*(f"recall@{k}" for k in KS), "mrr", "ndcg@10")
+CHUNK_DEPTH = 300  # chunks ranked per query before folding to documents (document-level gold)
 
 
 class Command(BaseCommand):
     help = (
         "Retrieval metrics of a corpus version: recall@1/5/10, MRR and nDCG@10 with bootstrap 95% intervals for "
         "BM25, dense, the default hybrid and any --config, on the first and later hops of multi-hop tasks (a tasks "
-        "dataset version, or tasks generated here from the corpus). Builds nothing that is stored."
+        "dataset version, or tasks generated here from the corpus). Tasks whose gold is documents (a BEIR import) "
+        "are scored on the rankings folded to documents: recall@1/5/10/100, MRR and graded nDCG@10 per query set. "
+        "Builds nothing that is stored."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -65,6 +77,9 @@ class Command(BaseCommand):
             tasks_version = self._version(options["tasks_version"], None, "--tasks-version")
             with tasks_version.file.open("rb") as handle:
                 tasks = [json.loads(line) for line in handle.read().splitlines() if line.strip()]
+            if tasks and all(has_document_gold(t) for t in tasks):
+                self._documents(options, version, chunks, tasks)
+                return
             known = {ident for chunk in chunks for ident in (chunk.chunk_id, *also_in(chunk))}
             missing = sorted({c for t in tasks for c in t.get("gold_chunk_ids", []) if c not in known})
             if missing:
@@ -91,15 +106,7 @@ class Command(BaseCommand):
         queries = hop_queries(tasks, synth)
         if not queries:
             raise CommandError("no task gave a query (the tasks hold no quotes): use tasks from the generator")
-        configs: dict[str, IndexConfig] = {
-            "bm25": IndexConfig(dense=False),
-            "default hybrid": IndexConfig(),
-        }
-        for text in options["config"]:
-            try:
-                configs[text] = IndexConfig.model_validate(json.loads(text))
-            except (ValueError, ValidationError) as exc:
-                raise CommandError(f"--config {text}: {exc}") from None
+        configs = self._configs(options)
         self.stdout.write(f"{len(chunks)} chunks, {len(tasks)} tasks, {len(queries)} queries; building views ...")
         views = IndexViews(chunks)
         retrievers = {name: ranked_ids(views.index(config)) for name, config in configs.items()}
@@ -122,6 +129,58 @@ class Command(BaseCommand):
         if options["json"]:
             options["json"].write_text(
                 json.dumps({"corpus_version": version.pk, "metrics": result, "evidence_lost": lost}, indent=1)
+            )
+
+    def _configs(self, options: dict[str, Any]) -> dict[str, IndexConfig]:
+        configs: dict[str, IndexConfig] = {"bm25": IndexConfig(dense=False), "default hybrid": IndexConfig()}
+        for text in options["config"]:
+            try:
+                configs[text] = IndexConfig.model_validate(json.loads(text))
+            except (ValueError, ValidationError) as exc:
+                raise CommandError(f"--config {text}: {exc}") from None
+        return configs
+
+    def _documents(
+        self, options: dict[str, Any], version: DatasetVersion, chunks: list[Chunk], tasks: list[dict[str, Any]]
+    ) -> None:
+        """Tasks whose gold is documents (a BEIR import): rankings folded to documents, per query set."""
+        queries = doc_queries(tasks)
+        if not queries:
+            raise CommandError("no task row has a text prompt and document gold (relevance or gold_doc_ids)")
+        stored = {doc for chunk in chunks for doc in chunk_doc_ids(chunk)}
+        judged = {doc for q in queries for doc, score in q.relevance.items() if score >= RELEVANT}
+        absent = sorted(judged - stored)
+        if absent:
+            self.stderr.write(
+                f"{len(absent)} relevant document(s) have no chunk in corpus version {version.pk} (e.g. "
+                f"{absent[0]}): no retriever can rank them"
+            )
+        configs = self._configs(options)
+        self.stdout.write(
+            f"{len(chunks)} chunks, {len(queries)} queries with document gold "
+            f"({', '.join(sorted({q.query_set for q in queries}))}); building views ..."
+        )
+        views = IndexViews(chunks)
+        depth = CHUNK_DEPTH
+        retrievers = {name: ranked_ids(views.index(config), depth=depth) for name, config in configs.items()}
+        retrievers["dense"] = ranked_ids(views.index(IndexConfig()), dense_only=True, depth=depth)
+        result = report_documents(evaluate_documents(retrievers, queries, chunks, chunk_depth=depth), queries)
+        metrics = (*(f"recall@{k}" for k in DOC_KS), "mrr", "ndcg@10")
+        for part in [*dict.fromkeys(q.query_set for q in queries), ALL_QUERIES]:
+            self.stdout.write(f"\n{part} (documents)")
+            self.stdout.write(f"  {'retriever':28}" + "".join(f"{m:>20}" for m in metrics))
+            for name, parts in result.items():
+                summary = parts[part]
+                cells = [
+                    f"{summary[m]['mean']:.3f} [{summary[m]['low']:.2f},{summary[m]['high']:.2f}]" for m in metrics
+                ]
+                self.stdout.write(f"  {name[:28]:28}" + "".join(f"{c:>20}" for c in cells))
+        if options["json"]:
+            options["json"].write_text(
+                json.dumps(
+                    {"corpus_version": version.pk, "level": "document", "metrics": result, "absent_documents": absent},
+                    indent=1,
+                )
             )
 
     def _version(self, pk: int, kind: str | None, flag: str) -> DatasetVersion:
