@@ -16,6 +16,9 @@ Two forms, told apart by their first bytes:
   folder of it (`"repos/mathx/"`, ending in "/"). Paths inside a snapshot archive are the repository's paths (no
   top folder is stripped).
 
+A row may also be a SWE-bench / SWE-Gym instance as published (`instance_id`, `repo`, `base_commit`, `patch`,
+`test_patch`, `FAIL_TO_PASS`, ...), its repository a git bundle in the same upload (`workers.coding.swebench`).
+
 Every other field is that of `workers.coding.task.RepoTask` (family defaults to "imported", provenance to
 {"kind": "imported"}); the snapshot reference is computed here from the files (content hash, count, size). Archives
 are read with `workers.coding.archive.unpack`, which refuses absolute paths, '..', device files and links.
@@ -30,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from workers.coding import swebench
 from workers.coding.archive import ArchiveError, content_hash, pack, unpack
 from workers.coding.task import RepoTask, RepoTaskError, parse_repo_task_row
 
@@ -135,10 +139,16 @@ def _rows(data: bytes) -> list[tuple[int, dict[str, Any]]]:
 
 def _task(number: int, row: dict[str, Any], members: Mapping[str, bytes]) -> ImportedTask:
     where = f"line {number}"
-    files = _snapshot_files(where, row, members)
-    fields = {k: v for k, v in row.items() if k not in ("repo", "snapshot_path", "snapshot", "prompt", "answer")}
-    if "instruction" not in fields and isinstance(row.get("prompt"), str):
-        fields["instruction"] = row["prompt"]  # the generic task-row spelling
+    if swebench.is_instance(row):  # a SWE-bench / SWE-Gym instance as published, its repository a git bundle
+        try:
+            fields, files = swebench.task_fields(row, members, where=where)
+        except swebench.InstanceError as exc:
+            raise BundleError([str(exc)]) from None
+    else:
+        files = _snapshot_files(where, row, members)
+        fields = {k: v for k, v in row.items() if k not in ("repo", "snapshot_path", "snapshot", "prompt", "answer")}
+        if "instruction" not in fields and isinstance(row.get("prompt"), str):
+            fields["instruction"] = row["prompt"]  # the generic task-row spelling
     fields.setdefault("family", "imported")
     provenance = fields.get("provenance")
     if provenance is None:
