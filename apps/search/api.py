@@ -5,6 +5,7 @@ GET  /api/v1/search-indexes/      ?corpus_version=12&status=ready               
 GET  /api/v1/search-indexes/<id>/
 POST /api/v1/datagen/             {"corpus_version": 12, "target_dataset": "t", "params": {}} (operator)
 GET  /api/v1/datagen/, /api/v1/datagen/<id>/ (with the verification report)
+POST /api/v1/widesearch-imports/  multipart: file (WideSearch zip), tasks_dataset, judge_columns? (operator)
 POST /api/v1/beir-imports/   multipart: file (BEIR zip), corpus_dataset, tasks_dataset, splits?, chunker? (operator)
 """
 
@@ -30,8 +31,9 @@ from apps.runs.models import Run, RunKind
 from apps.search.models import CorpusIndex
 from apps.search.selectors import datagen_report
 from apps.search.services.datagen import datagen_launch
-from apps.search.services.imports import beir_import
+from apps.search.services.imports import beir_import, widesearch_import
 from apps.search.services.indexes import index_launch_or_reuse
+from workers.swarm.widesearch import JUDGE_COLUMNS
 
 
 class CorpusIndexSerializer(serializers.ModelSerializer):
@@ -228,7 +230,43 @@ class BeirImportViewSet(viewsets.GenericViewSet):
         )
 
 
+class WideSearchImportSerializer(serializers.Serializer):
+    file = serializers.FileField(help_text="A zip of the WideSearch queries (one .jsonl) and gold tables (<id>.csv)")
+    tasks_dataset = serializers.CharField(max_length=100, help_text="Tasks dataset for the wide tasks (created)")
+    judge_columns = serializers.ChoiceField(
+        choices=list(JUDGE_COLUMNS),
+        default="refuse",
+        help_text="llm_judge columns: refuse the task (default), score them by exact_match, or drop them",
+    )
+    notes = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class WideSearchImportViewSet(viewsets.GenericViewSet):
+    """Import WideSearch tasks (workers.swarm.widesearch) as a tasks version of wide tasks, each scored by its own
+    evaluation spec; the whole zip is checked first and nothing is stored on a problem."""
+
+    serializer_class = WideSearchImportSerializer
+    parser_classes = [MultiPartParser, FormParser]
+    capability_map = {"create": Capability.LAUNCH}
+
+    @extend_schema(request=WideSearchImportSerializer, responses={201: DatasetVersionSerializer})
+    def create(self, request: Request) -> Response:
+        body = WideSearchImportSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        version = widesearch_import(
+            data=data["file"].read(),
+            filename=data["file"].name,
+            tasks_dataset=data["tasks_dataset"],
+            user=request_user(request),
+            judge_columns=data["judge_columns"],
+            notes=data["notes"],
+        )
+        return Response(DatasetVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("search-indexes", CorpusIndexViewSet, basename="search-index")
 router.register("datagen", DatagenViewSet, basename="datagen")
 router.register("beir-imports", BeirImportViewSet, basename="beir-import")
+router.register("widesearch-imports", WideSearchImportViewSet, basename="widesearch-import")

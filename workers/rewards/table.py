@@ -15,7 +15,8 @@ naming the entity. Scoring, as WideSearch does it:
    task's `key_aliases`;
 5. inner-join predicted and gold rows on the keys and score every other cell by its column's metric (key cells score
    1): `exact_match` and `contains` after `normalize_cell`, `number_near` within a relative tolerance, `set_match` /
-   `set_f1` on a cell's items in any order (`split_items`);
+   `set_f1` on a cell's items in any order (`split_items`), and WideSearch's `in_match`, `date_near` and
+   `url_match` (`table_widesearch`), each after the column's WideSearch preprocessors when it names any;
 6. item level: TP = Σ cell scores, P = TP / (n_pred_rows · |C|), R = TP / (n_gt_rows · |C|), F1 = 2PR / (P + R);
    row level: a row's score is the minimum of its cells, and P, R use row counts; success: every row right and no
    extra row.
@@ -35,8 +36,21 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Literal
 
-CellMetric = Literal["exact_match", "number_near", "contains", "set_match", "set_f1"]
-CELL_METRICS: tuple[CellMetric, ...] = ("exact_match", "number_near", "contains", "set_match", "set_f1")
+from workers.rewards.table_widesearch import PREPROCESSORS
+
+CellMetric = Literal[
+    "exact_match", "number_near", "contains", "set_match", "set_f1", "in_match", "date_near", "url_match"
+]
+CELL_METRICS: tuple[CellMetric, ...] = (
+    "exact_match",
+    "number_near",
+    "contains",
+    "set_match",
+    "set_f1",
+    "in_match",  # WideSearch's rules, workers.rewards.table_widesearch
+    "date_near",
+    "url_match",
+)
 ExtraColumns = Literal["refuse", "ignore"]
 EXTRA_COLUMNS: tuple[ExtraColumns, ...] = ("refuse", "ignore")
 NUMBER_TOLERANCE = 0.05
@@ -209,7 +223,9 @@ class GoldTable:
     absent); `aliases`: other names a predicted column may carry for each gold column; `tolerance`: `number_near`'s
     relative tolerance; `key_aliases`: other spellings of a gold key value (gold value -> spellings), matched after
     `normalize_key`; `case_sensitive`: columns whose cells compare with their case; `extra_columns`: `refuse` (a
-    predicted column that maps onto no gold column scores the table 0, as WideSearch does) or `ignore`."""
+    predicted column that maps onto no gold column scores the table 0, as WideSearch does) or `ignore`;
+    `tolerances`: a column's own `number_near` tolerance (WideSearch's per-column `criterion`); `preprocess`: the
+    WideSearch preprocessors a column's cells go through before its metric (`table_widesearch.PREPROCESSORS`)."""
 
     columns: list[str]
     key_columns: list[str]
@@ -220,8 +236,15 @@ class GoldTable:
     key_aliases: dict[str, list[str]] = field(default_factory=dict)
     case_sensitive: list[str] = field(default_factory=list)
     extra_columns: ExtraColumns = "refuse"
+    tolerances: dict[str, float] = field(default_factory=dict)
+    preprocess: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        extra: dict[str, Any] = {}  # only when set: the rows of tasks made before these fields stay as they were
+        if self.tolerances:
+            extra["tolerances"] = dict(self.tolerances)
+        if self.preprocess:
+            extra["preprocess"] = {k: list(v) for k, v in self.preprocess.items()}
         return {
             "columns": list(self.columns),
             "key_columns": list(self.key_columns),
@@ -232,6 +255,7 @@ class GoldTable:
             "key_aliases": {k: list(v) for k, v in self.key_aliases.items()},
             "case_sensitive": list(self.case_sensitive),
             "extra_columns": self.extra_columns,
+            **extra,
         }
 
     @cached_property
@@ -357,6 +381,7 @@ def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
     extra = value.get("extra_columns", "refuse")
     if extra not in EXTRA_COLUMNS:
         raise TableSpecError(f"{where}.extra_columns must be one of {', '.join(EXTRA_COLUMNS)}, got {extra!r}")
+    tolerances, steps = _column_rules(value, columns, where)
     gold = GoldTable(
         columns=list(columns),
         key_columns=list(keys),
@@ -367,6 +392,37 @@ def gold_table_from(value: object, *, where: str = "table") -> GoldTable:
         key_aliases={str(k).strip(): [str(a) for a in v] for k, v in key_aliases_raw.items()},
         case_sensitive=list(sensitive),
         extra_columns=extra,
+        tolerances=tolerances,
+        preprocess=steps,
     )
     gold.__dict__["key_spellings"] = build_key_spellings(gold, where=where)  # refused here, not at the first score
     return gold
+
+
+def _column_rules(
+    value: Mapping[str, Any], columns: list[str], where: str
+) -> tuple[dict[str, float], dict[str, list[str]]]:
+    """The per-column `tolerances` and `preprocess` of a `table` field (GoldTable), checked."""
+    tolerances_raw = value.get("tolerances") or {}
+    if not isinstance(tolerances_raw, Mapping):
+        raise TableSpecError(f"{where}.tolerances must map column names to relative tolerances in [0, 1)")
+    tolerances: dict[str, float] = {}
+    for name, tol in tolerances_raw.items():
+        if name not in columns:
+            raise TableSpecError(f"{where}.tolerances names column {name!r}, which is not in {where}.columns")
+        if isinstance(tol, bool) or not isinstance(tol, int | float) or not 0 <= tol < 1:
+            raise TableSpecError(f"{where}.tolerances[{name!r}] must be a relative tolerance in [0, 1), got {tol!r}")
+        tolerances[str(name)] = float(tol)
+    steps_raw = value.get("preprocess") or {}
+    if not isinstance(steps_raw, Mapping):
+        raise TableSpecError(f"{where}.preprocess must map column names to lists of {', '.join(PREPROCESSORS)}")
+    steps: dict[str, list[str]] = {}
+    for name, chain in steps_raw.items():
+        if name not in columns:
+            raise TableSpecError(f"{where}.preprocess names column {name!r}, which is not in {where}.columns")
+        if not isinstance(chain, list) or not all(step in PREPROCESSORS for step in chain):
+            raise TableSpecError(
+                f"{where}.preprocess[{name!r}] must be a list of {', '.join(PREPROCESSORS)}, got {chain!r}"
+            )
+        steps[str(name)] = [str(step) for step in chain]
+    return tolerances, steps

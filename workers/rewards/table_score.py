@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from workers.rewards.table import (
     NUMBER_TOLERANCE,
+    CellMetric,
     GoldTable,
     Table,
     TableSpecError,
@@ -22,11 +23,8 @@ from workers.rewards.table import (
     parse_markdown_table,
     split_items,
 )
+from workers.rewards.table_widesearch import date_near, in_match, preprocess, url_match
 
-CellMetric = Literal["exact_match", "number_near", "contains", "set_match", "set_f1"]
-CELL_METRICS: tuple[CellMetric, ...] = ("exact_match", "number_near", "contains", "set_match", "set_f1")
-ExtraColumns = Literal["refuse", "ignore"]
-EXTRA_COLUMNS: tuple[ExtraColumns, ...] = ("refuse", "ignore")
 _NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?|[-+]?\.\d+")
 
 
@@ -59,8 +57,14 @@ def cell_score(
     tolerance: float = NUMBER_TOLERANCE,
     *,
     case_sensitive: bool = False,
+    steps: Sequence[str] = (),
 ) -> float:
-    """One cell's score in [0, 1] under `metric`; a blank prediction scores 0."""
+    """One cell's score in [0, 1] under `metric`, after the column's WideSearch preprocessors `steps` on both
+    cells (`table_widesearch`); a blank prediction scores 0."""
+    if steps:
+        if not str(predicted).strip():
+            return 0.0
+        predicted, gold = preprocess(str(predicted), steps), preprocess(str(gold), steps)
     if metric in ("set_match", "set_f1"):
         return set_score(predicted, gold, partial=metric == "set_f1", case_sensitive=case_sensitive)
     pred = normalize_cell(predicted, case_sensitive=case_sensitive)
@@ -76,6 +80,12 @@ def cell_score(
         return 1.0 if abs(a - b) / abs(b) <= tolerance else 0.0
     if metric == "contains":
         return 1.0 if ref and ref in pred else 0.0
+    if metric == "in_match":
+        return in_match(pred, ref)
+    if metric == "date_near":
+        return date_near(pred, ref)
+    if metric == "url_match":
+        return url_match(str(predicted), str(gold))  # the raw cells: a link's target is its URL
     return 1.0 if pred == ref else 0.0
 
 
@@ -197,8 +207,9 @@ def row_cell_scores(row: Mapping[str, str], gold_row: Mapping[str, str], gold: G
             row.get(column, ""),
             gold_row[column],
             gold.metrics.get(column, "exact_match"),
-            gold.tolerance,
+            gold.tolerances.get(column, gold.tolerance),
             case_sensitive=column in gold.case_sensitive,
+            steps=gold.preprocess.get(column, ()),
         )
         for column in gold.columns
     ]

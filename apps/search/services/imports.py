@@ -1,6 +1,10 @@
-"""Imports of published retrieval datasets: a BEIR zip becomes a corpus version (its documents, chunked) and a tasks
-version (one row per judged query, with its graded document relevance; `workers.search.beir`) that
-`manage.py retrieval_eval` scores at the document level. Both or neither are stored."""
+"""Imports of published datasets in the field's formats:
+
+- a BEIR zip becomes a corpus version (its documents, chunked) and a tasks version (one row per judged query, with
+  its graded document relevance; `workers.search.beir`) that `manage.py retrieval_eval` scores at the document
+  level; both or neither are stored;
+- a WideSearch zip (queries JSONL and gold CSVs) becomes a tasks version of wide tasks scored by each task's own
+  evaluation spec (`workers.swarm.widesearch`)."""
 
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from apps.datasets.services import (
     validate_dataset_file,
 )
 from workers.search.beir import BeirError, read_beir_zip
+from workers.swarm.widesearch import JudgeColumns, WideSearchError, read_widesearch_zip
 
 
 @dataclass(frozen=True)
@@ -106,3 +111,37 @@ def beir_import(
             report=report,
         )
     return BeirImport(corpus_version, tasks_version, reused, report)
+
+
+def widesearch_import(
+    *,
+    data: bytes,
+    filename: str,
+    tasks_dataset: str,
+    user: User,
+    judge_columns: JudgeColumns = "refuse",
+    notes: str = "",
+) -> DatasetVersion:
+    """Read a WideSearch zip (`workers.swarm.widesearch`) into the next version of the tasks dataset `tasks_dataset`
+    (created when missing). The whole zip is checked first: a problem is a 400 naming the file, line and field,
+    and nothing is stored; the same tasks again are a 400."""
+    dataset_file_check_size(len(data))
+    try:
+        imported = read_widesearch_zip(data, judge_columns=judge_columns, max_bytes=settings.DATASET_MAX_BYTES)
+    except WideSearchError as exc:
+        by_field: dict[str, list[str]] = {}
+        for error in exc.errors:
+            by_field.setdefault("judge_columns" if error.startswith("judge_columns:") else "file", []).append(error)
+        raise ValidationError(by_field) from None
+    rows = b"".join(json.dumps(row, ensure_ascii=False).encode() + b"\n" for row in imported.tasks)
+    stem = filename.rsplit("/", 1)[-1].rsplit(".", 1)[0] or "widesearch"
+    with transaction.atomic():
+        tasks = _dataset(tasks_dataset, DatasetKind.TASKS, "tasks_dataset", user)
+        return dataset_version_create(
+            dataset=tasks,
+            data=rows,
+            filename=f"{stem}-wide.jsonl",
+            created_by=user,
+            notes=notes or f"WideSearch import of {filename}",
+            report={**imported.report, "archive": filename},
+        )
