@@ -49,6 +49,7 @@ from workers.rewards.schema import context1_spec
 from workers.search.index import GrepError, Hit
 from workers.search.index_store import load_index
 from workers.search.metrics import ensemble_metrics, episode_metrics
+from workers.search.records import episode_record
 from workers.search.tools import (
     DEFAULT_SYSTEM_PROMPT,
     GREP_TOOL,
@@ -85,8 +86,8 @@ class SearchEnv(ToolUseEnvironment):
     description: ClassVar[str] = (
         "Context-1 agentic search over a corpus index: search_corpus, grep_corpus, read_document and "
         "prune_chunks under a token budget, answered with <Document id=…> items. Task rows need id, prompt and "
-        "gold_chunk_ids (answer and answer_chunk_ids optional); env_params need index_uri (set at launch from the "
-        "corpus version's index)."
+        "gold_chunk_ids (answer and answer_chunk_ids optional), or gold_doc_ids for document gold (scored on the "
+        "documents of the chunks); env_params need index_uri (set at launch from the corpus version's index)."
     )
     score_field: ClassVar[str] = "output_recall"
     needs_corpus_index: ClassVar[bool] = True
@@ -95,7 +96,8 @@ class SearchEnv(ToolUseEnvironment):
     default_algorithm: ClassVar[str | None] = "cispo"
     default_substeps: ClassVar[int | None] = 4
     default_group_size: ClassVar[int | None] = 8
-    required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt", "gold_chunk_ids"})
+    # and gold_chunk_ids, or gold_doc_ids for document gold (checked in validate_task_row: one of the two)
+    required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt"})
     produces: ClassVar[frozenset[str]] = frozenset(
         {"answer", "gold_answers", "turns", "output_doc_ids", "gold_doc_ids", "seen_doc_ids", "answer_doc_ids"}
     )
@@ -197,8 +199,14 @@ class SearchEnv(ToolUseEnvironment):
     @classmethod
     def validate_task_row(cls, row: object, *, index: int | None = None) -> Task:
         task = super().validate_task_row(row, index=index)
-        check_chunk_fields(task, f"task row {index}" if index is not None else "task row", cls.name)
+        if cls.needs_retrieval_gold(task.metadata):
+            check_chunk_fields(task, f"task row {index}" if index is not None else "task row", cls.name)
         return task
+
+    @classmethod
+    def needs_retrieval_gold(cls, metadata: Mapping[str, Any]) -> bool:
+        """Whether a task row must name its gold chunks (or documents): every search task does."""
+        return True
 
     @classmethod
     def referenced_chunk_ids(cls, row: Mapping[str, Any]) -> set[str]:
@@ -469,26 +477,15 @@ class SearchEnv(ToolUseEnvironment):
         return ensemble_metrics(records) if len(records) > 1 else None
 
     def trajectory_fields(self) -> dict[str, Any]:
-        metadata = self.task.metadata
-        # A copy's id (a chunk merged into one several documents share) is scored as the stored chunk's id, so an
-        # output naming either matches a gold list naming either. No index loaded yet: the ids stand as written.
-        index = self._index
-
-        def ids(values: Any) -> list[str]:
-            out = [str(v) for v in values or []]
-            return list(dict.fromkeys(index.canonical_id(v) for v in out)) if index is not None else out
-
-        return {
-            "output_doc_ids": ids(item.id for item in self._output),
-            "output_items": [{"id": item.id, "justification": item.justification} for item in self._output],
-            "gold_doc_ids": ids(metadata.get("gold_chunk_ids")),
-            "answer_doc_ids": ids(metadata.get("answer_chunk_ids")),
-            **({"gold_facts": [ids(f) for f in metadata["gold_facts"]]} if metadata.get("gold_facts") else {}),
-            "seen_doc_ids": list(self._seen),
-            "pruned_chunk_ids": list(self._pruned),
-            "token_usage": list(self._usage),
-            "token_budget": self.token_budget,
-        }
+        return episode_record(
+            self.task.metadata,
+            self._index,
+            output=[(item.id, item.justification) for item in self._output],
+            seen=self._seen,
+            pruned=self._pruned,
+            usage=self._usage,
+            token_budget=self.token_budget,
+        )
 
 
 def _render(blocks: list[_Block]) -> str:

@@ -79,10 +79,34 @@ SEARCH_TOOLS: tuple[ToolSpec, ...] = (
 )
 
 
+def document_gold(row: Mapping[str, Any]) -> bool:
+    """A task row whose gold is documents (`gold_doc_ids`, e.g. a BEIR import) rather than chunks: its episodes are
+    scored on the documents of the chunks they output and saw (`SearchEnv.trajectory_fields`)."""
+    return not row.get("gold_chunk_ids") and bool(row.get("gold_doc_ids"))
+
+
 def check_chunk_fields(task: Task, where: str, environment: str) -> None:
-    """A search task row's chunk-id fields: `gold_chunk_ids` a non-empty list of ids, `answer_chunk_ids` and
-    `distractor_chunk_ids` lists of ids when present, `gold_facts` a non-empty list of non-empty id lists when
-    present; else a `TaskFieldError` naming the field."""
+    """A search task row's gold: `gold_chunk_ids` a non-empty list of chunk ids or, for document gold,
+    `gold_doc_ids` a non-empty list of document ids; `answer_chunk_ids` and `distractor_chunk_ids` lists of ids
+    when present, `gold_facts` a non-empty list of non-empty id lists when present; else a `TaskFieldError`
+    naming the field."""
+    if document_gold(task.metadata):
+        value = task.metadata["gold_doc_ids"]
+        if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+            raise TaskFieldError(
+                f"{where}: field 'gold_doc_ids' must be a non-empty list of document id strings, got "
+                f"{json_kind(value)}",
+                field="gold_doc_ids",
+                environment=environment,
+            )
+        return
+    if "gold_chunk_ids" not in task.metadata:
+        raise TaskFieldError(
+            f"{where}: missing field 'gold_chunk_ids' (the chunks that answer the task), or 'gold_doc_ids' for a task "
+            "whose gold is documents",
+            field="gold_chunk_ids",
+            environment=environment,
+        )
     for name, required in (("gold_chunk_ids", True), ("answer_chunk_ids", False), ("distractor_chunk_ids", False)):
         value = task.metadata.get(name)
         if value is None and not required:
@@ -113,6 +137,11 @@ def check_chunk_fields(task: Task, where: str, environment: str) -> None:
             field="gold_facts",
             environment=environment,
         )
+
+
+def referenced_doc_ids(row: Mapping[str, Any]) -> set[str]:
+    """The documents a row with document gold names (empty for chunk gold)."""
+    return {str(item) for item in row.get("gold_doc_ids") or []} if document_gold(row) else set()
 
 
 def referenced_chunk_ids(row: Mapping[str, Any]) -> set[str]:

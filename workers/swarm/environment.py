@@ -95,8 +95,9 @@ class SwarmEnv(SearchEnv):
     description: ClassVar[str] = (
         "Kimi K2.5 Agent Swarm on the search harness: an orchestrator with the search tools plus create_subagent "
         "and assign_task, whose sub-agents (frozen: scripted or a model checkpoint) search in parallel and return "
-        "one message each; critical steps counted per stage. Task rows need id, prompt and gold_chunk_ids; wide "
-        "tasks add a table (item-F1), deep tasks an answer; env_params need index_uri (set at launch)."
+        "one message each; critical steps counted per stage. Task rows need id, prompt and gold_chunk_ids (or "
+        "gold_doc_ids); wide tasks add a table (item-F1; then the gold ids are optional), deep tasks an answer; "
+        "env_params need index_uri (set at launch)."
     )
     score_field: ClassVar[str] = "task_score"
     produces: ClassVar[frozenset[str]] = SearchEnv.produces | {"gold_table", "swarm"}
@@ -200,6 +201,12 @@ class SwarmEnv(SearchEnv):
         self.max_critical_steps = max_critical_steps
 
     # --- tasks ----------------------------------------------------------------------------------------------------
+
+    @classmethod
+    def needs_retrieval_gold(cls, metadata: Mapping[str, Any]) -> bool:
+        """A wide task is scored by its table: naming the chunks (or documents) behind it is optional (a task
+        imported from WideSearch has none), and without them its retrieval metrics are 0."""
+        return metadata.get("table") is None or bool(metadata.get("gold_chunk_ids") or metadata.get("gold_doc_ids"))
 
     @classmethod
     def validate_task_row(cls, row: object, *, index: int | None = None) -> Task:

@@ -12,7 +12,8 @@ from rest_framework.exceptions import ValidationError
 from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.search.selectors import ready_index_uri
 from workers.envs.registry import get_environment
-from workers.search.types import also_in, iter_chunks_jsonl
+from workers.search.tools import referenced_doc_ids
+from workers.search.types import also_in, doc_of, iter_chunks_jsonl
 
 
 def with_index_uri(
@@ -48,14 +49,21 @@ def corpus_missing_chunks(
     environment says a row references)."""
     env_cls = get_environment(environment)
     known = corpus_chunk_ids(corpus_version)
+    documents = {doc_of(ident) for ident in known}
     problems: list[str] = []
     for index, row in enumerate(rows, start=1):
         missing = sorted(env_cls.referenced_chunk_ids(row) - known) if isinstance(row, dict) else []
+        absent = sorted(referenced_doc_ids(row) - documents) if isinstance(row, dict) else []
         if missing:
             problems.append(
                 f"task row {index} names chunk(s) not in {corpus_version}: {', '.join(missing[:5])}; "
                 "generate the tasks from this corpus version or pick the one they came from"
             )
-            if len(problems) >= limit:
-                break
+        elif absent:
+            problems.append(
+                f"task row {index} names document(s) not in {corpus_version}: {', '.join(absent[:5])}; pick the "
+                "corpus version the tasks were imported with"
+            )
+        if len(problems) >= limit:
+            break
     return problems

@@ -165,3 +165,19 @@ def test_the_command_imports_and_refuses_with_the_messages(users, tmp_path) -> N
             "import_beir", str(archive), "--corpus", "c2", "--tasks", "t2", "--owner", users["operator"].username
         )
     assert not Dataset.objects.filter(name__in=["c2", "t2"]).exists()
+
+
+def test_imported_queries_are_search_tasks_whose_documents_the_launch_checks(client_for) -> None:  # type: ignore[no-untyped-def]
+    from apps.search.services.envs import corpus_missing_chunks
+    from workers.search.environment import SearchEnv
+
+    body = post(client_for("operator"), beir_zip()).json()
+    corpus = DatasetVersion.objects.get(pk=body["corpus_version"]["id"])
+    tasks = DatasetVersion.objects.get(pk=body["tasks_version"]["id"])
+    with tasks.file.open("rb") as handle:
+        rows = [json.loads(line) for line in handle.read().splitlines()]
+    assert all(SearchEnv.validate_task_row(row, index=i).id for i, row in enumerate(rows, 1))
+    assert corpus_missing_chunks(rows, corpus, environment="search") == []
+    stray = [{**rows[0], "gold_doc_ids": ["copper", "nickel"]}]
+    [problem] = corpus_missing_chunks(stray, corpus, environment="search")
+    assert "task row 1 names document(s) not in" in problem and "nickel" in problem

@@ -347,3 +347,28 @@ def test_bad_knobs_are_refused_with_the_field_named(params: dict[str, Any], mess
     with pytest.raises(ValueError) as excinfo:
         make_env("search", index_uri="memory://x", **params)
     assert message in str(excinfo.value)
+
+
+def test_a_task_whose_gold_is_documents_scores_the_documents_of_its_output(index) -> None:
+    """Document gold (a BEIR import): output, seen and gold ids are documents; the reward and the metrics use the
+    same formulas on them."""
+    env = make_env("search", index_uri="memory://test")
+    assert isinstance(env, SearchEnv)
+    env.bind_index(index)
+    row = {"id": "q1", "prompt": "Who built the Forth Bridge?", "gold_doc_ids": ["bridge", "lighthouse"]}
+    env.reset(env.validate_task_row(row))
+    env.step(format_tool_call("search_corpus", {"query": "Forth Bridge designers"}))
+    env.step("<Document id=bridge#1></Document><Document id=bridge#0></Document><Document id=castle#0></Document>")
+    record = env.trajectory("x")
+    assert record["gold_level"] == "document" and record["gold_doc_ids"] == ["bridge", "lighthouse"]
+    assert record["output_doc_ids"] == ["bridge", "castle"]  # two chunks of one document count once
+    assert "bridge" in record["seen_doc_ids"] and all("#" not in d for d in record["seen_doc_ids"])
+    metrics = episode_metrics(record)
+    assert metrics["output_recall"] == 0.5 and metrics["output_precision"] == 0.5
+    result = score_trajectory(with_f_beta(context1_spec(beta=1.0), 1.0), Trajectory.model_validate(record))
+    assert result.terms["f_beta"] == pytest.approx(0.5)
+    assert SearchEnv.referenced_chunk_ids(row) == set()
+    with pytest.raises(ValueError, match="task row 4: field 'gold_doc_ids' must be a non-empty list of document id"):
+        SearchEnv.validate_task_row({"id": 1, "prompt": "q", "gold_doc_ids": ["a", 3]}, index=4)
+    with pytest.raises(ValueError, match="missing field 'gold_chunk_ids'.*or 'gold_doc_ids'"):
+        SearchEnv.validate_task_row({"id": 1, "prompt": "q"}, index=3)
