@@ -74,6 +74,15 @@ def _members(data: bytes, max_bytes: int) -> tuple[tuple[str, bytes], dict[str, 
     total = sum(info.file_size for info in infos)
     if total > max_bytes:
         raise WideSearchError([f"file: the queries and tables unpack to {total} bytes; the limit is {max_bytes}"])
+
+    def read(info: zipfile.ZipInfo) -> bytes:
+        # At most the size the zip declares, plus one byte to tell a member that lies about it (a zip bomb).
+        with archive.open(info) as handle:
+            content = handle.read(info.file_size + 1)
+        if len(content) > info.file_size:
+            raise WideSearchError([f"file: {info.filename} is larger than the zip says; re-create the zip"])
+        return content
+
     queries = [info for info in infos if info.filename.endswith(".jsonl")]
     if len(queries) != 1:
         found = ", ".join(i.filename for i in queries) or "none"
@@ -84,8 +93,8 @@ def _members(data: bytes, max_bytes: int) -> tuple[tuple[str, bytes], dict[str, 
             stem = posixpath.basename(info.filename)[: -len(".csv")]
             if stem in tables:
                 raise WideSearchError([f"file: two gold tables for {stem!r}: {tables[stem][0]} and {info.filename}"])
-            tables[stem] = (info.filename, archive.read(info))
-    return (queries[0].filename, archive.read(queries[0])), tables
+            tables[stem] = (info.filename, read(info))
+    return (queries[0].filename, read(queries[0])), tables
 
 
 def _evaluation(row: Mapping[str, Any], where: str) -> dict[str, Any]:
