@@ -25,6 +25,7 @@ import io
 import json
 import posixpath
 import zipfile
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -299,8 +300,11 @@ def _members(data: bytes, max_bytes: int) -> dict[str, bytes]:
         raise BeirError([f"file: the BEIR files unpack to {total} bytes; the limit is {max_bytes}"])
     out: dict[str, bytes] = {}
     for rest, info in wanted.items():
-        with archive.open(info) as handle:
-            content = handle.read(info.file_size + 1)
+        try:
+            with archive.open(info) as handle:
+                content = handle.read(info.file_size + 1)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a corrupt or lying member
+            raise BeirError([f"file: {info.filename} cannot be read ({exc}); re-create the zip"]) from None
         if len(content) > info.file_size:
             raise BeirError([f"file: {info.filename} is larger than the zip says; re-create the zip"])
         out[rest] = content

@@ -25,6 +25,7 @@ import io
 import json
 import posixpath
 import zipfile
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -77,8 +78,11 @@ def _members(data: bytes, max_bytes: int) -> tuple[tuple[str, bytes], dict[str, 
 
     def read(info: zipfile.ZipInfo) -> bytes:
         # At most the size the zip declares, plus one byte to tell a member that lies about it (a zip bomb).
-        with archive.open(info) as handle:
-            content = handle.read(info.file_size + 1)
+        try:
+            with archive.open(info) as handle:
+                content = handle.read(info.file_size + 1)
+        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a corrupt or lying member
+            raise WideSearchError([f"file: {info.filename} cannot be read ({exc}); re-create the zip"]) from None
         if len(content) > info.file_size:
             raise WideSearchError([f"file: {info.filename} is larger than the zip says; re-create the zip"])
         return content

@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import struct
 import zipfile
 
 import pytest
@@ -160,3 +161,17 @@ def test_rows_with_gold_doc_ids_only_are_binary_relevance() -> None:
         ("1", {"a": 1, "b": 1}, "tasks"),
         ("3", {"a": 2}, "dev"),
     ]
+
+
+def lying_size(data: bytes) -> bytes:
+    """The zip with its first central-directory entry claiming 10 bytes fewer than the member holds."""
+    out = bytearray(data)
+    at = out.find(b"PK\x01\x02")
+    size = struct.unpack_from("<I", out, at + 24)[0]
+    struct.pack_into("<I", out, at + 24, max(size - 10, 1))
+    return bytes(out)
+
+
+def test_a_member_that_lies_about_its_size_is_a_named_error_not_a_crash() -> None:
+    with pytest.raises(BeirError, match="tiny/corpus.jsonl cannot be read"):
+        read_beir_zip(lying_size(beir_zip(good_files())), **LIMITS)

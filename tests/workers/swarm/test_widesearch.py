@@ -171,3 +171,10 @@ def test_a_table_spec_with_bad_per_column_rules_is_refused() -> None:
     with pytest.raises(TableSpecError, match=r"table.preprocess\['v'\] must be a list of norm_str"):
         gold_table_from({**base, "preprocess": {"v": ["upper"]}}, where="table")
     assert "tolerances" not in gold_table_from(base, where="table").to_json()  # rows made before stay as they were
+
+
+def test_a_member_that_lies_about_its_size_is_a_named_error_not_a_crash() -> None:
+    from tests.workers.search.test_beir import lying_size
+
+    with pytest.raises(WideSearchError, match="widesearch.jsonl cannot be read"):
+        read_widesearch_zip(lying_size(ws_zip([instance()], {"ws_en_001": GOLD})), max_bytes=LIMIT)
