@@ -25,12 +25,12 @@ import io
 import json
 import posixpath
 import zipfile
-import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from workers.search.corpus import MAX_ERRORS, Document, DocumentSource, json_kind_name, over_document_cap
+from workers.search.corpus_files import read_zip_member
 from workers.search.corpus_jsonl import doc_id_problem, utf8_problem
 
 SOURCE = "beir"
@@ -301,13 +301,9 @@ def _members(data: bytes, max_bytes: int) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for rest, info in wanted.items():
         try:
-            with archive.open(info) as handle:
-                content = handle.read(info.file_size + 1)
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a corrupt or lying member
-            raise BeirError([f"file: {info.filename} cannot be read ({exc}); re-create the zip"]) from None
-        if len(content) > info.file_size:
-            raise BeirError([f"file: {info.filename} is larger than the zip says; re-create the zip"])
-        out[rest] = content
+            out[rest] = read_zip_member(archive, info)
+        except ValueError as exc:
+            raise BeirError([str(exc)]) from None
     return out
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import re
 import zipfile
+import zlib
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 
@@ -263,6 +264,19 @@ def parse_documents_zip(data: bytes, *, max_bytes: int, max_document_bytes: int 
                 yield relative, content, len(content)
 
         return _documents_from_files(files(), source="zip", max_document_bytes=max_document_bytes)
+
+
+def read_zip_member(archive: zipfile.ZipFile, info: zipfile.ZipInfo) -> bytes:
+    """A member's bytes, read up to the size the zip declares plus one byte: ValueError naming the member when it is
+    corrupt or holds more than it says (a zip bomb never expands past its declared size)."""
+    try:
+        with archive.open(info) as handle:
+            content = handle.read(info.file_size + 1)
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:
+        raise ValueError(f"file: {info.filename} cannot be read ({exc}); re-create the zip") from None
+    if len(content) > info.file_size:
+        raise ValueError(f"file: {info.filename} is larger than the zip says; re-create the zip")
+    return content
 
 
 def is_zip(data: bytes) -> bool:

@@ -25,13 +25,13 @@ import io
 import json
 import posixpath
 import zipfile
-import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from workers.rewards.table import CELL_METRICS, TableSpecError, gold_table_from, normalize_column
 from workers.rewards.table_widesearch import PREPROCESSORS
+from workers.search.corpus_files import read_zip_member
 
 JudgeColumns = Literal["refuse", "exact_match", "drop"]
 JUDGE_COLUMNS: tuple[JudgeColumns, ...] = ("refuse", "exact_match", "drop")
@@ -77,15 +77,10 @@ def _members(data: bytes, max_bytes: int) -> tuple[tuple[str, bytes], dict[str, 
         raise WideSearchError([f"file: the queries and tables unpack to {total} bytes; the limit is {max_bytes}"])
 
     def read(info: zipfile.ZipInfo) -> bytes:
-        # At most the size the zip declares, plus one byte to tell a member that lies about it (a zip bomb).
         try:
-            with archive.open(info) as handle:
-                content = handle.read(info.file_size + 1)
-        except (zipfile.BadZipFile, zlib.error, EOFError, OSError) as exc:  # a corrupt or lying member
-            raise WideSearchError([f"file: {info.filename} cannot be read ({exc}); re-create the zip"]) from None
-        if len(content) > info.file_size:
-            raise WideSearchError([f"file: {info.filename} is larger than the zip says; re-create the zip"])
-        return content
+            return read_zip_member(archive, info)
+        except ValueError as exc:
+            raise WideSearchError([str(exc)]) from None
 
     queries = [info for info in infos if info.filename.endswith(".jsonl")]
     if len(queries) != 1:
