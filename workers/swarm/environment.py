@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from workers import storage
-from workers.envs.base import StepResult, Task, TaskFieldError, ToolError
+from workers.envs.base import Message, StepResult, Task, TaskFieldError, ToolError
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
 from workers.rewards.schema import parl_spec
 from workers.rewards.table import TableSpecError, gold_table_from, normalize_cell
@@ -45,6 +45,7 @@ from workers.search.environment import SearchEnv, _Block, _render
 from workers.search.tools import DOCUMENT_ITEM
 from workers.swarm.metrics import swarm_episode_metrics
 from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, resolve_runner, run_subagents
+from workers.swarm.wide_reading import task_brief
 
 CREATE_TOOL, ASSIGN_TOOL = "create_subagent", "assign_task"
 STEP_PRESETS: dict[str, tuple[int, int]] = {"browsecomp": (15, 100), "widesearch": (100, 100), "in_house": (100, 50)}
@@ -88,6 +89,9 @@ SUBAGENT_TOOLS: tuple[ToolSpec, ...] = (
         ),
     ),
 )
+
+
+MAX_ENTITIES = 1_000
 
 
 class SwarmEnv(SearchEnv):
@@ -218,7 +222,34 @@ class SwarmEnv(SearchEnv):
                 gold_table_from(table, where=f"{where}: field 'table'")
             except TableSpecError as exc:
                 raise TaskFieldError(str(exc), field="table", environment=cls.name) from None
+        entities = task.metadata.get("entities")
+        if entities is not None and (
+            not isinstance(entities, list)
+            or not entities
+            or len(entities) > MAX_ENTITIES
+            or not all(isinstance(e, str) and e.strip() for e in entities)
+        ):
+            where = f"task row {index}" if index is not None else "task row"
+            raise TaskFieldError(
+                f"{where}: field 'entities' must be a list of 1-{MAX_ENTITIES} non-blank names (the rows to fill), "
+                "or left out",
+                field="entities",
+                environment=cls.name,
+            )
         return task
+
+    def initial_messages(self, task: Task) -> list[Message]:
+        """The search harness's messages, the question followed by what the task's fields state and it does not
+        (`workers.swarm.wide_reading.task_brief`): the header of the table to answer with (`table.columns`, key
+        columns first) and the rows given as `entities`. A question that already has both is shown as it is."""
+        messages = super().initial_messages(task)
+        if not isinstance(task.prompt, str):
+            return messages
+        brief = task_brief(task.prompt, task.metadata.get("table"), task.metadata.get("entities"))
+        if brief:
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last] = {"role": "user", "content": messages[last]["content"].rstrip() + "\n\n" + brief}
+        return messages
 
     @classmethod
     def default_reward(cls) -> dict[str, Any] | None:

@@ -37,7 +37,8 @@ from workers.envs.toolcalls import format_tool_call
 from workers.models.base import SamplingParams
 from workers.models.frozen import frozen_backend
 from workers.search.environment import SearchEnv
-from workers.search.tools import MAX_QUERY_CHARS, SEARCH_TOOL
+from workers.search.extract import entity_score, extract_cells, name_pattern
+from workers.search.tools import GREP_TOOL, MAX_QUERY_CHARS, READ_TOOL, SEARCH_TOOL
 from workers.search.types import Chunk
 from workers.search.wide import entity_heading, read_attributes
 
@@ -57,7 +58,7 @@ SUBAGENT_INSTRUCTIONS = (
 
 _PASSAGE = re.compile(r"^\[chunk (\S+) \| doc (\S+?)(?: \| [^\]]*)?\]$", re.MULTILINE)
 _BACKTICKED = re.compile(r"`([^`\n]{1,200})`")
-_REPORT = re.compile(r"\breport(?: its)?:?\s+([A-Za-z_][\w ,]*?)(?:\.|$)", re.IGNORECASE | re.MULTILINE)
+_REPORT = re.compile(r"\breport(?: its)?:?\s+([A-Za-z_][\w ,|'()/-]*?)(?:\.|$)", re.IGNORECASE | re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -123,17 +124,22 @@ def passages(text: str) -> list[tuple[str, str, str]]:
 
 
 def requested_columns(prompt: str) -> list[str]:
-    """The attributes a task asks to report ("... and report: document, kind, first_parameter.")."""
+    """The attributes a task asks to report ("... and report: document, kind, first_parameter.", or with " | "
+    between them when a column's name holds a comma or "and")."""
     match = _REPORT.search(prompt)
     if not match:
         return []
-    return [part.strip().replace(" ", "_") for part in re.split(r",|\band\b", match.group(1)) if part.strip()]
+    listed = match.group(1)
+    parts = listed.split("|") if "|" in listed else re.split(r",|\band\b", listed)
+    return [part.strip().replace(" ", "_") for part in parts if part.strip()]
 
 
 class ScriptedSearcher:
-    """A deterministic sub-agent: search for the item the task names (its first `backticked` name, else the task
-    text), look for the chunk whose heading documents it among the results (and once more by grep on a heading
-    naming it), and report the asked attributes as `column: value` lines, or the passages it found."""
+    """A deterministic sub-agent for any corpus: search for the item the task names (its first `backticked` name,
+    else the task text); report the asked attributes read from the chunk whose heading documents it when there is
+    one (`read_attributes`), else from the document most about it (`entity_score`), read whole with
+    `read_document` and read by `workers.search.extract` (field lines, tables, sentences); a grep for the name when
+    the search surfaced neither. It reports `column: value` lines, or the passages it found."""
 
     def __init__(self, job: SubagentJob) -> None:
         self.job = job
@@ -143,6 +149,8 @@ class ScriptedSearcher:
         self.tokens = 0
         self._phase = 0
         self._seen: list[tuple[str, str, str]] = []
+        self._grepped = False
+        self._read: str | None = None
 
     def _reply(self, text: str) -> str:
         self.tokens += approx_tokens(text)
@@ -158,12 +166,22 @@ class ScriptedSearcher:
         if self._phase == 1:
             query = self.target or " ".join(self.job.prompt.split())[:MAX_QUERY_CHARS]
             return self._reply(format_tool_call(SEARCH_TOOL, {"query": query}))
-        found = self._find()
-        if found is None and self._phase == 2 and self.target:
-            tail = re.escape(self.target.rsplit(".", 1)[-1])
-            pattern = rf"^#+ (class |def )?[\w.]*\b{tail}\b"
-            return self._reply(format_tool_call("grep_corpus", {"pattern": pattern}))
-        return self._reply(self._report(found))
+        if not self.target:
+            return self._reply(self._report(None))
+        heading = self._find()
+        if heading is not None:
+            return self._reply(self._report(heading))
+        if self._read is not None:
+            return self._reply(self._report_read(self._read))
+        best = self._best()
+        if best is not None and (best[0] >= 2 or self._grepped):
+            self._read = best[1]
+            return self._reply(format_tool_call(READ_TOOL, {"doc_id": best[1]}))
+        if not self._grepped:
+            self._grepped = True
+            pattern = name_pattern(self.target)
+            return self._reply(format_tool_call(GREP_TOOL, {"pattern": pattern}))
+        return self._reply(self._report(None))
 
     def _find(self) -> tuple[str, str, str] | None:
         if not self.target:
@@ -172,6 +190,24 @@ class ScriptedSearcher:
             if entity_heading(passage[2], self.target) is not None:
                 return passage
         return None
+
+    def _best(self) -> tuple[float, str] | None:
+        """(score, document) of the passage seen that is most about the target, or None when none names it."""
+        assert self.target is not None
+        scored = [(entity_score(text, self.target, doc_id=doc_id), doc_id) for _, doc_id, text in self._seen]
+        scored = [item for item in scored if item[0] > 0]
+        return max(scored, key=lambda item: item[0]) if scored else None
+
+    def _report_read(self, doc_id: str) -> str:
+        assert self.target is not None
+        text = "\n\n".join(body for _, did, body in self._seen if did == doc_id)
+        values = extract_cells(text, self.target, self.columns)
+        if not values:
+            return self._report(None)
+        chunk_id = next(cid for cid, did, _ in self._seen if did == doc_id)
+        lines = [f"name: {self.target}"] + [f"{c}: {values[c]}" for c in self.columns if c in values]
+        lines += [f"{c}: not found" for c in self.columns if c not in values]
+        return "\n".join(lines) + f"\nsource: [chunk {chunk_id} | doc {doc_id}]"
 
     def _report(self, found: tuple[str, str, str] | None) -> str:
         if found is not None and self.target:
