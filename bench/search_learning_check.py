@@ -262,6 +262,11 @@ def summarise(
         figures["comparisons"]["unseen corpora"] = {
             "cispo_vs_sft": paired(rl_all, [row for n in unseen for row in sft_eval[n]])
         }
+    # every held-out task in one paired test: the fourth attempt's primary test, fixed before its run
+    rl_every = [row for n in held for row in pooled([e[n] for e in rl_evals])]
+    figures["comparisons"]["all held-out"] = {
+        "cispo_vs_sft": paired(rl_every, [row for n in held for row in sft_eval[n]])
+    }
 
 
 def main() -> None:
