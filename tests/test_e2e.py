@@ -654,6 +654,74 @@ def test_the_search_pipeline_runs_on_ray_from_corpus_to_a_trained_step(stack, us
     assert Run.objects.filter(pk=run.pk, kind="sft").exists()
 
 
+def test_a_widesearch_import_trains_an_sft_warm_up_of_the_swarm_on_ray(stack, users):  # type: ignore[no-untyped-def]
+    """Issue 40's "an end-to-end run that trains on it", for WideSearch: a published-format zip imported through the
+    API, a corpus the task's answers are in (one company in prose, one in fields), its index, and an SFT run of the
+    swarm on Ray whose scripted teacher reads the plain-English query and fills the table, kept by the swarm's
+    item-F1 rule (Context-1's recall filter would drop it: the import has no chunk gold)."""
+    from apps.accounts.services import api_token_create
+    from apps.rewards.services import reward_config_create
+    from apps.search.models import CorpusIndex
+    from tests.workers.swarm.test_widesearch import GOLD, instance, ws_zip
+    from workers.search.types import Chunk, dump_chunks_jsonl
+    from workers.swarm.environment import SwarmEnv
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-widesearch", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    texts = {
+        "acme-corp": "Acme Corp makes anvils. Acme Corp was founded on 1999-03-15. Its revenue is 120.5 million "
+        "dollars. Its website is https://www.acme.example/about.",
+        "globex": "Globex sells everything.\nFounded: 2004-07-01\nRevenue: 88 million\nWebsite: https://globex.example",
+        **{f"rival-{i}": f"Rival {i} competes with Acme Corp and Globex. Revenue is {i} million." for i in range(6)},
+    }
+    chunks = [Chunk(f"{doc}#0", doc, 0, text, title=doc) for doc, text in texts.items()]
+    dataset = api.post("/datasets/", json={"name": "e2e-companies", "kind": "corpus"}).json()
+    upload = api.post(
+        f"/datasets/{dataset['id']}/versions/", files={"file": ("companies.jsonl", dump_chunks_jsonl(chunks))}
+    )
+    assert upload.status_code == 201, upload.text
+    corpus_id = upload.json()["id"]
+    built = api.post("/search-indexes/", json={"corpus_version": corpus_id, "config": {"dense": False}})
+    assert built.status_code == 201, built.text
+    index = CorpusIndex.objects.get(pk=built.json()["id"])
+    run = _wait(index.run_id, lambda r: CorpusIndex.objects.get(pk=index.pk).status == "ready")
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+
+    query = "For each of these companies: Acme Corp and Globex, give the founding date, revenue and website."
+    data = ws_zip([instance(query=query)], {"ws_en_001": GOLD})
+    imported = api.post(
+        "/widesearch-imports/",
+        data={"tasks_dataset": "e2e-widesearch", "judge_columns": "drop"},
+        files={"file": ("ws.zip", data)},
+    )
+    assert imported.status_code == 201, imported.text
+    reward = reward_config_create(name="e2e-parl", description="", spec=SwarmEnv.default_reward(), owner=operator)
+    config = {
+        "teacher_model": "scripted-swarm",
+        "base_model": "tiny-llama-smollm2-tokenizer",
+        "environment": "swarm",
+        "env_params": {"max_turns": 6, "subagent_max_steps": 6},
+        "epochs": 1,
+        "max_tasks": 1,
+        "rollouts_per_task": 1,
+    }
+    body = {
+        "kind": "sft",
+        "dataset_version": imported.json()["id"],
+        "reward_version": reward.versions.get().pk,
+        "config": config,
+        "corpus_version": corpus_id,
+    }
+    launched = api.post("/runs/", json=body)
+    assert launched.status_code == 201, launched.text
+    run = _wait(launched.json()["id"], lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    counts = run.summary["sft_filter"]
+    assert counts["rule"] == "item_f1" and counts["kept"] == 1, counts
+    assert counts["teacher_metrics"]["item_f1"] == 1.0 and run.summary["fine_tuned"] is True
+
+
 # About a minute: slow. Its pieces run in tests/workers/coding, tests/workers/jobs/test_sft.py and the gate tests.
 @pytest.mark.slow
 def test_the_coding_agent_runs_from_generated_tasks_through_sft_and_rl_to_a_gate(stack, users, client):

@@ -34,7 +34,7 @@ _LINKING = {
 _CLAUSE_END = re.compile(
     r"\s*(?:,(?!\d{3}\b)|;|\.(?=\s|$)|\s\(|\)|\s(?:and|but|by|while|whereas|which|who|where|when|since|because)\s|$)"
 )
-_GENERIC = {"year", "date", "name", "count", "value", "type", "kind", "number", "total", "amount"}
+GENERIC_WORDS = {"year", "date", "name", "count", "value", "type", "kind", "number", "total", "amount"}
 """Words of a column name that say what form its value takes, not what it is ("founding year"): a sentence may
 state the value without them ("founded in 1850"), so the other words are also tried alone."""
 _WORD = re.compile(r"[A-Za-z0-9]+")
@@ -114,12 +114,12 @@ def _mention(words: Sequence[str]) -> re.Pattern[str]:
 def sentence_value(text: str, column: str, *, entity: str = "") -> str | None:
     """The value that follows the column's words in a sentence (form 3), or a single word right before them ("the
     web section"); sentences naming the entity first. A column of several words is tried whole, then by its
-    specific words alone (`_GENERIC`)."""
+    specific words alone (`GENERIC_WORDS`)."""
     words = column_words(column)
     if not words:
         return None
     tries = [words]
-    specific = [w for w in words if w not in _GENERIC]
+    specific = [w for w in words if w not in GENERIC_WORDS]
     if specific and specific != words:
         tries.append(specific)
     sentences = [s.strip() for s in _SENTENCE_END.split(text) if s and s.strip()]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from workers import storage
@@ -41,7 +41,9 @@ from workers.envs.base import Message, StepResult, Task, TaskFieldError, ToolErr
 from workers.envs.toolcalls import ToolCall, ToolParameter, ToolSpec
 from workers.rewards.schema import parl_spec
 from workers.rewards.table import TableSpecError, gold_table_from, normalize_cell
+from workers.rewards.table_score import table_metrics
 from workers.search.environment import SearchEnv, _Block, _render
+from workers.search.rejection import select_trajectories
 from workers.search.tools import DOCUMENT_ITEM
 from workers.swarm.metrics import swarm_episode_metrics
 from workers.swarm.subagents import RUNNERS, SubagentJob, SubagentResult, resolve_runner, run_subagents
@@ -211,6 +213,44 @@ class SwarmEnv(SearchEnv):
         """A wide task is scored by its table: naming the chunks (or documents) behind it is optional (a task
         imported from WideSearch has none), and without them its retrieval metrics are 0."""
         return metadata.get("table") is None or bool(metadata.get("gold_chunk_ids") or metadata.get("gold_doc_ids"))
+
+    @classmethod
+    def select_for_sft(cls, records: Sequence[Mapping[str, Any]]) -> tuple[list[int], dict[str, Any]] | None:
+        """The SFT warm-up's rule for wide-table episodes: kept when the whole table is right (item-F1 1, the
+        rule `bench/swarm_learning_check.py` warms up with), without an error, once per (task, answer). Retrieval
+        recall, which Context-1's filter reads, says nothing of a table and is 0 for a task without chunk gold (a
+        WideSearch import), so that filter would drop every such episode. Episodes of deep tasks (no table) go
+        through Context-1's filter with its defaults; None when there is no wide episode (the SFT job's configured
+        filter decides)."""
+        wide = [i for i, r in enumerate(records) if isinstance(r.get("gold_table"), Mapping)]
+        if not wide:
+            return None
+        kept: list[int] = []
+        dropped = {"error": 0, "table_wrong": 0, "duplicate": 0}
+        seen: set[tuple[str, str]] = set()
+        for index in wide:
+            record = records[index]
+            key = (str(record.get("task_id")), str(record.get("answer") or ""))
+            if record.get("error"):
+                dropped["error"] += 1
+            elif table_metrics(record).get("item_f1", 0.0) < 1.0:
+                dropped["table_wrong"] += 1
+            elif key in seen:
+                dropped["duplicate"] += 1
+            else:
+                seen.add(key)
+                kept.append(index)
+        report: dict[str, Any] = {"generated": len(records), "kept": len(kept), "dropped": dropped, "rule": "item_f1"}
+        deep = [i for i in range(len(records)) if i not in set(wide)]
+        if deep:
+            selected = select_trajectories([records[i] for i in deep])
+            kept += [deep[i] for i in selected.kept]
+            deep_report = selected.report(len(deep))
+            report["kept"] = len(kept)
+            report["deep"] = deep_report
+            for reason, count in deep_report.get("dropped", {}).items():
+                report["dropped"][reason] = report["dropped"].get(reason, 0) + count
+        return sorted(kept), report
 
     @classmethod
     def validate_task_row(cls, row: object, *, index: int | None = None) -> Task:

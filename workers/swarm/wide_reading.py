@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.search.extract import column_words, normalise
+from workers.search.extract import GENERIC_WORDS, column_words, normalise, stem
 
 _COLUMNS = re.compile(r"columns:\s*([^\n]+)$", re.IGNORECASE | re.MULTILINE)
 _DOCUMENT = re.compile(r"that document `([^`]+)` documents")
@@ -111,9 +111,17 @@ def _runs(clause: str, columns: Sequence[str]) -> list[list[str]]:
 
 def _is_columns(names: Sequence[str], columns: Sequence[str]) -> bool:
     """Whether a list in the question is the columns themselves ("give the version, section and homepage")."""
-    wanted = {" ".join(column_words(c)) for c in columns}
-    hits = sum(" ".join(column_words(n)) in wanted for n in names)
+    wanted = [_stems(c) for c in columns]
+    hits = sum(
+        bool(have) and any(have <= want or want <= have for want in wanted if want) for have in map(_stems, names)
+    )
     return bool(columns) and hits * 2 >= len(names)
+
+
+def _stems(name: str) -> set[str]:
+    """The stems of a name's specific words ("founding date" -> {found}), to meet a column however it is worded."""
+    words = column_words(name)
+    return {stem(w) for w in words if w not in GENERIC_WORDS} or {stem(w) for w in words}
 
 
 def listed_items(question: str, columns: Sequence[str] = ()) -> list[str]:

@@ -203,3 +203,27 @@ def test_the_scripted_teacher_enumerates_every_document_that_matches(town_index)
     env.bind_index(index)
     record = run_episode(env, ScriptedOrchestrator("swarm"), row)
     assert swarm_episode_metrics(record)["item_f1"] == 1.0, record["answer"]
+
+
+def test_the_sft_warm_up_keeps_wide_episodes_whose_table_is_right(town_index) -> None:
+    """Context-1's recall filter would drop every episode of a task without chunk gold (a WideSearch import): the
+    swarm's own rule keeps a wide episode when its table is right, once per answer."""
+    from workers.swarm.environment import SwarmEnv
+
+    uri, index = town_index
+    rows = [{"town": "Springfield", "mayor": "Joe Quimby"}, {"town": "Ogdenville", "mayor": "Olaf Ogden"}]
+    row = {
+        "id": "mayors",
+        "prompt": "Who are the mayors of Springfield and Ogdenville?",
+        "table": {"columns": ["town", "mayor"], "key_columns": ["town"], "rows": rows},
+    }
+    wrong = {**row, "id": "wrong", "table": {**row["table"], "rows": [{"town": "Springfield", "mayor": "Bob"}]}}
+    records = []
+    for task in (row, row, wrong):
+        env = make_env("swarm", index_uri=uri, subagent_runner="threads")
+        env.bind_index(index)
+        records.append(run_episode(env, ScriptedOrchestrator("swarm"), task))
+    kept, report = SwarmEnv.select_for_sft(records)  # type: ignore[misc]
+    assert kept == [0]
+    assert report["dropped"] == {"error": 0, "table_wrong": 1, "duplicate": 1} and report["rule"] == "item_f1"
+    assert SwarmEnv.select_for_sft([{"task_id": "deep", "answer": "x"}]) is None  # no table: the job's filter
