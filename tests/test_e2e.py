@@ -722,6 +722,57 @@ def test_a_widesearch_import_trains_an_sft_warm_up_of_the_swarm_on_ray(stack, us
     assert counts["teacher_metrics"]["item_f1"] == 1.0 and run.summary["fine_tuned"] is True
 
 
+def test_a_swebench_import_is_verified_on_ray_and_evaluated_as_a_benchmark(stack, users, tmp_path):  # type: ignore[no-untyped-def]
+    """Issue 40's "an end-to-end run that evaluates on it", for SWE-bench: an instance as published (the repository
+    as a git bundle) imported through the API, verified in the sandbox by a Ray job, registered as repository
+    tasks, pinned as a benchmark version and evaluated on Ray, its hidden tests run for the model's attempt."""
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.models import Eval
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create, eval_launch
+    from apps.datasets.models import DatasetVersion
+    from apps.runs.models import TaskResult
+    from tests.apps.coding.test_swebench_import import make_instance, upload
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-swebench", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    (tmp_path / "mathx").mkdir()
+    instance = make_instance(tmp_path / "mathx")
+    bad = {**instance["row"], "base_commit": "f" * 40}
+    refused = api.post(
+        "/repo-tasks/import/",
+        data={"target_dataset": "e2e-swebench"},
+        files={"file": ("swe.zip", upload([bad], instance["bundle"]))},
+    )
+    assert refused.status_code == 400 and "could not be read" in refused.text
+    imported = api.post(
+        "/repo-tasks/import/",
+        data={"target_dataset": "e2e-swebench"},
+        files={"file": ("swe.zip", upload([instance["row"]], instance["bundle"]))},
+    )
+    assert imported.status_code == 201, imported.text
+    run = _wait(imported.json()["id"], lambda r: (r.summary or {}).get("repo_tasks", {}).get("version"), timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    version = DatasetVersion.objects.get(pk=run.summary["repo_tasks"]["version"])
+    with version.file.open("rb") as handle:
+        rows = [json.loads(line) for line in handle.read().splitlines()]
+    assert [r["id"] for r in rows] == ["acme__mathx-1"]
+
+    bench = benchmark_create(name="e2e-swebench-bench", environment="coding_agent", owner=operator)
+    bench_version, _ = benchmark_version_create(
+        benchmark=bench, tasks=rows, created_by=operator, env_params={"max_turns": 1, "summary_threshold_tokens": 0}
+    )
+    tiny = "tiny-llama-smollm2-tokenizer"
+    evaluation, _ = eval_launch(benchmark_version=bench_version, created_by=operator, base_model=tiny, max_new_tokens=8)
+    run = _wait(evaluation.run_id, lambda r: r.status == "succeeded", timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    evaluation = Eval.objects.get(pk=evaluation.pk)
+    assert evaluation.metrics["pass@1"] == 0.0  # the tiny model fixes nothing ...
+    [result] = TaskResult.objects.filter(run=run)
+    assert result.task_id == "acme__mathx-1" and result.samples == 1
+    assert result.score == 0.5  # ... but its attempt ran the hidden tests: PASS_TO_PASS passes, FAIL_TO_PASS fails
+
+
 # About a minute: slow. Its pieces run in tests/workers/coding, tests/workers/jobs/test_sft.py and the gate tests.
 @pytest.mark.slow
 def test_the_coding_agent_runs_from_generated_tasks_through_sft_and_rl_to_a_gate(stack, users, client):

@@ -33,8 +33,12 @@ def git(repo: Path, *args: str) -> str:
 
 @pytest.fixture(scope="module")
 def instance(tmp_path_factory) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    """A repository with history, as SWE-bench sees one: the base commit, then the fix and its tests."""
-    repo = tmp_path_factory.mktemp("mathx")
+    return make_instance(tmp_path_factory.mktemp("mathx"))
+
+
+def make_instance(repo: Path) -> dict[str, Any]:
+    """A repository with history, as SWE-bench sees one: the base commit, then the fix and its tests; the
+    instance row and the git bundle of the repository."""
     git(repo, "init", "-q", "-b", "main")
     (repo / "mathx.py").write_text(BUGGY)
     (repo / "tests").mkdir()
