@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from workers.coding.candidates import CodegenParams
+from workers.coding.mining import MineParams
 from workers.detectors.registry import DetectorConfig, default_detector_config
 from workers.rewards.schema import with_anneal_horizon
 from workers.rl.config import TrainConfig
@@ -161,6 +162,26 @@ class RepoImportSpec(JobSpec):
     )
     workers: int = Field(default=2, ge=1, le=16, description="Tasks verified at once (each is a sandboxed test run)")
     test_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+
+
+class RepoMineSpec(JobSpec, MineParams):
+    """Repository tasks mined from a git history (workers.coding.mining), then verified like an import."""
+
+    entrypoint: ClassVar[str] = "workers.jobs.repomine"
+    source: str = Field(
+        min_length=1,
+        description="the repository: a path on the cluster (a clone or a bare repository), a URL git can clone, or "
+        "the storage URI of an uploaded git bundle",
+    )
+    repo: str = Field(pattern=r"^[\w.-]+/[\w.-]+$", description="its name, owner/name")
+    output_uri: str
+    report_uri: str
+    snapshot_root: str
+    workers: int = Field(default=2, ge=1, le=16)
+    test_timeout_seconds: float = Field(default=120.0, gt=0, le=3600)
+
+    def params(self) -> MineParams:
+        return MineParams.model_validate({name: getattr(self, name) for name in MineParams.model_fields})
 
 
 class CodegenSpec(JobSpec, CodegenParams):

@@ -15,3 +15,4 @@ kinds.register(kinds.RunKindHandler(kind=RunKind.EVAL, app="benchmarks", job_spe
 kinds.subscribe(RunKind.EVAL, "succeeded", "benchmarks.learning", learning_after_eval)
 # A generation run that asks for a held-out benchmark gets one once its tasks are registered (the owner's hook).
 kinds.subscribe("codegen", "succeeded", "benchmarks.heldout", codegen_heldout_benchmark)
+kinds.subscribe("repomine", "succeeded", "benchmarks.heldout", codegen_heldout_benchmark)

@@ -2,6 +2,8 @@
 
 POST /api/v1/repo-tasks/import/     multipart: target_dataset, file, notes?, keep_valid?        (operator)
 POST /api/v1/repo-tasks/generate/   {"target_dataset": "toolz-tasks", "params": {"sources": ["toolz"]}} (operator)
+POST /api/v1/repo-tasks/mine/       {"target_dataset": "t", "location": "/srv/git/toolz", "repo": "pytoolz/toolz",
+                                     "params": {"max_commits": 500}, "benchmark": {"name": "b"}?}     (operator)
 GET  /api/v1/repo-tasks/sources/    the vendored libraries the generator mutates                 (viewer)
 GET  /api/v1/repo-tasks/            import and generation runs                                   (viewer)
 GET  /api/v1/repo-tasks/<run id>/   the run, the outcome of its registration and the job's report
@@ -20,7 +22,15 @@ from rest_framework.response import Response
 
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
-from apps.coding.services import CODEGEN, REPOIMPORT, codegen_launch, job_report, repo_import_launch
+from apps.coding.services import (
+    CODEGEN,
+    REPOIMPORT,
+    REPOMINE,
+    codegen_launch,
+    job_report,
+    repo_import_launch,
+    repo_mine_launch,
+)
 from apps.common.routers import AppRouter
 from apps.datasets.services import dataset_file_check_size
 from apps.runs import selectors
@@ -65,6 +75,32 @@ class GenerateSerializer(serializers.Serializer):
     )
 
 
+class MineSerializer(serializers.Serializer):
+    target_dataset = serializers.CharField(
+        max_length=100, help_text="The repo_tasks dataset that receives the mined tasks (created if missing)"
+    )
+    location = serializers.CharField(
+        max_length=1000,
+        help_text="The git repository: a path on the cluster, a URL the cluster can clone, or a bundle's storage URI",
+    )
+    repo = serializers.CharField(max_length=200, help_text="Its name, owner/name")
+    params = serializers.DictField(
+        required=False,
+        default=dict,
+        error_messages={"not_a_dict": 'must be a JSON object, e.g. {{"max_commits": 500}}, not a {input_type}'},
+        help_text=(
+            "workers.coding.mining.MineParams: max_commits, max_tasks, min_lines, max_lines, max_files, "
+            "test_pattern, code_pattern, runs, test_command, ref; omitted fields take defaults"
+        ),
+    )
+    benchmark = serializers.DictField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text='Also pin the newest commits as a held-out benchmark: {"name": "toolz-mined", "test_fraction": 0.25}',
+    )
+
+
 class SourceSerializer(serializers.Serializer):
     name = serializers.CharField()
     version = serializers.CharField()
@@ -83,10 +119,10 @@ class RepoTaskRunViewSet(viewsets.GenericViewSet):
     """Reads need `read`; importing and generating need `launch` (operators and admins)."""
 
     serializer_class = RunSerializer
-    capability_map = {"import_tasks": Capability.LAUNCH, "generate": Capability.LAUNCH}
+    capability_map = {"import_tasks": Capability.LAUNCH, "generate": Capability.LAUNCH, "mine": Capability.LAUNCH}
 
     def get_queryset(self) -> QuerySet[Run]:
-        return selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN])
+        return selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN, REPOMINE])
 
     def list(self, request: Request) -> Response:
         page = self.paginate_queryset(self.get_queryset())
@@ -128,6 +164,25 @@ class RepoTaskRunViewSet(viewsets.GenericViewSet):
         body.is_valid(raise_exception=True)
         run = codegen_launch(
             target_dataset=body.validated_data["target_dataset"],
+            params=body.validated_data["params"],
+            benchmark=body.validated_data["benchmark"],
+            user=request_user(request),
+        )
+        return Response(RunSerializer(run).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=MineSerializer, responses={201: RunSerializer})
+    @action(detail=False, methods=["post"], parser_classes=[JSONParser])
+    def mine(self, request: Request) -> Response:
+        """Mine a git history for repository tasks in a Ray job (each commit that changes code and tests: the
+        parent's tree, the commit message, its tests as hidden tests, fail-to-pass found by running them twice);
+        every kept task is verified in the sandbox and becomes part of the next version of `target_dataset`, with
+        its suite statistics beside CursorBench's on the run's page."""
+        body = MineSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        run = repo_mine_launch(
+            target_dataset=body.validated_data["target_dataset"],
+            source=body.validated_data["location"],
+            repo=body.validated_data["repo"],
             params=body.validated_data["params"],
             benchmark=body.validated_data["benchmark"],
             user=request_user(request),

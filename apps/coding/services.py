@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from django.core.files.base import ContentFile
@@ -32,9 +33,11 @@ from apps.runs.services import run_create
 from apps.runs.storage import storage_uri
 from workers.coding.bundle import BundleError, is_archive, parse_upload
 from workers.coding.candidates import CodegenParams
+from workers.coding.mining import MineParams
 
 REPOIMPORT = "repoimport"
 CODEGEN = "codegen"
+REPOMINE = "repomine"
 SNAPSHOT_FOLDER = "repo-snapshots"
 UPLOAD_FOLDER = "repo-uploads"
 TASKS_FILE = "tasks.jsonl"
@@ -116,6 +119,65 @@ def repo_import_launch(
         },
         created_by=user,
         progress_total=len(tasks),
+    )
+
+
+def repo_mine_launch(
+    *, target_dataset: str, source: str, repo: str, params: Any, user: User, benchmark: Any = None
+) -> Run:
+    """A mining run (`workers.coding.mining`, `workers.jobs.repomine`) of the git history at `source` (a path on the
+    cluster, a URL it can clone, or a git bundle's storage URI) into `target_dataset`. The fields are checked now (a
+    400 naming each); whether the source exists is known on the cluster, where the job fails with the reason. With
+    `benchmark`, the kept tasks are split by commit time (the newest `test_fraction` held out) and pinned."""
+    problems: dict[str, list[str]] = {}
+    if benchmark is not None and (found := benchmark_option_problems(benchmark)):
+        problems["benchmark"] = found
+    if found := target_problems(target_dataset):
+        problems["target_dataset"] = found
+    if not isinstance(source, str) or not source.strip() or len(source) > 1000:
+        problems["location"] = ["give a path on the cluster, a URL git can clone, or a git bundle's storage URI"]
+    if not isinstance(repo, str) or not re.fullmatch(r"[\w.-]+/[\w.-]+", repo):
+        problems["repo"] = ["name the repository as owner/name, e.g. pytoolz/toolz"]
+    parsed: MineParams | None = None
+    if not isinstance(params, dict):
+        problems["params"] = ['must be a JSON object of mining settings, e.g. {"max_commits": 500}']
+    else:
+        try:
+            parsed = MineParams.model_validate(params)
+            re.compile(parsed.test_pattern)
+            re.compile(parsed.code_pattern)
+        except PydanticError as exc:
+            problems.update(pydantic_problems(exc, "params"))
+        except re.error as exc:
+            problems["params"] = [f"test_pattern or code_pattern is not a regular expression: {exc}"]
+    if problems or parsed is None:
+        raise ValidationError(problems)
+    chosen = parsed
+
+    def job(run: Run) -> dict[str, Any]:
+        names = job_outputs(run)
+        return {
+            **chosen.model_dump(mode="json"),
+            "source": source.strip(),
+            "repo": repo,
+            "output_uri": storage_uri(names["tasks"]),
+            "report_uri": storage_uri(names["report"]),
+            "snapshot_root": snapshot_root(),
+        }
+
+    return run_create(
+        kind=REPOMINE,
+        name=f"mine repository tasks from {repo} ({chosen.max_commits} commits) into {target_dataset}",
+        job=job,
+        spec={
+            "target_dataset": target_dataset,
+            "source": source.strip(),
+            "repo": repo,
+            "params": chosen.model_dump(mode="json"),
+            "keep_valid": True,
+            **({"benchmark": {"test_fraction": 0.25, **benchmark, "split": "time"}} if benchmark is not None else {}),
+        },
+        created_by=user,
     )
 
 

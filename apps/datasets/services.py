@@ -338,11 +338,14 @@ def dataset_version_split(
     created_by: User,
     train_dataset: str = "",
     test_dataset: str = "",
+    by_time: bool = False,
 ) -> tuple[DatasetVersion, DatasetVersion]:
     """Split a tasks or repo_tasks version into a train and a held-out test version (each the next version of its
     own dataset, `<name>-train` and `<name>-test` unless named; created if missing). Deterministic in `seed`; rows
     are split within each `family` (repository tasks) so both parts hold every family. Rows are copied as they are:
-    a repository task was verified in the sandbox when its version was stored."""
+    a repository task was verified in the sandbox when its version was stored. With `by_time`, the newest
+    `test_fraction` of the rows by `source.created_at` (a mined commit's time) are the test part, so nothing is
+    trained on a change newer than one it is evaluated on; rows without a time sort first."""
     if version.dataset.kind not in (DatasetKind.TASKS, DatasetKind.REPO_TASKS):
         raise ValidationError({"version": [f"{version} holds {version.dataset.kind}; only task datasets are split"]})
     if not 0 < test_fraction < 1:
@@ -354,7 +357,11 @@ def dataset_version_split(
     for row in rows:
         strata.setdefault(str(row.get("family") or ""), []).append(row)
     test_ids: set[str] = set()
-    for members in strata.values():
+    if by_time:
+        by_date = sorted(rows, key=lambda row: str((row.get("source") or {}).get("created_at") or ""))
+        newest = min(len(rows) - 1, max(1, round(len(rows) * test_fraction)))
+        test_ids.update(str(row.get("id")) for row in by_date[len(rows) - newest :])
+    for members in strata.values() if not by_time else ():
         members.sort(key=lambda row: _split_key(seed, row))
         test_ids.update(str(row.get("id")) for row in members[: round(len(members) * test_fraction)])
     ordered = sorted(rows, key=lambda row: _split_key(seed, row))

@@ -1,7 +1,8 @@
-"""A generated suite's held-out benchmark: when a generation run asked for one (`spec["benchmark"]`), its kept tasks
-are split into a train part and a test part (`apps.datasets.services.dataset_version_split`) and the test part
+"""A generated or mined suite's held-out benchmark: when a generation or mining run asked for one
+(`spec["benchmark"]`), its kept tasks are split into a train part and a test part
+(`apps.datasets.services.dataset_version_split`; a mined suite by commit time, `"split": "time"`) and the test part
 becomes the next version of a benchmark on the suite's environment, which excludes it from training. Subscribed to
-the `codegen` kind's success (apps/benchmarks/hooks.py), after the owner's hook registered the tasks."""
+the `codegen` and `repomine` kinds' success (apps/benchmarks/hooks.py), after the owner's hook registered the tasks."""
 
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ def _heldout(run: Run, version: DatasetVersion, wanted: dict[str, Any]) -> dict[
             test_fraction=float(wanted.get("test_fraction", 0.25)),
             seed=int(run.spec.get("params", {}).get("seed", 0)),
             created_by=run.created_by,
+            by_time=wanted.get("split") == "time",
         )
         benchmark = Benchmark.objects.filter(name=wanted["name"]).first() or benchmark_create(
             name=wanted["name"],
