@@ -16,7 +16,7 @@ from rest_framework.exceptions import ValidationError
 from apps.accounts.decorators import needs
 from apps.accounts.models import Capability
 from apps.accounts.permissions import request_user
-from apps.coding.services import CODEGEN, REPOIMPORT, codegen_launch, job_report, repo_import_launch
+from apps.coding.services import CODEGEN, REPOIMPORT, REPOMINE, codegen_launch, job_report, repo_import_launch
 from apps.common.errors import validation_messages
 from apps.common.forms import number_fields, posted_numbers, posted_values
 from apps.datasets.models import DatasetKind, DatasetVersion
@@ -30,7 +30,7 @@ SAMPLE_TASKS = 10
 
 @needs(Capability.READ)
 def index(request: HttpRequest) -> HttpResponse:
-    runs = selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN])[:100]
+    runs = selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN, REPOMINE])[:100]
     suites = (
         DatasetVersion.objects.filter(dataset__kind=DatasetKind.REPO_TASKS)
         .select_related("dataset")
@@ -153,7 +153,7 @@ def _sample_rows(version: DatasetVersion) -> list[dict[str, Any]]:
 
 @needs(Capability.READ)
 def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
-    run = get_object_or_404(selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN]), pk=run_id)
+    run = get_object_or_404(selectors.run_list().filter(kind__in=[REPOIMPORT, CODEGEN, REPOMINE]), pk=run_id)
     report = job_report(run)
     outcome = (run.summary or {}).get("repo_tasks") or {}
     version = None
@@ -161,7 +161,8 @@ def run_detail(request: HttpRequest, run_id: int) -> HttpResponse:
         version = DatasetVersion.objects.select_related("dataset").filter(pk=outcome["version"]).first()
     dropped: list[tuple[str, int]] = []
     if report is not None:
-        dropped = sorted((report.get("dropped") or {}).items(), key=lambda item: -item[1])
+        reasons = report.get("dropped") or (report.get("mining") or {}).get("dropped") or {}
+        dropped = sorted(((k, v) for k, v in reasons.items() if v), key=lambda item: -item[1])
     return render(
         request,
         "coding/run.html",

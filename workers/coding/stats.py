@@ -27,6 +27,17 @@ def patch_lines_changed(patch: str | None) -> int:
     return changed
 
 
+def patch_files_changed(patch: str | None) -> int:
+    """Files a unified diff touches (one `+++`/`---` header pair each; /dev/null for an added or removed file)."""
+    files: set[str] = set()
+    for line in (patch or "").splitlines():
+        if line.startswith(("+++ ", "--- ")):
+            path = line[4:].split("\t", 1)[0].strip()
+            if path != "/dev/null":
+                files.add(path.split("/", 1)[1] if path[:2] in ("a/", "b/") else path)
+    return len(files)
+
+
 def _instruction(row: Mapping[str, Any]) -> str:
     text = row.get("instruction") or row.get("prompt") or ""
     return text if isinstance(text, str) else ""
@@ -41,9 +52,10 @@ def _source_label(row: Mapping[str, Any]) -> str:
 
 def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Count, how many are unverified (`workers.coding.task.is_unverified`: nothing showed them solvable), median
-    lines changed by the reference patch, median instruction length (characters), and the tasks per family and per
+    lines and files changed by the reference patch, median instruction length (characters), and the tasks per family and per
     source, for a list of repo_task rows (a dataset version's or a benchmark's)."""
     lines: list[int] = []
+    files: list[int] = []
     chars: list[int] = []
     families: Counter[str] = Counter()
     sources: Counter[str] = Counter()
@@ -55,6 +67,7 @@ def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         if isinstance(patch, str) and patch:
             with_patch += 1
             lines.append(patch_lines_changed(patch))
+            files.append(patch_files_changed(patch))
         chars.append(len(_instruction(row)))
         families[str(row.get("family") or "unknown")] += 1
         sources[_source_label(row)] += 1
@@ -64,6 +77,7 @@ def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
         "with_reference_patch": with_patch,
         "unverified": unverified,
         "median_lines_changed": statistics.median(lines) if lines else None,
+        "median_files_changed": statistics.median(files) if files else None,
         "median_instruction_chars": statistics.median(chars) if chars else None,
         "families": dict(families.most_common()),
         "sources": dict(sources.most_common()),

@@ -186,3 +186,17 @@ def test_a_mining_run_verifies_stores_and_pins_the_newest_commits_as_its_benchma
     assert held_out["instruction"].startswith("Values under the minimum")  # the newer of the two commits
     page = client_for("viewer").get(f"/api/v1/repo-tasks/{run.pk}/")
     assert page.status_code == 200 and page.json()["report"]["mining"]["kept"] == 2
+
+
+def test_the_mining_run_page_shows_the_mining_and_the_suite_beside_cursorbench(
+    client_for, client, users, queued, history
+) -> None:  # type: ignore[no-untyped-def]
+    response = mine_request(client_for, location=str(history))
+    run = Run.objects.get(pk=response.json()["id"])
+    mine_and_import(RepoMineSpec.model_validate(worker_spec(run)))
+    Run.objects.filter(pk=run.pk).update(status=RunStatus.SUCCEEDED)
+    repo_tasks_finalize(run_id=run.pk)
+    client.force_login(users["viewer"])
+    page = client.get(f"/coding/runs/{run.pk}/").content.decode()
+    assert "Tasks mined from acme/mathx" in page and "changed code and tests" in page
+    assert "no_fail_to_pass" in page and "Median files changed by the reference patch" in page and "181" in page
