@@ -773,6 +773,38 @@ def test_a_swebench_import_is_verified_on_ray_and_evaluated_as_a_benchmark(stack
     assert result.score == 0.5  # ... but its attempt ran the hidden tests: PASS_TO_PASS passes, FAIL_TO_PASS fails
 
 
+def test_a_git_history_is_mined_on_ray_into_verified_tasks_and_a_time_ordered_benchmark(stack, users, tmp_path):  # type: ignore[no-untyped-def]
+    """Issue 40 part 3 through the real services: a mining run launched through the API on a repository path the
+    cluster can read; the Ray job mines the commits that change code and tests, runs their tests twice, verifies
+    the tasks in the sandbox; the success hooks register them and pin the newest commit as a benchmark."""
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.models import BenchmarkVersion
+    from apps.datasets.models import DatasetVersion
+    from tests.apps.coding.test_mining import make_history
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-mine", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    (tmp_path / "mathx").mkdir()
+    history = make_history(tmp_path / "mathx")
+    body = {
+        "target_dataset": "e2e-mined",
+        "location": str(history),
+        "repo": "acme/mathx",
+        "benchmark": {"name": "e2e-mined-bench", "test_fraction": 0.5},
+    }
+    assert api.post("/repo-tasks/mine/", json={**body, "repo": "no slash"}).status_code == 400
+    launched = api.post("/repo-tasks/mine/", json=body)
+    assert launched.status_code == 201, launched.text
+    run = _wait(launched.json()["id"], lambda r: "benchmark" in (r.summary or {}), timeout=300)
+    assert run.status == "succeeded", (run.status, run.failure_reason, run.log_tail[-3000:])
+    assert run.summary["kept"] == 2 and run.summary["mined_from"] == 3, run.summary
+    version = DatasetVersion.objects.get(pk=run.summary["repo_tasks"]["version"])
+    assert version.row_count == 2 and version.validation_report["statistics"]["median_files_changed"] is not None
+    pinned = BenchmarkVersion.objects.get(pk=run.summary["benchmark"]["benchmark_version"])
+    assert pinned.task_count == 1
+
+
 # About a minute: slow. Its pieces run in tests/workers/coding, tests/workers/jobs/test_sft.py and the gate tests.
 @pytest.mark.slow
 def test_the_coding_agent_runs_from_generated_tasks_through_sft_and_rl_to_a_gate(stack, users, client):

@@ -48,9 +48,12 @@ LOWER_TEST = "\n\ndef test_lower():\n    assert clamp(-1, 0, 3) == 0\n"
 
 @pytest.fixture(scope="module")
 def history(tmp_path_factory) -> Path:  # type: ignore[no-untyped-def]
+    return make_history(tmp_path_factory.mktemp("mathx-history"))
+
+
+def make_history(repo: Path) -> Path:
     """A small project's history: a start, two fixes with their tests (the second over two files), a docs-only
     change, and a code change whose tests already passed."""
-    repo = tmp_path_factory.mktemp("mathx-history")
     git(repo, "init", "-q", "-b", "main")
     commit(
         repo,
