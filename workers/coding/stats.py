@@ -52,8 +52,8 @@ def _source_label(row: Mapping[str, Any]) -> str:
 
 def suite_statistics(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Count, how many are unverified (`workers.coding.task.is_unverified`: nothing showed them solvable), median
-    lines and files changed by the reference patch, median instruction length (characters), and the tasks per family and per
-    source, for a list of repo_task rows (a dataset version's or a benchmark's)."""
+    lines and files changed by the reference patch, median instruction length (characters), and the tasks per
+    family and per source, for a list of repo_task rows (a dataset version's or a benchmark's)."""
     lines: list[int] = []
     files: list[int] = []
     chars: list[int] = []
