@@ -241,7 +241,7 @@ class SwarmEnv(SearchEnv):
                 seen.add(key)
                 kept.append(index)
         report: dict[str, Any] = {"generated": len(records), "kept": len(kept), "dropped": dropped, "rule": "item_f1"}
-        deep = [i for i in range(len(records)) if i not in set(wide)]
+        deep = sorted(set(range(len(records))) - set(wide))
         if deep:
             selected = select_trajectories([records[i] for i in deep])
             kept += [deep[i] for i in selected.kept]
