@@ -13,7 +13,7 @@ from django.core.management import call_command
 from rest_framework.exceptions import ValidationError
 
 from apps.benchmarks.services import eval_launch
-from apps.coding.services import codegen_launch, repo_import_launch
+from apps.coding.services import codegen_launch, repo_import_launch, repo_mine_launch
 from apps.datasets.models import DatasetKind
 from apps.datasets.services import dataset_create, dataset_version_create
 from apps.realtime.services.serving import session_train_launch, simulate_launch
@@ -109,6 +109,9 @@ def test_each_kinds_launch_builds_what_its_worker_parses(run, users, settings, t
             target_dataset="kind-tasks", data=jsonl(task_row()), filename="t.jsonl", user=owner
         ),
         "codegen": lambda: codegen_launch(target_dataset="kind-gen", params={"sources": ["toolz"]}, user=owner),
+        "repomine": lambda: repo_mine_launch(
+            target_dataset="kind-mined", source="/srv/git/toolz", repo="pytoolz/toolz", params={}, user=owner
+        ),
         "serve": lambda: serving,
         "simulate": lambda: simulate_launch(user=owner, serve_run=serving, dataset_version=repo_tasks_version(owner)),
         "sessiontrain": lambda: session_train_launch(
