@@ -23,10 +23,8 @@ evaluate on newer ones).
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
-import subprocess
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -40,11 +38,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from workers.coding.execute import CommandLimits, run_command
 from workers.coding.hidden_tests import run_hidden_tests
 from workers.coding.patches import PatchError, apply_patch
-from workers.coding.swebench import InstanceError, checkout
+from workers.coding.swebench import _git, checkout
 from workers.coding.task import DEFAULT_TEST_COMMAND, HiddenTests
 from workers.coding.workspace import Snapshot, Workspace
 
-GIT_TIMEOUT_SECONDS = 300
 DROP_REASONS = (
     "merge_or_root",
     "no_code_change",
@@ -98,18 +95,8 @@ class MineResult:
 
 
 def git(git_dir: Path, *args: str) -> str:
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(git_dir), "GIT_CONFIG_NOSYSTEM": "1"}
-    done = subprocess.run(
-        ["git", "-c", "core.hooksPath=/dev/null", f"--git-dir={git_dir}", *args],
-        env=env,
-        capture_output=True,
-        timeout=GIT_TIMEOUT_SECONDS,
-        check=False,
-    )
-    if done.returncode != 0:
-        lines = done.stderr.decode("utf-8", "replace").strip().splitlines()
-        raise InstanceError(lines[-1] if lines else f"git exited with status {done.returncode}")
-    return done.stdout.decode("utf-8", "replace")
+    """git's output for `args` on the repository at `git_dir` (the import's runner: no hooks, no system config)."""
+    return _git(f"--git-dir={git_dir}", *args, cwd=git_dir).decode("utf-8", "replace")
 
 
 def resolve_git_dir(path: str | Path) -> Path:
