@@ -100,7 +100,7 @@ class SFTSpec(_TrainsOnTasks):
 class EvalConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    base_model: str = Field(min_length=1, description="A built-in model name or a model directory")
+    base_model: str = Field(min_length=1, description="A built-in model name, a Hub id or a model directory")
     checkpoint_uri: str | None = Field(default=None, description="A trainer checkpoint to load onto base_model")
     environment: str = Field(min_length=1)
     env_params: dict[str, Any] = Field(default_factory=dict)

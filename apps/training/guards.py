@@ -20,10 +20,10 @@ from apps.rewards.models import RewardConfigVersion
 from apps.search.services.envs import corpus_missing_chunks, with_index_uri
 from workers.envs.checks import check_reward_compatible, check_task_rows
 from workers.envs.registry import get_environment, make_env
-from workers.models.registry import BUILTIN_SHAPES
+from workers.models.hub import ModelUnavailable, classify_model_name, hub_config, parse_hub_id
+from workers.models.registry import BUILTIN_SHAPES, ModelShape, model_name_problems
 from workers.rl.algorithms import SettingsError
-from workers.rl.config import TrainConfig, estimate_memory_gb, settings_for, shape_from_hf_config
-from workers.rl.placement import GB, plan_resources
+from workers.rl.config import TrainConfig, memory_problem, settings_for, shape_from_hf_config
 from workers.rl.sampling import Curriculum
 
 
@@ -116,18 +116,7 @@ def train_config_check(
         settings_ok = False
     shape = BUILTIN_SHAPES.get(parsed.base_model)
     if shape is None:
-        model_dir = Path(parsed.base_model).expanduser()
-        if not (model_dir / "config.json").is_file():
-            names = ", ".join(sorted(BUILTIN_SHAPES))
-            problems["config.base_model"] = [
-                f"unknown base model {parsed.base_model!r}: use a built-in name ({names}) or the path of a model "
-                "directory with config.json on the control plane host"
-            ]
-        else:
-            try:
-                shape = shape_from_hf_config(json.loads((model_dir / "config.json").read_text()))
-            except (ValueError, KeyError, TypeError) as exc:
-                problems["config.base_model"] = [f"{model_dir}/config.json is not a usable model config ({exc})"]
+        shape = _model_shape(parsed.base_model, problems)
     rows = episode_problems(
         problems,
         environment=parsed.environment,
@@ -145,17 +134,8 @@ def train_config_check(
             Curriculum.from_rows([r for r in rows if isinstance(r, dict)], parsed.curriculum, parsed.steps, 0)
         except ValueError as exc:
             problems.setdefault("config.curriculum.by", []).append(str(exc))
-    if shape is not None and settings_ok:
-        memory = estimate_memory_gb(parsed, shape)
-        per_role = parsed.compute.per_rank is not None or parsed.compute.per_engine is not None
-        asked = plan_resources(parsed).total().get("memory", 0.0) / GB
-        field = "config.compute.per_rank.memory_gb" if per_role else "config.compute.memory_gb"
-        if asked and memory["total"] > asked:  # per-role requests without memory_gb reserve none: nothing to check
-            problems[field] = [
-                f"this run needs about {memory['total']:g} GB ({memory}) but asks for {asked:g}; lower "
-                "max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or LoRA, or "
-                f"raise {field.removeprefix('config.')}"
-            ]
+    if shape is not None and settings_ok and (found := memory_problem(parsed, shape)):
+        problems[found[0]] = [found[1]]
     if problems:
         raise ValidationError(problems)
     return parsed
@@ -175,3 +155,33 @@ def training_data_guards(
     if excluded:
         carried["excluded_tasks"] = excluded
     return carried
+
+
+def _model_shape(name: str, problems: dict[str, list[str]]) -> ModelShape | None:
+    """The shape of a base model that is not built in, for the memory estimate, from what this host can see: a
+    Hub id's config.json when the Hub answers (a typo is a 400), a path's when the directory is here. A path that is
+    not here is left to the workers (the model lives there), and so is a Hub the control plane cannot reach."""
+    kind = classify_model_name(name, frozenset(BUILTIN_SHAPES))
+    config: dict[str, Any] | None = None
+    if kind is None:
+        problems["config.base_model"] = model_name_problems(name)
+        return None
+    if kind == "hub":
+        try:
+            config = hub_config(parse_hub_id(name))
+        except ModelUnavailable as exc:
+            problems["config.base_model"] = [str(exc)]
+            return None
+    elif (Path(name).expanduser() / "config.json").is_file():
+        try:
+            config = json.loads((Path(name).expanduser() / "config.json").read_text())
+        except ValueError as exc:
+            problems["config.base_model"] = [f"{name}/config.json is not JSON ({exc})"]
+            return None
+    if config is None:
+        return None
+    try:
+        return shape_from_hf_config(config)
+    except (ValueError, KeyError, TypeError) as exc:
+        problems["config.base_model"] = [f"{name}: its config.json is not a usable model config ({exc})"]
+        return None

@@ -22,7 +22,7 @@ from apps.datasets.models import DatasetKind, DatasetVersion
 from apps.rewards.models import RewardConfig, RewardConfigVersion
 from apps.runs.models import Run, TrajectorySummary
 from apps.training import services
-from apps.training.pages_train import fine_tuned_models, train_new
+from apps.training.pages_train import model_choices, train_new
 from apps.training.rft import rft_dataset_create
 from workers.envs.registry import environment_choices
 from workers.models.registry import BUILTINS
@@ -120,7 +120,7 @@ def sft_new(request: HttpRequest) -> HttpResponse:
             "values": values,
             "numbers": numbers,
             "teachers": [*services.SCRIPTED_TEACHERS, *BUILTINS],
-            "base_models": [*BUILTINS, *fine_tuned_models()],
+            "base_models": model_choices(),
             "environments": [name for name, _ in environment_choices()],
             "defaults": defaults,
         },

@@ -144,10 +144,12 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
             # Empty means the environment's (Environment.default_group_size: search's 8), else 4.
             default, label = None, GROUP_SIZE_LABEL
         if leaf == "base_model":
-            choices = [*BUILTINS, *fine_tuned_models()]
+            choices = model_choices()
         if leaf == "environment":
             choices = [name for name, _ in environment_choices()]
         kind = "checkbox" if isinstance(default, bool) else ("select" if choices else "number")
+        if leaf == "base_model":
+            kind = "model"  # a text box offering the known models: a Hub id (org/name@revision) or a path is typed
         if path == "lora.rank":
             label, default = "LoRA rank (empty: full parameters)", ""
         fields.append(
@@ -285,6 +287,28 @@ def train_new(request: HttpRequest) -> HttpResponse:
 
 RECIPE_REWARD_NAMES = {"search": "Context-1's X2-X5", "swarm": "Kimi K2.5's PARL (K1)"}
 """How the launch form names each environment's recipe reward (Environment.default_reward)."""
+
+
+def model_choices() -> list[str]:
+    """What a model box offers: the built-in models, the models SFT warm-ups fine-tuned and the Hub models runs
+    have already resolved (so they are in the cluster's cache)."""
+    return [*BUILTINS, *fine_tuned_models(), *cached_hub_models()]
+
+
+def cached_hub_models(limit: int = 200) -> list[str]:
+    """Hub ids (with the revision asked for, unless `main`) that runs resolved on the cluster, newest first; the
+    preflight records them in the run's summary (`workers.jobs.preflight`)."""
+    seen: list[str] = []
+    for summary in (
+        Run.objects.filter(summary__has_key="models").order_by("-pk").values_list("summary", flat=True)[:limit]
+    ):
+        for record in (summary.get("models") or {}).values():
+            if isinstance(record, dict) and record.get("source") == "hub":
+                revision = record.get("revision") or "main"
+                name = str(record.get("id")) + ("" if revision == "main" else f"@{revision}")
+                if name not in seen:
+                    seen.append(name)
+    return seen
 
 
 def fine_tuned_models(limit: int = 20) -> list[str]:

@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from workers.jobs.common import load_spec, reporter_for
+from workers.jobs.preflight import preflight_models
 from workers.reporting import Reporter, configure_logging
 from workers.search.synth import SynthResult, dump_tasks_jsonl, synthesize
 from workers.search.synth_corpus import SynthCorpus
@@ -112,6 +113,7 @@ def report_summary(report: dict[str, Any]) -> dict[str, Any]:
 
 def run(spec: DatagenSpec) -> dict[str, Any]:
     with reporter_for(spec) as reporter:
+        preflight_models(spec, reporter)  # the models it names are here, or the run fails now
         result = generate(spec, reporter)
         summary = report_summary(result.report)
         reporter.summary(summary)

@@ -28,6 +28,7 @@ from workers.envs.registry import configure_storage, get_environment
 from workers.evals.stats import pass_at_ks
 from workers.findings import Finding
 from workers.jobs.common import load_spec, reporter_for
+from workers.jobs.preflight import preflight_models
 from workers.models import make_backend
 from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging, report_flags
@@ -89,6 +90,7 @@ def run(spec: EvalSpec) -> dict[str, Any]:
     configure_storage(opts)
     started = time.perf_counter()
     with reporter_for(spec) as reporter:
+        preflight_models(spec, reporter)  # the models it names are here, or the run fails now
         env_cls = get_environment(config.environment)
         rows = [json.loads(line) for line in read_bytes(spec.tasks_uri, opts).split(b"\n") if line.strip()]
         if not rows:

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from workers.jobs.common import load_spec, reporter_for
+from workers.jobs.preflight import preflight_models
 from workers.models.registry import resolve_base_model
 from workers.realtime.samples import SessionRowError, parse_sessions_jsonl, session_samples
 from workers.reporting import configure_logging
@@ -110,6 +111,7 @@ def run(spec: SessionTrainSpec) -> dict[str, Any]:
     config = spec.config
     reward = session_reward(spec.reward)
     with reporter_for(spec) as reporter:
+        preflight_models(spec, reporter)  # the models it names are here, or the run fails now
         reporter.log(f"reading sessions from {spec.sessions_uri}")
         try:
             records = parse_sessions_jsonl(read_bytes(spec.sessions_uri, opts))

@@ -20,6 +20,7 @@ from typing import Any
 
 from workers.envs.registry import configure_storage, get_environment
 from workers.jobs.common import load_spec, reporter_for
+from workers.jobs.preflight import preflight_models
 from workers.models.registry import resolve_base_model
 from workers.reporting import configure_logging
 from workers.rl.checkpoints import checkpoint_policy_state
@@ -48,6 +49,7 @@ def run(spec: SFTSpec) -> dict[str, Any]:
     configure_storage(opts)
     torch.manual_seed(config.seed)
     with reporter_for(spec) as reporter:
+        preflight_models(spec, reporter)  # the models it names are here, or the run fails now
         env_cls = get_environment(config.environment)
         rows = [json.loads(line) for line in read_bytes(spec.input_uri, opts).split(b"\n") if line.strip()]
         if spec.exclude_task_ids:  # before max_tasks: an excluded task never takes an allowed one's place

@@ -9,6 +9,7 @@ from typing import Any
 
 from workers.envs.registry import get_environment
 from workers.jobs.common import load_spec, reporter_for
+from workers.jobs.preflight import preflight_models
 from workers.reporting import configure_logging
 from workers.rl.trainer import Trainer
 from workers.specs import TrainSpec
@@ -17,6 +18,7 @@ from workers.storage import read_bytes
 
 def run(spec: TrainSpec) -> dict[str, Any]:
     with reporter_for(spec) as reporter:
+        preflight_models(spec, reporter)  # the models it names are here, or the run fails now
         env_cls = get_environment(spec.config.environment)
         raw = read_bytes(spec.input_uri, spec.storage_options)
         rows = [json.loads(line) for line in raw.split(b"\n") if line.strip()][: spec.max_rows]

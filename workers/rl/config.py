@@ -44,7 +44,7 @@ from workers.rl.config_sections import (
     environment_default_substeps,
 )
 from workers.rl.effective import EffectiveSettings, SettingRow, effective_settings, environment_max_turns
-from workers.rl.placement import plan_resources
+from workers.rl.placement import GB, plan_resources
 
 __all__ = [
     "Algorithm",
@@ -63,7 +63,10 @@ class TrainConfig(StrictModel):
     base_model: str = Field(
         default="smollm2-135m-instruct",
         min_length=1,
-        description="A built-in model name or a local directory with config.json (nothing downloads)",
+        description=(
+            "A built-in model name, a Hugging Face Hub id (org/name or org/name@revision, downloaded on the worker "
+            "into the shared model cache) or a model directory with config.json on the workers"
+        ),
     )
     checkpoint_uri: str | None = Field(
         default=None,
@@ -411,6 +414,23 @@ def shape_from_hf_config(config: Mapping[str, Any]) -> ModelShape:
         layers=layers,
         hidden=hidden,
         vocab=vocab,
+    )
+
+
+def memory_problem(config: TrainConfig, shape: ModelShape) -> tuple[str, str] | None:
+    """(field, message) when the run's estimated peak memory is over what it asks for; None when it fits or asks for
+    no memory (per-role requests without memory_gb reserve none). Checked at launch when the model's shape is known
+    there and again by the job's preflight once the model is on the worker."""
+    memory = estimate_memory_gb(config, shape)
+    per_role = config.compute.per_rank is not None or config.compute.per_engine is not None
+    asked = plan_resources(config).total().get("memory", 0.0) / GB
+    field = "config.compute.per_rank.memory_gb" if per_role else "config.compute.memory_gb"
+    if not asked or memory["total"] <= asked:
+        return None
+    return field, (
+        f"this run needs about {memory['total']:g} GB ({memory}) but asks for {asked:g}; lower "
+        "max_tokens_per_pack or prompts_per_step x group_size, turn on gradient_checkpointing or LoRA, or "
+        f"raise {field.removeprefix('config.')}"
     )
 
 

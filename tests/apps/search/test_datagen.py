@@ -108,7 +108,7 @@ def test_a_corpus_version_of_another_kind_is_a_400(client_for, users, queued):  
         ({"max_hops": 9}, "params.max_hops", "less than or equal to 4"),
         ({"generator": "magic"}, "params.generator", "'template' or 'llm'"),
         ({"distractors": 2, "min_distractors": 5}, "params.min_distractors", "more than distractors"),
-        ({"generator": "llm", "model": "/nowhere/model"}, "params.model", "unknown model"),
+        ({"generator": "llm", "model": "no-such-model"}, "params.model", "unknown model"),
         ({"surprise": 1}, "params.surprise", "Extra inputs"),
         ([1, 2], "params", "JSON object"),
     ],

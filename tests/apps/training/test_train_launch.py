@@ -56,7 +56,7 @@ def test_a_viewer_cannot_launch_a_training_run(launch):
 @pytest.mark.parametrize(
     ("config", "field", "words"),
     [
-        ({**TINY, "base_model": "/nowhere/model"}, "config.base_model", "unknown base model"),
+        ({**TINY, "base_model": "no-such-model"}, "config.base_model", "unknown model"),
         ({**TINY, "group_size": 1}, "config.group_size", "greater than or equal to 2"),
         ({**TINY, "algorithm": "ppo"}, "config.algorithm", "grpo"),
         ({**TINY, "environment": "chess"}, "config.environment", "exact_answer"),

@@ -516,22 +516,27 @@ def test_one_registry_carries_every_builtin_and_the_shape_table_derives_from_it(
     assert set(registry._BUILDERS) == set(registry.BUILTINS)  # every built-in can be built
 
 
-def test_model_name_problems_accepts_builtins_allowed_names_and_model_directories(tmp_path: Path) -> None:
+def test_model_name_problems_accepts_builtins_allowed_names_paths_and_hub_ids(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from workers.models import model_name_problems
 
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # the Hub cannot answer: a well-formed id is left to the workers
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    (tmp_path / "empty").mkdir()
     assert model_name_problems(SMOLLM2) == model_name_problems(TINY_LLAMA) == []
     assert model_name_problems(str(tmp_path / "model")) == []
+    # A path is checked on the workers, where the model lives, not on the control plane's host.
+    assert model_name_problems("/models/on-the-workers") == model_name_problems("~/models/x") == []
+    assert model_name_problems("org/name") == model_name_problems("org/name@v1.0") == []
     assert model_name_problems("scripted-search", allow=["scripted-search"]) == []
     expected = (
-        "unknown model {!r}: use a built-in name (smollm2-135m-instruct, tiny-llama-smollm2-tokenizer) or the path "
-        "of a model directory with config.json"
+        "unknown model {!r}: use a built-in name (smollm2-135m-instruct, tiny-llama-smollm2-tokenizer), a Hub id "
+        "(org/name or org/name@revision) or a path starting with / (a model directory with config.json on the "
+        "workers)"
     )
     assert model_name_problems("scripted-search") == [expected.format("scripted-search")]
     assert model_name_problems("gpt-9", allow=("scripted-search",)) == [expected.format("gpt-9")]
-    assert model_name_problems(str(tmp_path / "empty")) == [expected.format(str(tmp_path / "empty"))]
+    assert model_name_problems("org/na me") == [expected.format("org/na me")]
+    assert model_name_problems("a/b/c") == [expected.format("a/b/c")]
 
 
 def test_the_model_registry_imports_without_torch_or_ray() -> None:
