@@ -22,6 +22,7 @@ from django.conf import settings as django_settings
 from django.utils import timezone as django_timezone
 
 from controlplane import devstack
+from tests.hub_standin import HubStandin
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -35,10 +36,15 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
     db = django_settings.DATABASES["default"]
     # host as a query parameter: it may be a unix socket directory (the embedded server of `make test`)
     database_url = f"postgresql://{db['USER']}@/{db['NAME']}?host={db['HOST'] or '127.0.0.1'}&port={db['PORT'] or 5432}"
-    head = devstack.start_ray_head(var, gcs_port=0, dashboard_port=0)
+    # A stand-in of the Hugging Face Hub (tests/hub_standin.py) for the runs that name a Hub id, with a Hub cache of
+    # this stack's own, so the first run downloads and the next one reuses it.
+    hub = HubStandin().__enter__()
+    hub_env = {"HF_ENDPOINT": hub.endpoint, "HF_HUB_CACHE": str(var / "hub-cache"), "HF_HUB_DISABLE_TELEMETRY": "1"}
+    head = devstack.start_ray_head(var, gcs_port=0, dashboard_port=0, env=hub_env)
     web_port = devstack.free_port()
     env = {
         **os.environ,
+        **hub_env,
         **devstack.ray_client_env(var),
         "DATABASE_URL": database_url,
         # A Redis database of its own, so no other Celery worker on the machine takes this test's tasks.
@@ -85,10 +91,11 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
         web, ws = f"http://127.0.0.1:{web_port}", f"ws://127.0.0.1:{web_port}"
-        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": head.gcs_address, "env": env}
+        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": head.gcs_address, "env": env, "hub": hub}
     finally:
         procs.stop_all()
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
+        hub.__exit__(None, None, None)
 
 
 async def _watch(url: str, cookie: str, origin: str, timeout: float) -> list[str]:
@@ -348,6 +355,73 @@ def test_a_training_run_trains_on_ray_streams_its_curves_and_checkpoints(stack, 
     report = _browser_flow(stack, operator, "realrun", CRUCIBLE_RUN=str(run.pk), CRUCIBLE_HEALTH=run.health)
     assert any(s.startswith("the token-version histogram") for s in report["steps"]), report
     assert any(s.startswith("a trajectory opened from the run page shows") for s in report["steps"]), report
+
+
+def test_a_run_from_a_hub_id_trains_records_its_commit_and_the_next_reuses_the_cache(stack, users, client):  # type: ignore[no-untyped-def]
+    """Issue 41: a base model named by Hub id is downloaded on the Ray worker from the stand-in Hub (HF_ENDPOINT)
+    into the cluster's Hub cache; the run records the commit; a second run finds it in the cache; a gated model
+    without a token and a path missing on the workers fail their runs before any step, saying why."""
+    from apps.accounts.services import api_token_create
+    from apps.runs.models import MetricPoint, Run
+    from tests.factories import exact_answer_version, tasks_version
+    from workers.envs.registry import arithmetic_tasks
+    from workers.models.registry import TINY_LLAMA, resolve_base_model
+
+    hub: HubStandin = stack["hub"]
+    source = resolve_base_model(TINY_LLAMA)
+    files = {p.name: p.read_bytes() for p in source.iterdir() if p.is_file() and p.name != "crucible-source.json"}
+    commit = hub.add_repo("crucible-e2e/tiny", {**files, "README.md": b"---\nlicense: mit\n---\n"})
+    hub.add_repo("crucible-e2e/gated", files, gated=True, token="hf_not_on_the_workers")
+    operator = users["operator"]
+    tasks = tasks_version(owner=operator, rows=arithmetic_tasks(8, seed=2), name="e2e-hub-arith")
+    reward = exact_answer_version(owner=operator, name="e2e-hub-exact")
+    _, token = api_token_create(user=operator, name="e2e-hub", scopes=["read", "launch"])
+    api = httpx.Client(base_url=stack["web"] + "/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+    def launch(base_model: str) -> httpx.Response:
+        config = {
+            "base_model": base_model,
+            "steps": 1,
+            "prompts_per_step": 2,
+            "group_size": 2,
+            "sampling": {"max_new_tokens": 4},
+            "compute": {"cpus": 1, "memory_gb": 2},
+        }
+        body = {"kind": "train", "dataset_version": tasks.pk, "reward_version": reward.pk, "config": config}
+        return api.post("/runs/", json=body)
+
+    typo = launch("crucible-e2e/tinny")  # the web server asks the Hub: a 400 naming the field, nothing stored
+    assert typo.status_code == 400 and "no model 'crucible-e2e/tinny'" in typo.json()["fields"]["config.base_model"][0]
+    runs = {}
+    for name in ("crucible-e2e/tiny", "crucible-e2e/gated", "/nowhere/on/the/workers"):
+        launched = launch(name)
+        assert launched.status_code == 201, (name, launched.text)
+        runs[name] = launched.json()["id"]
+    first = _wait(runs["crucible-e2e/tiny"], lambda r: r.is_terminal, timeout=300)
+    assert first.status == "succeeded", (first.failure_reason, first.log_tail[-2000:])
+    second_id = launch("crucible-e2e/tiny").json()["id"]
+    second = _wait(second_id, lambda r: r.is_terminal, timeout=300)
+    assert second.status == "succeeded", (second.failure_reason, second.log_tail[-2000:])
+    for run, cached in ((first, False), (second, True)):
+        model = run.summary["models"]["config.base_model"]
+        assert model["id"] == "crucible-e2e/tiny" and model["commit"] == commit and model["from_cache"] is cached
+        assert model["card"]["license"] == "mit" and model["card"]["chat_template"] is True
+        assert MetricPoint.objects.filter(run=run, name="reward_mean").count() == 1
+    weights = [p for m, p in hub.requests if m == "GET" and p.startswith("/crucible-e2e/tiny/resolve/")]
+    assert sum(p.endswith("/model.safetensors") for p in weights) == 1  # the second run downloaded nothing
+    assert "downloaded" in first.log_tail and "from the cache" in second.log_tail
+
+    for name, words in (("crucible-e2e/gated", "gated repository"), ("/nowhere/on/the/workers", "no such directory")):
+        run = _wait(runs[name], lambda r: r.is_terminal, timeout=300)
+        assert run.status == "failed" and words in run.failure_reason and "config.base_model" in run.failure_reason
+        assert not MetricPoint.objects.filter(run=run).exists()  # it failed before any step
+    assert "HF_TOKEN" in Run.objects.get(pk=runs["crucible-e2e/gated"]).failure_reason
+
+    client.force_login(operator)
+    page = client.get(f"/runs/{first.pk}/").content.decode()
+    assert 'id="run-models"' in page and commit[:12] in page and "downloaded" in page
+    form = client.get("/runs/new/train/").content.decode()
+    assert '<option value="crucible-e2e/tiny">' in form  # the launch form offers what the cluster has cached
 
 
 def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_queued_then_runs(stack, users):

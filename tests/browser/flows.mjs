@@ -214,7 +214,7 @@ async function charts(page) {
   await page.selectOption('select[name="environment"]', "search");
   const forSearch = await page.$$eval('select[name="reward_version"] option', (os) => os.filter((o) => !o.disabled).map((o) => o.textContent));
   check(forSearch.some((t) => t.includes("browser-ctx1")), "for search it is");
-  await page.selectOption('select[name="base_model"]', "smollm2-135m-instruct");
+  await page.fill('input[name="base_model"]', "smollm2-135m-instruct");  // a text box offering the known models
   await page.fill('input[name="steps"]', "40");
   const estimate = await page.textContent("#run-estimate");
   check(/^Estimated run time: about \d+ min/.test(estimate), `the run time is estimated before launching: ${estimate}`);

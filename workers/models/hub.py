@@ -2,8 +2,8 @@
 checked cheaply where a run is created, and resolved on the worker that loads them.
 
 Resolution (`resolve_hub_model`) runs on the Ray worker, never on the web host: it asks the Hub which commit the
-revision points at, downloads the files a causal LM needs into a shared cache (`$CRUCIBLE_MODEL_CACHE/hub`, else
-Hugging Face's own cache: `$HF_HUB_CACHE`, `$HF_HOME/hub`, `~/.cache/huggingface/hub`) under a file lock, so two
+revision points at, downloads the files a causal LM needs into a shared cache (`hub_cache_dir`: `$HF_HUB_CACHE`,
+else `$CRUCIBLE_MODEL_CACHE/hub`, else `$HF_HOME/hub`) under a file lock, so two
 actors on one node fetch it once, and returns the snapshot directory with that commit hash (what was trained is
 then reproducible). A token comes from `HF_TOKEN` (gated and private repositories), the Hub from `HF_ENDPOINT`,
 both read at call time. With `HF_HUB_OFFLINE=1`, or when the Hub cannot be reached, only the cache is used, and a
@@ -120,12 +120,13 @@ def hub_offline() -> bool:
 
 
 def hub_cache_dir() -> Path:
-    """Where Hub downloads go: `$CRUCIBLE_MODEL_CACHE/hub`, else Hugging Face's own cache."""
-    crucible = os.environ.get("CRUCIBLE_MODEL_CACHE")
-    if crucible and crucible.strip():
-        return Path(crucible).expanduser() / "hub"
-    if os.environ.get("HF_HUB_CACHE"):
+    """Where Hub downloads go: `$HF_HUB_CACHE` when set (Hugging Face's own switch for it), else
+    `$CRUCIBLE_MODEL_CACHE/hub` beside the built-in models, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`."""
+    if os.environ.get("HF_HUB_CACHE", "").strip():
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    crucible = os.environ.get("CRUCIBLE_MODEL_CACHE", "")
+    if crucible.strip():
+        return Path(crucible).expanduser() / "hub"
     home = Path(os.environ["HF_HOME"]).expanduser() if os.environ.get("HF_HOME") else Path.home() / ".cache/huggingface"
     return home / "hub"
 

@@ -35,7 +35,7 @@ def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no
         server.add_repo("crucible-test/huge", {"config.json": json.dumps(HUGE_SHAPE).encode()})
         server.add_repo("crucible-test/gated", {"config.json": b"{}"}, gated=True, token="hf_secret")
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
-        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
             monkeypatch.delenv(name, raising=False)
         yield server
     assert not refused

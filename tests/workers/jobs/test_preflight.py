@@ -14,6 +14,8 @@ from workers.jobs.preflight import model_fields, preflight_models
 from workers.models import hub
 from workers.models.hub import ModelUnavailable
 from workers.models.registry import TINY_LLAMA, resolve_base_model
+from workers.rl.config import TrainConfig
+from workers.rl.config_sections import SFTConfig
 from workers.specs import SFTSpec, TrainSpec
 
 
@@ -38,7 +40,7 @@ def train_spec(tmp_path: Path, **config: Any) -> TrainSpec:
         input_uri=f"file://{tmp_path}/tasks.jsonl",
         reward={"terms": [{"type": "exact_match"}]},
         output_prefix=f"file://{tmp_path}/out",
-        config={"steps": 1, "prompts_per_step": 2, "group_size": 2, **config},
+        config=TrainConfig.model_validate({"steps": 1, "prompts_per_step": 2, "group_size": 2, **config}),
     )
 
 
@@ -52,7 +54,7 @@ def standin(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no
         server.add_repo("crucible-test/gated", files, gated=True, token="hf_secret")
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         monkeypatch.setenv("CRUCIBLE_MODEL_CACHE", str(tmp_path / "cache"))
-        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE"):
+        for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE", "HF_HUB_CACHE"):
             monkeypatch.delenv(name, raising=False)
         monkeypatch.setattr(hub, "_RESOLVED", {})
         yield server
@@ -93,7 +95,7 @@ def test_each_model_field_of_a_warm_up_is_checked(standin: HubStandin, tmp_path:
         input_uri=f"file://{tmp_path}/tasks.jsonl",
         reward={"terms": [{"type": "exact_match"}]},
         output_prefix=f"file://{tmp_path}/out",
-        config={"teacher_model": "crucible-test/tiny", "base_model": "/nowhere/on/this/node"},
+        config=SFTConfig(teacher_model="crucible-test/tiny", base_model="/nowhere/on/this/node"),
     )
     assert model_fields(spec) == {
         "config.teacher_model": "crucible-test/tiny",
