@@ -17,7 +17,7 @@ from apps.common.params import query_params
 from apps.common.routers import AppRouter
 from apps.runs import kinds, selectors, services
 from apps.runs.health import HEALTH_STATUSES, run_health
-from apps.runs.ingest import ingest_view
+from apps.runs.ingest import ingest_file_view, ingest_view
 from apps.runs.learning import learning_view, run_learning
 from apps.runs.models import Run, RunStatus, TrajectorySummary
 from apps.runs.selectors_list import LEARNING_EVAL, LEARNING_FILTERS, LEARNING_REWARD, learning_filter
@@ -428,5 +428,6 @@ router = AppRouter()  # controlplane.urls gathers every app's router into the on
 router.register("runs", RunViewSet, basename="run")
 urlpatterns = [
     path("runs/<int:run_id>/ingest/", ingest_view, name="run-ingest"),
+    path("runs/<int:run_id>/ingest/files/<str:name>", ingest_file_view, name="run-ingest-file"),
     path("cluster/", ClusterView.as_view(), name="cluster"),
 ]

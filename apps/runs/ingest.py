@@ -7,10 +7,13 @@ queueing behind Django's single thread for sync views). Only `Authorization: Bea
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.core.files.base import ContentFile
+from django.core.files.storage import default_storage
 from django.db import DataError
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -18,10 +21,12 @@ from psycopg import DataError as PsycopgDataError
 from pydantic import ValidationError as PydanticError
 
 from apps.common.errors import NUL_PROBLEM, is_nul_error
-from apps.runs import services
+from apps.runs import kinds, services
 from apps.runs.live import publish_events_async
 from apps.runs.models import Run
+from apps.runs.storage import storage_uri
 from workers.events import EventBatch
+from workers.trajectories import parse_trajectories_jsonl
 
 
 def _error(status: int, detail: str, fields: dict[str, list[str]] | None = None) -> JsonResponse:
@@ -113,3 +118,48 @@ async def ingest_view(request: HttpRequest, run_id: int) -> JsonResponse:
     if result.accepted:
         await publish_events_async(run_id, result.payloads, result.state)
     return JsonResponse({"accepted": result.accepted, "duplicates": result.duplicates, "last_seq": result.last_seq})
+
+
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\.jsonl")
+
+
+@csrf_exempt  # bearer-token only
+def ingest_file_view(request: HttpRequest, run_id: int, name: str) -> JsonResponse:
+    """`PUT /api/v1/runs/<id>/ingest/files/<name>.jsonl`: a file of stored trajectories (workers.trajectories) for a
+    run trained outside Crucible (kind `external`), put into the run's storage folder so its `trajectory` events
+    can point at it (`storage_uri`) and the viewer and the review queue read it. Crucible's own jobs write to
+    storage directly. Idempotent: the same name with the same bytes answers the same URI (a retried upload); other
+    bytes under a name already taken are a 409. Every line is checked first: a bad one is a 400 naming it, and
+    nothing is stored."""
+    if request.method != "PUT":
+        return _error(405, "PUT the JSONL file's bytes")
+    header = request.headers.get("Authorization", "").split()
+    if len(header) != 2 or header[0].lower() != "bearer":
+        return _error(401, "send the run's ingest token as `Authorization: Bearer cri_...`")
+    run = Run.objects.filter(pk=run_id).first()
+    if run is None:
+        return _error(404, f"run {run_id} does not exist")
+    if not services.ingest_token_valid(run, header[1]):
+        return _error(403, f"this token is not run {run_id}'s ingest token")
+    if run.kind not in kinds.external_kinds():
+        return _error(409, f"run {run_id} is a {run.kind} run: its job writes its own files to storage")
+    if not FILE_NAME.fullmatch(name):
+        return _error(400, "name: 1-100 letters, digits, '.', '_' or '-', ending in .jsonl", {"name": ["bad name"]})
+    body = request.body
+    if len(body) > settings.INGEST_MAX_BYTES:
+        return _error(413, f"{len(body)} bytes is over {settings.INGEST_MAX_BYTES} (CRUCIBLE_INGEST_MAX_BYTES)")
+    parsed = parse_trajectories_jsonl(body, max_errors=20)
+    if parsed.error_count or not parsed.trajectories:
+        lines = [f"line {e.line}: {e.message}" for e in parsed.errors] or ["the file holds no trajectory"]
+        return _error(400, "; ".join(lines[:5]), {"file": lines})
+    stored = f"runs/{run_id}/external/{name}"
+    if default_storage.exists(stored):
+        with default_storage.open(stored, "rb") as handle:
+            same = handle.read() == body
+        if not same:
+            return _error(409, f"{name} is already stored for run {run_id} with other content: use a new name")
+    else:
+        saved = default_storage.save(stored, ContentFile(body))
+        if saved != stored:  # a concurrent upload of the same name won the race: keep one copy
+            default_storage.delete(saved)
+    return JsonResponse({"uri": storage_uri(stored), "trajectories": len(parsed.trajectories)})

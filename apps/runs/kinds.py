@@ -41,8 +41,10 @@ class RunKindHandler:
     kind: str
     app: str
     """The label of the app that owns the kind (named in errors and in `manage.py run_kinds`)."""
-    job_spec: type[JobSpec]
-    """The worker's own schema: what `run_create` validates the job input against, and its entrypoint module."""
+    job_spec: type[JobSpec] | None
+    """The worker's own schema: what `run_create` validates the job input against, and its entrypoint module. None
+    for a kind whose work runs outside Crucible (`external`: a trainer reporting through the SDK): its runs are
+    created running, never dispatched to Ray, and end when their reporter says so."""
     on_succeeded: SucceededHook | None = None
     on_checkpoints: CheckpointsHook | None = None
     launch_input: type[Serializer] | None = None
@@ -61,8 +63,10 @@ def register(handler: RunKindHandler) -> None:
         raise ImproperlyConfigured(
             f"{handler.app} registers run kind {handler.kind!r}: use 1-16 lowercase letters, digits, '_' or '-'"
         )
-    if not handler.job_spec.entrypoint:
+    if handler.job_spec is not None and not handler.job_spec.entrypoint:
         raise ImproperlyConfigured(f"run kind {handler.kind!r}: {handler.job_spec.__name__} names no entrypoint")
+    if handler.job_spec is None and (handler.launch is not None or handler.job_from_row is not None):
+        raise ImproperlyConfigured(f"run kind {handler.kind!r} has no job spec: it cannot be launched onto Ray")
     if (handler.launch is None) != (handler.launch_input is None):
         raise ImproperlyConfigured(f"run kind {handler.kind!r}: give both launch and launch_input, or neither")
     handler = replace(handler, kind=str(handler.kind))  # a plain str (not the enum): it goes into JSON and task args
@@ -97,6 +101,19 @@ def handlers() -> list[RunKindHandler]:
     """Every registered handler: the built-in kinds in RunKind's order, then the others by name."""
     order = {kind: i for i, kind in enumerate(RunKind.values)}
     return sorted(_handlers.values(), key=lambda h: (order.get(h.kind, len(order)), h.kind))
+
+
+def job_spec_for(kind: str) -> type[JobSpec]:
+    """The job spec of a kind that runs on Ray; an `ImproperlyConfigured` naming it for a kind that runs elsewhere."""
+    spec = handler_for(kind).job_spec
+    if spec is None:
+        raise ImproperlyConfigured(f"run kind {kind!r} runs outside Crucible: it has no Ray job")
+    return spec
+
+
+def external_kinds() -> list[str]:
+    """The kinds whose runs are trained elsewhere and only report (never dispatched, never reconciled with Ray)."""
+    return [h.kind for h in handlers() if h.job_spec is None]
 
 
 def launchable() -> dict[str, RunKindHandler]:

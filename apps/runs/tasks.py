@@ -11,7 +11,7 @@ from datetime import timedelta
 from celery import Task, shared_task
 from django.utils import timezone
 
-from apps.runs import health, ray_jobs, services, stall
+from apps.runs import health, kinds, ray_jobs, services, stall
 from apps.runs.kinds import LifecyclePoint
 from apps.runs.models import Run, RunStatus
 
@@ -72,9 +72,9 @@ def reconcile_runs() -> int:
     """Beat: reconcile every live run with Ray, re-dispatch pending runs whose dispatch was lost, and admit the
     queued runs that fit now."""
     live = list(
-        Run.objects.filter(status__in=[RunStatus.PENDING, RunStatus.RUNNING]).values_list(
-            "pk", "ray_job_id", "created_at"
-        )
+        Run.objects.filter(status__in=[RunStatus.PENDING, RunStatus.RUNNING])
+        .exclude(kind__in=kinds.external_kinds())  # trained elsewhere: no Ray job to reconcile or dispatch
+        .values_list("pk", "ray_job_id", "created_at")
     )
     stale = timezone.now() - timedelta(seconds=30)
     for run_id, ray_job_id, created_at in live:

@@ -21,6 +21,7 @@ from apps.rewards.models import RewardConfigVersion
 from apps.runs.api import RunSerializer
 from apps.runs.models import Checkpoint, Run, RunKind
 from apps.training import services
+from apps.training.external import ExternalRunViewSet
 from apps.training.lineage import lineage_launch
 from apps.training.rft import MAX_PER_TASK, rft_dataset_create
 
@@ -183,3 +184,4 @@ class LineageViewSet(viewsets.GenericViewSet):
 router = AppRouter()  # controlplane.urls gathers every app's router into the one API root
 router.register("runs", RunResumeViewSet, basename="run-resume")
 router.register("lineages", LineageViewSet, basename="lineage")
+router.register("external-runs", ExternalRunViewSet, basename="external-run")

@@ -7,6 +7,7 @@ from apps.runs import kinds
 from apps.runs.models import RunKind
 from apps.training import lifecycle
 from apps.training.api import TrainingLaunchSerializer, launch_from_api
+from apps.training.external import EXTERNAL
 from apps.training.lineage import lineage_advance
 from workers.specs import RescoreSpec, SFTSpec, TrainSpec
 
@@ -27,6 +28,8 @@ for kind, spec, job, on_checkpoints in (
             launch=launch_from_api,
         )
     )
+# Trained elsewhere, reporting through the SDK (apps.training.external): no Ray job, ended by its reporter.
+kinds.register(kinds.RunKindHandler(kind=EXTERNAL, app="training", job_spec=None))
 kinds.subscribe(RunKind.EVAL, "succeeded", "training.eval_curve", lifecycle.eval_curve_after_eval)
 for kind in (RunKind.SFT, RunKind.TRAIN):  # the next stage of an SFT → RL → RFT → RL lineage
     kinds.subscribe(kind, "succeeded", "training.lineage", lineage_advance)

@@ -19,6 +19,7 @@ from apps.benchmarks.selectors import eval_metrics_for
 from apps.benchmarks.services.benchmarks import canonical_json
 from apps.benchmarks.services.learning import run_start
 from apps.common.errors import pydantic_problems
+from apps.runs import kinds
 from apps.runs.models import Checkpoint, Run, RunKind, RunStatus
 from apps.runs.services import run_create
 from apps.runs.storage import file_uri, storage_uri, worker_storage_options
@@ -58,8 +59,9 @@ def _eval_model(
         base_model, checkpoint_uri = model, checkpoint.uri
         if not _checkpoint_exists(checkpoint.uri):
             problems["checkpoint"] = [f"checkpoint file {checkpoint.uri} does not exist (deleted from storage?)"]
-        elif checkpoint.run.kind == RunKind.SFT:
-            # An SFT run saves a whole model directory, not a trainer checkpoint: evaluate it as the base model.
+        elif checkpoint.run.kind == RunKind.SFT or checkpoint.run.kind in kinds.external_kinds():
+            # An SFT run saves a whole model directory, not a trainer checkpoint, and so does a trainer outside
+            # Crucible (TRL's checkpoint-N, any transformers Trainer): evaluate it as the base model.
             if not checkpoint.uri.startswith("file://"):
                 problems["checkpoint"] = [
                     f"{checkpoint.uri} is an SFT model in object storage; evals load SFT models from local storage "

@@ -11,6 +11,7 @@ from apps.runs.services.ingest import (
     register_event_store,
 )
 from apps.runs.services.lifecycle import (
+    publish_status_on_commit,
     run_admit_queued,
     run_cancel,
     run_dispatch,
@@ -34,6 +35,7 @@ __all__ = [
     "job_problems",
     "metric_rollups_rebuild",
     "metric_series_replace",
+    "publish_status_on_commit",
     "register_event_store",
     "run_admit_queued",
     "run_cancel",

@@ -43,7 +43,7 @@ def worker_spec(run: Run) -> dict[str, Any]:
 
 def parse_job(run: Run, job: JobInput) -> tuple[JobSpec | None, dict[str, list[str]]]:
     """The worker's own job spec parsed from `job`, or what it refuses (as `job.<field>` paths)."""
-    spec_cls = kinds.handler_for(run.kind).job_spec
+    spec_cls = kinds.job_spec_for(run.kind)
     try:
         return spec_cls.model_validate({**job_envelope(run), **job}), {}
     except PydanticError as exc:
@@ -98,7 +98,7 @@ def run_create(
         need = queue.need_of(parsed.resource_plan())
         problem = queue.refusal(need, created_by)
         if problem:
-            raise ValidationError({handler.job_spec.resources_field or "resources": [problem]})
+            raise ValidationError({kinds.job_spec_for(kind).resources_field or "resources": [problem]})
         run.spec, run.resources = {**run.spec, "job": job_input}, need
         run.save(update_fields=["spec", "resources"])
         transaction.on_commit(lambda: tasks.dispatch_run.delay(run.pk))

@@ -33,7 +33,7 @@ from apps.runs.models import (
     TrajectorySummary,
 )
 from apps.runs.selectors import run_state
-from apps.runs.services.lifecycle import LOG_TAIL_LINES
+from apps.runs.services.lifecycle import LOG_TAIL_LINES, finish
 from apps.runs.services.metrics import METRIC_POINT_COLUMNS, copy_rows, rollup_metrics
 from workers.events import EVENTS_LIST, Event
 
@@ -277,6 +277,10 @@ def _update_run_row(run: Run, fresh: list[Any], by_kind: dict[str, list[Any]], n
         run.started_at = run.started_at or now
         fields += ["status", "started_at"]
     run.save(update_fields=fields)
+    if end is not None and not run.is_terminal and run.kind in kinds.external_kinds():
+        # Trained elsewhere: no Ray job whose status decides, so the reporter's own word ends the run.
+        status = RunStatus.SUCCEEDED if end.outcome == "succeeded" else RunStatus.FAILED
+        finish(run, status, reason=f"the trainer reported: {end.error}" if end.error else "")
 
 
 def _seq_ranges(seqs: list[int]) -> list[tuple[int, int]]:

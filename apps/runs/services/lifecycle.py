@@ -121,7 +121,9 @@ def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
 
     The submission happens outside the row lock (it uploads the working directory and may take seconds); a cancel
     that lands meanwhile is honoured by stopping the job just submitted."""
-    before = Run.objects.filter(pk=run_id).values("resources", "admitted_at").first()
+    before = Run.objects.filter(pk=run_id).values("resources", "admitted_at", "kind").first()
+    if before is not None and before["kind"] in kinds.external_kinds():  # trained elsewhere: nothing to submit
+        return Run.objects.get(pk=run_id)
     queues = bool(before and before["resources"] and before["admitted_at"] is None)
     capacity = queue.cluster_capacity() if queues else None  # asked before any lock is taken
     with transaction.atomic():
@@ -148,7 +150,7 @@ def run_dispatch(*, run_id: int, final_attempt: bool = True) -> Run:
         env = {"CRUCIBLE_JOB_SPEC": json.dumps(worker_spec(run)), "CRUCIBLE_INGEST_TOKEN": ingest_token_for(run)}
         if settings.EXTRA_ENVIRONMENTS:  # environments from the user's own code load in the job too
             env["CRUCIBLE_ENVIRONMENTS"] = settings.EXTRA_ENVIRONMENTS
-        submission_id, module = run.submission_id, kinds.handler_for(run.kind).job_spec.entrypoint
+        submission_id, module = run.submission_id, kinds.job_spec_for(run.kind).entrypoint
     try:
         job_id = ray_jobs.submit(submission_id=submission_id, module=module, env_vars=env)
     except ray_jobs.RayUnavailable as exc:
