@@ -91,7 +91,28 @@ def stack(tmp_path_factory, django_db_setup, django_db_blocker):  # type: ignore
         )
         devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
         web, ws = f"http://127.0.0.1:{web_port}", f"ws://127.0.0.1:{web_port}"
-        yield {"web": web, "ws": ws, "var": var, "ray": head.address, "gcs": head.gcs_address, "env": env, "hub": hub}
+        web_argv = [str(BIN / "daphne"), "-b", "127.0.0.1", "-p", str(web_port), "controlplane.asgi:application"]
+
+        def restart_web(down_seconds: float) -> None:
+            """Kill the web server, leave it down for `down_seconds`, start it again on the same port."""
+            [old] = [p for n, p in procs.procs if n == "web"]
+            devstack.stop_session(old.pid)
+            old.wait(timeout=30)
+            procs.procs = [(n, p) for n, p in procs.procs if p is not old]
+            time.sleep(down_seconds)
+            procs.start("web", web_argv, env=env, cwd=ROOT)
+            devstack.wait_for_port("127.0.0.1", web_port, timeout=60)
+
+        yield {
+            "web": web,
+            "ws": ws,
+            "var": var,
+            "ray": head.address,
+            "gcs": head.gcs_address,
+            "env": env,
+            "hub": hub,
+            "restart_web": restart_web,
+        }
     finally:
         procs.stop_all()
         head.stop(timeout=3.0)  # a throwaway cluster: no need to wait for a graceful drain
@@ -422,6 +443,121 @@ def test_a_run_from_a_hub_id_trains_records_its_commit_and_the_next_reuses_the_c
     assert 'id="run-models"' in page and commit[:12] in page and "downloaded" in page
     form = client.get("/runs/new/train/").content.decode()
     assert '<option value="crucible-e2e/tiny">' in form  # the launch form offers what the cluster has cached
+
+
+def test_a_trl_grpo_run_reports_through_the_sdk_survives_a_web_restart_and_its_checkpoint_is_gated(
+    stack, users, tmp_path, monkeypatch
+):  # type: ignore[no-untyped-def]
+    """Issue 41: a real TRL GRPOTrainer (`report_to=["crucible"]`, the callback given its trainer) trains the tiny
+    model here, in the test's process, and reports to the live stack. The web server is killed after step 1 and
+    comes back 4 s later: nothing is lost. Its metrics, completions as trajectories, their detector flags and its
+    checkpoint arrive; the checkpoint is evaluated on Ray and passes a gate from the CLI."""
+    import subprocess
+
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    import crucible.trl
+    from apps.accounts.services import api_token_create
+    from apps.benchmarks.services import benchmark_create, benchmark_version_create
+    from apps.gates.models import GateDecision
+    from apps.gates.services import gate_create
+    from apps.review.models import Flag
+    from apps.runs.models import Checkpoint, MetricPoint, Run, TrajectorySummary
+    from tests.learning_task import candidate_ids, colour_tasks, shaped_tiny_model
+    from workers.models.registry import TINY_LLAMA, load_tokenizer, resolve_base_model
+
+    operator = users["operator"]
+    _, token = api_token_create(user=operator, name="e2e-trl", scopes=["read", "launch"])
+    for name, value in {"CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": token, "CRUCIBLE_PROJECT": "e2e-trl"}.items():
+        monkeypatch.setenv(name, value)
+    # A model that says "blue" or "red" at every position: the first word is scored, and its 40-word completions
+    # repeat 4-grams, which the repetition detector flags.
+    model = shaped_tiny_model(
+        tmp_path / "blue-red", candidate_ids(load_tokenizer(resolve_base_model(TINY_LLAMA)), ["blue", "red"])
+    )
+
+    def first_word_right(completions, answer, **_):  # type: ignore[no-untyped-def]
+        return [1.0 if c.split()[:1] == [a] else 0.0 for c, a in zip(completions, answer, strict=True)]
+
+    class RestartWebAfterStepOne(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args, state, control, **kwargs):  # type: ignore[no-untyped-def]
+            if state.global_step == 1:
+                stack["restart_web"](4.0)
+
+    rows = colour_tasks(8)
+    trainer = GRPOTrainer(
+        model=str(model),
+        reward_funcs=[first_word_right],
+        args=GRPOConfig(
+            output_dir=str(tmp_path / "trl"),
+            max_steps=2,
+            per_device_train_batch_size=4,
+            num_generations=2,
+            max_completion_length=40,
+            learning_rate=1e-4,
+            beta=0.0,
+            logging_steps=1,
+            save_strategy="steps",
+            save_steps=2,
+            use_cpu=True,
+            bf16=False,
+            gradient_checkpointing=False,
+            report_to=["crucible"],
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        ),
+        train_dataset=Dataset.from_list([{"prompt": r["prompt"], "answer": r["answer"]} for r in rows]),
+        callbacks=[RestartWebAfterStepOne()],
+    )
+    callback = crucible.trl.attach(trainer)
+    trainer.train()
+    assert callback.run is not None
+    run = Run.objects.get(pk=callback.run.id)
+    assert run.kind == "external" and run.status == "succeeded", (run.status, run.failure_reason)
+    assert run.spec["config"]["trainer"] == "GRPOTrainer" and run.spec["config"]["base_model"] == str(model)
+    rewards = dict(MetricPoint.objects.filter(run=run, name="reward").values_list("step", "value"))
+    assert sorted(rewards) == [1, 2]  # step 2 was logged while the web server was down or starting
+    assert MetricPoint.objects.filter(run=run, name="rewards/first_word_right/mean").count() == 2
+    trajectories = TrajectorySummary.objects.filter(run=run)
+    assert trajectories.count() == 8 and set(trajectories.values_list("step", flat=True)) == {1, 2}
+    assert set(trajectories.values_list("terms__first_word_right", flat=True)) <= {0.0, 1.0}
+    assert not trajectories.filter(storage_uri="").exists()
+    assert Flag.objects.filter(run=run, detector="repetition").exists()
+    [checkpoint] = Checkpoint.objects.filter(run=run)
+    assert checkpoint.step == 2 and checkpoint.uri.endswith("/trl/checkpoint-2")
+
+    # The checkpoint TRL saved is evaluated on Ray and gated, from the CLI, as a native one is.
+    benchmark = benchmark_create(name="e2e-colours", environment="exact_answer", owner=users["admin"])
+    version, _ = benchmark_version_create(benchmark=benchmark, tasks=colour_tasks(4), created_by=users["admin"])
+    rule = {"type": "threshold", "benchmark": "e2e-colours", "metric": benchmark.metric, "value": 0.0}
+    gate_create(
+        name="e2e-trl-gate", rules=[rule], benchmark_versions=[version], owner=users["admin"], requires_approval=False
+    )
+    env = {**os.environ, "CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": token}
+    gated = subprocess.run(
+        [
+            str(BIN / "crucible"),
+            "gate",
+            "check",
+            "--gate",
+            "e2e-trl-gate",
+            "--checkpoint",
+            str(checkpoint.pk),
+            "--poll",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=480,
+    )
+    logs = {p.name: p.read_text()[-2000:] for p in (stack["var"] / "log").glob("*.log")}
+    assert gated.returncode == 0, (gated.stdout, gated.stderr, logs)
+    decision = GateDecision.objects.get(checkpoint=checkpoint, gate__name="e2e-trl-gate")
+    assert decision.evidence["candidate_evals"]["e2e-colours"]
 
 
 def test_a_launch_bigger_than_the_cluster_is_refused_and_one_that_must_wait_is_queued_then_runs(stack, users):

@@ -171,3 +171,21 @@ def test_a_run_that_raises_inside_the_sdk_block_fails_with_the_reason(live_serve
         crucible.init(
             "sdk-test", url=live_server.url, token=api_token_create(user=users["viewer"], name="v", scopes=["read"])[1]
         )
+
+
+def test_verls_tracker_interface_reports_to_an_external_run(live_server, users, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from crucible.verl import CrucibleTracker
+
+    _, token = api_token_create(user=users["operator"], name="verl", scopes=["read", "launch"])
+    monkeypatch.setenv("CRUCIBLE_URL", live_server.url)
+    monkeypatch.setenv("CRUCIBLE_TOKEN", token)
+    config = {"actor_rollout_ref": {"model": {"path": "/models/qwen"}}, "trainer": {"total_epochs": 1}, "lr": 1e-6}
+    tracker = CrucibleTracker("verl-demo", "ppo", config)
+    tracker.log({"critic/score/mean": 0.5, "timing_s/gen": 1.5, "note": "text"}, step=1)  # as verl's Tracking calls it
+    tracker.finish()
+    run = Run.objects.get(pk=tracker.run.id)
+    assert run.status == "succeeded" and run.spec["config"]["base_model"] == "/models/qwen" and "verl" in run.tags
+    assert set(MetricPoint.objects.filter(run=run).values_list("name", flat=True)) == {
+        "critic/score/mean",
+        "timing_s/gen",
+    }
