@@ -445,6 +445,8 @@ def test_a_run_from_a_hub_id_trains_records_its_commit_and_the_next_reuses_the_c
     assert '<option value="crucible-e2e/tiny">' in form  # the launch form offers what the cluster has cached
 
 
+# About 2.5 minutes on a loaded 2-core machine (TRL's two steps here, then an eval on Ray); the limit only stops a hang.
+@pytest.mark.timeout(900)
 def test_a_trl_grpo_run_reports_through_the_sdk_survives_a_web_restart_and_its_checkpoint_is_gated(
     stack, users, tmp_path, monkeypatch
 ):  # type: ignore[no-untyped-def]
@@ -472,11 +474,10 @@ def test_a_trl_grpo_run_reports_through_the_sdk_survives_a_web_restart_and_its_c
     _, token = api_token_create(user=operator, name="e2e-trl", scopes=["read", "launch"])
     for name, value in {"CRUCIBLE_URL": stack["web"], "CRUCIBLE_TOKEN": token, "CRUCIBLE_PROJECT": "e2e-trl"}.items():
         monkeypatch.setenv(name, value)
-    # A model that says "blue" or "red" at every position: the first word is scored, and its 40-word completions
-    # repeat 4-grams, which the repetition detector flags.
-    model = shaped_tiny_model(
-        tmp_path / "blue-red", candidate_ids(load_tokenizer(resolve_base_model(TINY_LLAMA)), ["blue", "red"])
-    )
+    # A model that says " blue" or " red" at every position: the first word is scored, and its 96-word completions
+    # (at most 16 distinct 4-grams, a few more from the odd stray token) repeat, which the repetition detector flags.
+    tokenizer = load_tokenizer(resolve_base_model(TINY_LLAMA))
+    model = shaped_tiny_model(tmp_path / "blue-red", candidate_ids(tokenizer, [" blue", " red"]))
 
     def first_word_right(completions, answer, **_):  # type: ignore[no-untyped-def]
         return [1.0 if c.split()[:1] == [a] else 0.0 for c, a in zip(completions, answer, strict=True)]
@@ -495,7 +496,7 @@ def test_a_trl_grpo_run_reports_through_the_sdk_survives_a_web_restart_and_its_c
             max_steps=2,
             per_device_train_batch_size=4,
             num_generations=2,
-            max_completion_length=40,
+            max_completion_length=96,
             learning_rate=1e-4,
             beta=0.0,
             logging_steps=1,
