@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from django.test import Client
 from rest_framework.test import APIClient
 
 from apps.accounts.services import api_token_create
@@ -155,6 +156,19 @@ def test_the_sdk_reports_metrics_trajectories_flags_and_a_checkpoint_then_ends_t
     problems: dict[str, list[str]] = {}
     assert _eval_model(problems, checkpoint=checkpoint, base_model="") == (str(model.resolve()), None)
     assert problems == {}  # an eval loads the trainer's model directory as its base model
+
+    # It reads like a native run: its page, its trajectory, the runs list, the API.
+    browser = Client()
+    browser.force_login(users["operator"])
+    page = browser.get(f"/runs/{row.pk}/")
+    assert page.status_code == 200 and "my-loop" in page.content.decode()
+    trajectory = browser.get(f"/runs/{row.pk}/trajectories/loop/")
+    assert trajectory.status_code == 200 and "the answer is four" in trajectory.content.decode()
+    listing = browser.get("/?kind=external")
+    assert listing.status_code == 200 and "my-loop" in listing.content.decode()
+    api = APIClient()
+    api.force_authenticate(users["operator"])
+    assert api.get(f"/api/v1/runs/{row.pk}/").json()["kind"] == EXTERNAL
 
 
 def test_a_run_that_raises_inside_the_sdk_block_fails_with_the_reason(live_server, users) -> None:  # type: ignore[no-untyped-def]
