@@ -2,8 +2,8 @@
 
 The control plane checks only what it can see (a name's form, a Hub config when the Hub answers); the model lives
 on the workers. So before any rollout or training starts, each model field of the spec that is a Hub id or a path
-is resolved here: a Hub id is downloaded into the shared cache (progress and a log line per file reach the run
-page), a path must hold a config.json, the config must be a causal LM, and a training run's memory estimate is
+is resolved here: a Hub id is downloaded into the shared cache (its progress reaches the run page's log as it
+downloads), a path must hold a config.json, the config must be a causal LM, and a training run's memory estimate is
 checked against what it asked for. What was resolved goes into the run's summary under `models` (for a Hub id the
 commit hash, so what was trained is reproducible, and the model card the run page shows).
 """
@@ -75,7 +75,7 @@ def _resolve(name: str, reporter: Reporter) -> dict[str, Any]:
     last = [0.0]
 
     def progress(done: int, total: int, filename: str) -> None:
-        reporter.progress(done, total)
+        # Log lines, not progress events: the run's progress counts its steps, and the page shows it as such.
         now = time.monotonic()
         if done == total or now - last[0] > 2.0:  # a line per file would flood the log for sharded weights
             reporter.log(f"model {name}: {done / 1e6:.1f} of {total / 1e6:.1f} MB ({filename})")
