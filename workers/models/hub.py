@@ -35,7 +35,8 @@ HUB_ID = re.compile(rf"^(?P<repo>{_PART}/{_PART})(?:@(?P<revision>[A-Za-z0-9][A-
 
 _PATH_PREFIXES = ("/", "~", "./", "../")
 CHECK_TIMEOUT_SECONDS = 5.0
-"""How long a launch waits for the Hub to answer before it leaves the check to the worker's preflight."""
+"""How long a launch waits for the Hub to answer before it leaves the check to the worker's preflight
+(`CRUCIBLE_HUB_CHECK_SECONDS` overrides it)."""
 
 # What a causal LM needs from a repository: its config, weights in safetensors (pickled .bin only where there are
 # none), the tokenizer and generation config, the model card. Other formats (ONNX, GGUF, TF, Flax) are not fetched.
@@ -131,7 +132,7 @@ def hub_cache_dir() -> Path:
     return home / "hub"
 
 
-def hub_config(ref: HubRef, *, timeout: float = CHECK_TIMEOUT_SECONDS) -> dict[str, Any] | None:
+def hub_config(ref: HubRef, *, timeout: float | None = None) -> dict[str, Any] | None:
     """The repository's config.json, fetched where a run is created to catch a typo and estimate memory.
 
     Raises `ModelUnavailable` when the Hub says there is no such repository, revision or config; returns None when
@@ -141,6 +142,9 @@ def hub_config(ref: HubRef, *, timeout: float = CHECK_TIMEOUT_SECONDS) -> dict[s
         return None
     import httpx
 
+    if timeout is None:
+        raw = os.environ.get("CRUCIBLE_HUB_CHECK_SECONDS", "").strip()
+        timeout = float(raw) if raw else CHECK_TIMEOUT_SECONDS
     revision = ref.revision or "main"
     url = f"{hub_endpoint()}/{ref.repo_id}/resolve/{revision}/config.json"
     token = hub_token()
