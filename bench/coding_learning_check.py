@@ -366,6 +366,11 @@ def main() -> None:
         help="reuse the base evaluation, SFT model and SFT evaluation an earlier run left in --cache for the same "
         "inputs (a stopped run resumes at RL)",
     )
+    parser.add_argument(
+        "--stop-after-sft",
+        action="store_true",
+        help="stop after the SFT model's evaluation (e.g. to serve that model in bench/realtime_learning_check.py)",
+    )
     args = parser.parse_args()
     model = TINY_LLAMA if args.quick else SMOLLM2
     if args.quick:
@@ -508,6 +513,11 @@ def main() -> None:
         del sft_worker
         keep_stage(key, evals["sft"])
     end_phase("eval_sft", phase)
+    if args.stop_after_sft:
+        log(f"stopped after SFT: model {sft_path}, tasks {generation.get('cached') or args.cache}")
+        for name in ("base", "sft"):
+            log(f"{name}: {json.dumps(evals[name]['summary'])}")
+        return
 
     # 4. RL with Composer's defaults (C1, C2) from the SFT model.
     from workers.rl.steps import data_order

@@ -19,8 +19,17 @@ What it does, through the same services the API calls:
 5. A deliberately degraded cycle (learning rate 1.0): the gate must block it and serving must stay on the previous
    version (checked with a request through the `openai` client).
 
-Figures are printed and written to bench/results/realtime_learning_check.{txt,json}. It takes about 10 minutes
+Figures are printed and written to bench/results/realtime_learning_check.{txt,json} (`--out`), with a
+two-proportion test of the last normal cycle's edit-kept rate against the first's. It takes about 10 minutes
 per cycle on 2 cores with the default sizes.
+
+From a warmed-up coding model (issue 37): `bench/coding_learning_check.py ... --cache DIR --stop-after-sft` leaves
+its generated tasks in DIR/tasks-*/ and its SFT model in DIR/sft; then
+
+    python bench/realtime_learning_check.py --base-model DIR/sft --tasks-dir DIR/tasks-<hash> --task-count 12 \
+        --sessions 12 --max-turns 6 --max-tokens 256
+
+plays the same 12 train tasks every cycle and gates on held-out tasks of the same split.
 """
 
 from __future__ import annotations
@@ -67,7 +76,39 @@ def main() -> None:
     parser.add_argument(
         "--held-out", default="", help="the coding benchmark whose first 4 tasks the gate reports (default: the demo's)"
     )
+    parser.add_argument(
+        "--tasks-dir",
+        type=Path,
+        default=None,
+        help="a folder of generated repo_task/v1 rows (tasks.jsonl, e.g. a tasks-* folder that "
+        "bench/coding_learning_check.py leaves in its --cache): imported as the users' tasks (its train split) and "
+        "the gate's coding benchmark (its held-out split, by the same task-id hash as that check's "
+        "--held-out-percent)",
+    )
+    parser.add_argument("--held-out-percent", type=int, default=30, help="with --tasks-dir: the check's split")
+    parser.add_argument(
+        "--task-count",
+        type=int,
+        default=0,
+        help="with --tasks-dir: the users play only the first N train tasks (by id), so that with --sessions N every "
+        "cycle plays each of them once and cycles compare task for task (0: every train task)",
+    )
+    parser.add_argument("--eval-tasks", type=int, default=4, help="held-out coding tasks the gate reports")
+    parser.add_argument(
+        "--env-params",
+        type=json.loads,
+        default=None,
+        help="coding_agent parameters of the users' sessions and the gate's coding benchmark, JSON (default "
+        '{"summary_threshold_tokens": 0}; with --tasks-dir, bench/coding_learning_check.py\'s: '
+        '{"max_calls_per_turn": 2, "max_output_chars": 1500, "summary_threshold_tokens": 0})',
+    )
+    parser.add_argument("--temperature", type=float, default=1.0, help="the simulated sessions' sampling temperature")
+    parser.add_argument("--out", type=Path, default=RESULTS / "realtime_learning_check.json")
     args = parser.parse_args()
+    if args.env_params is None:
+        args.env_params = {"summary_threshold_tokens": 0}
+        if args.tasks_dir is not None:
+            args.env_params.update(max_calls_per_turn=2, max_output_chars=1500)
 
     stack = json.loads((args.var / "stack.json").read_text())
     os.environ.update({k: v for k, v in stack.items() if k != "web"})
@@ -112,6 +153,9 @@ def main() -> None:
     # 1. Tasks the users bring.
     deadline = time.monotonic() + 1800
     tasks: DatasetVersion | None = None
+    imported_held_out: list[dict[str, Any]] = []
+    if args.tasks_dir is not None:
+        tasks, imported_held_out = import_tasks(args, user, stamp)
     while tasks is None:
         for name in (args.tasks,) if args.tasks else ("demo-repo-tasks-train", "demo-repo-tasks"):
             tasks = DatasetVersion.objects.filter(dataset__name=name).order_by("-number").first()
@@ -143,14 +187,16 @@ def main() -> None:
     )
     versions = [arith_version]
     rules: list[dict[str, Any]] = [{"type": "no_regression", "benchmark": arith.name, "metric": "pass@1"}]
-    if held_out is not None:
-        rows = [json.loads(line) for line in held_out.tasks_file.read().splitlines() if line.strip()][:4]
+    rows: list[dict[str, Any]] = imported_held_out[: args.eval_tasks]
+    if held_out is not None and not rows:
+        rows = [json.loads(line) for line in held_out.tasks_file.read().splitlines() if line.strip()][: args.eval_tasks]
+    if rows:
         coding = benchmark_create(name=f"rt-coding-{stamp}", environment="coding_agent", owner=user)
         coding_version, _ = benchmark_version_create(
             benchmark=coding,
             tasks=rows,
             created_by=user,
-            env_params={"max_turns": args.max_turns, "summary_threshold_tokens": 0},
+            env_params={**args.env_params, "max_turns": args.max_turns},
         )
         versions.append(coding_version)
         rules.append({"type": "threshold", "benchmark": coding.name, "metric": "pass@1", "value": 0.0})
@@ -243,7 +289,13 @@ def main() -> None:
             dataset_version=tasks,
             sessions=args.sessions,
             concurrency=2,
-            options={"max_turns": args.max_turns, "max_tokens": args.max_tokens, "seed": number},
+            options={
+                "max_turns": args.max_turns,
+                "max_tokens": args.max_tokens,
+                "seed": number,
+                "temperature": args.temperature,
+                "env_params": args.env_params,
+            },
         )
         started = time.monotonic()
         while True:
@@ -280,7 +332,10 @@ def main() -> None:
             "served_before": before,
             "served_after": served_version(serve.pk),
             "checkpoint": cycle.checkpoint_id,
-            "simulate_summary": {k: sim.summary.get(k) for k in ("edit_kept_rate", "latency_ms_p50", "latency_ms_p95")},
+            "simulate_summary": {
+                k: sim.summary.get(k)
+                for k in ("edit_kept_rate", "tests_passed_mean", "latency_ms_p50", "latency_ms_p95", "turns_mean")
+            },
         }
         if degraded:
             row["probe_policy_version"] = probe()
@@ -308,11 +363,17 @@ def main() -> None:
     results["serving_stayed"] = (
         degraded["served_after"] == degraded["served_before"] == degraded.get("probe_policy_version")
     )
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "realtime_learning_check.json").write_text(json.dumps(results, indent=2, default=str))
+    normal = [c for c in results["cycles"] if not c["degraded"]]
+    results["first_vs_last"] = rise_test(normal[0]["edit_kept"], normal[-1]["edit_kept"]) if len(normal) > 1 else None
+    results["command"] = " ".join(sys.argv)
+    results["base_model"] = args.base_model
+    results["users_tasks"] = str(tasks)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2, default=str))
     lines = [
-        f"Real-time RL learning check ({time.strftime('%Y-%m-%d')}): SmolLM2-135M-Instruct (LoRA 16), "
-        f"{args.sessions} simulated sessions per cycle, {args.max_turns} turns, {args.max_tokens} tokens per reply",
+        f"Real-time RL learning check ({time.strftime('%Y-%m-%d')}): {args.base_model} (LoRA 16), "
+        f"{args.sessions} simulated sessions per cycle on {tasks}, {args.max_turns} turns, {args.max_tokens} tokens "
+        f"per reply, temperature {args.temperature}",
         "| cycle | status | sessions | edit kept [95% CI] | reward | on-policy | collect s | train s | eval+gate s "
         "| deploy s | total s | eval (candidate / baseline) | serving |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -340,9 +401,65 @@ def main() -> None:
         f"{results['degraded_blocked']}; serving stayed on the previous version: {results['serving_stayed']}; "
         f"load average {', '.join(f'{x:.1f}' for x in results['load_average'])}"
     )
+    if (rise := results["first_vs_last"]) is not None:
+        lines.append(
+            f"edit kept, first normal cycle vs last: {rise['first']} -> {rise['last']}, difference "
+            f"{rise['difference']:+.3f}; two-proportion z {rise['z']:.2f}, one-sided p (a rise) {rise['p_rise']:.3f}, "
+            f"two-sided p {rise['p_two_sided']:.3f}; Fisher exact one-sided p {rise['fisher_p_rise']:.3f}"
+        )
     text = "\n".join(lines) + "\n"
-    (RESULTS / "realtime_learning_check.txt").write_text(text)
+    args.out.with_suffix(".txt").write_text(text)
     print(text)
+
+
+def rise_test(first: dict[str, Any], last: dict[str, Any]) -> dict[str, Any]:
+    """The edit-kept rate of the last normal cycle against the first's (`hits` of `n` sessions each): the pooled
+    two-proportion z test (one-sided for a rise, and two-sided) and Fisher's exact test (one-sided)."""
+    import math
+
+    from scipy import stats
+
+    h1, n1, h2, n2 = first["hits"], first["n"], last["hits"], last["n"]
+    p1, p2 = h1 / n1 if n1 else 0.0, h2 / n2 if n2 else 0.0
+    pooled = (h1 + h2) / (n1 + n2) if n1 + n2 else 0.0
+    se = math.sqrt(pooled * (1 - pooled) * (1 / n1 + 1 / n2)) if n1 and n2 else 0.0
+    z = (p2 - p1) / se if se else 0.0
+    _, fisher = stats.fisher_exact([[h2, n2 - h2], [h1, n1 - h1]], alternative="greater")
+    return {
+        "first": f"{h1}/{n1}",
+        "last": f"{h2}/{n2}",
+        "difference": p2 - p1,
+        "z": z,
+        "p_rise": float(stats.norm.sf(z)) if se else 1.0,
+        "p_two_sided": float(2 * stats.norm.sf(abs(z))) if se else 1.0,
+        "fisher_p_rise": float(fisher),
+    }
+
+
+def import_tasks(args: argparse.Namespace, user: Any, stamp: str) -> tuple[Any, list[dict[str, Any]]]:
+    """--tasks-dir's rows as a repo_tasks dataset of the users' tasks (the train split, the first --task-count by
+    id) and the held-out split's rows (for the gate's coding benchmark)."""
+    import hashlib
+
+    from apps.datasets.services import dataset_create, repo_tasks_version_create
+
+    def held_out(task_id: str) -> bool:  # bench/coding_learning_check.py's split
+        return int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 100 < args.held_out_percent
+
+    rows = [json.loads(line) for line in (args.tasks_dir / "tasks.jsonl").read_text().splitlines() if line.strip()]
+    train = sorted((r for r in rows if not held_out(r["id"])), key=lambda r: r["id"])
+    test = sorted((r for r in rows if held_out(r["id"])), key=lambda r: r["id"])
+    if args.task_count:
+        train = train[: args.task_count]
+    if not train or not test:
+        raise SystemExit(f"{args.tasks_dir}: {len(train)} train and {len(test)} held-out tasks")
+    dataset = dataset_create(name=f"rt-check-tasks-{stamp}", kind="repo_tasks", owner=user)
+    data = "".join(json.dumps(r, sort_keys=True) + "\n" for r in train).encode()
+    version = repo_tasks_version_create(
+        dataset=dataset, data=data, created_by=user, notes=f"{len(train)} train tasks of {args.tasks_dir}"
+    )
+    log(f"imported {len(train)} train tasks of {args.tasks_dir} ({len(test)} held out)")
+    return version, test
 
 
 if __name__ == "__main__":
