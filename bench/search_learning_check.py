@@ -120,7 +120,8 @@ def unseen_corpus(name: str, tasks: int, work: Path, dense: bool) -> tuple[dict[
     cache.mkdir(parents=True, exist_ok=True)
     chunks, _ = build_corpus(documents(name, cache), source=name)
     index_uri = f"file://{work}/index-{name}"
-    save_index(SearchIndex.build(chunks, IndexConfig(dense=dense)), index_uri)
+    if not (work / f"index-{name}").exists():  # built once per work directory (--reuse keeps it)
+        save_index(SearchIndex.build(chunks, IndexConfig(dense=dense)), index_uri)
     corpus = synth.SynthCorpus(chunks)
     made = synth.synthesize(
         corpus, synth.SynthParams(num_tasks=tasks, max_hops=2, seed=0), synth_steps.TemplateGenerator(corpus)
@@ -304,6 +305,20 @@ def main() -> None:
         help="the work directory of an earlier run with the same settings (printed at its start): its SFT model and "
         "its stored evaluations are reused instead of recomputed (SFT and greedy evaluation are deterministic)",
     )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=96,
+        help="tokens the policy may sample per turn, in RL and evaluation (the scripted teacher's replies run to about "
+        "150 tokens: at 96 a third of them cannot be reproduced)",
+    )
+    parser.add_argument(
+        "--scale-rewards",
+        choices=["group", "none"],
+        default=None,
+        help="divide advantages by the group std ('group', CISPO's default as Context-1 ran it) or not ('none')",
+    )
+    parser.add_argument("--skip-base", action="store_true", help="do not evaluate the base model")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "search_learning_check.json"))
     parser.add_argument("--chart-from", default="", help="only (re)draw the signal chart of a results file")
     args = parser.parse_args()
@@ -322,13 +337,13 @@ def main() -> None:
     figures: dict[str, Any] = {"command": " ".join(sys.argv), "model": model, "env_params": ENV}
 
     chunks, _ = build_corpus(stdlib_documents())
-    index = SearchIndex.build(chunks, IndexConfig(dense=not args.quick))
     work = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="crucible-learning-check-"))
     log(f"work directory {work}")
     stored_path = work / "evaluations.json"  # base and SFT evaluations, per held-out set, for --reuse
     stored: dict[str, Any] = json.loads(stored_path.read_text()) if stored_path.exists() else {}
     index_uri = f"file://{work}/index"
-    save_index(index, index_uri)
+    if not (work / "index").exists():  # built once per work directory (--reuse keeps it)
+        save_index(SearchIndex.build(chunks, IndexConfig(dense=not args.quick)), index_uri)
     env_params = {**ENV, "index_uri": index_uri}
     corpus = synth.SynthCorpus(chunks)
     made = synth.synthesize(
@@ -362,13 +377,16 @@ def main() -> None:
             env_params=params,
             reward=reward,
             temperature=temperature,
-            max_new_tokens=96,
+            max_new_tokens=args.max_new_tokens,
         )
 
     base_path = str(resolve_base_model(model))
 
     def evaluated(label: str, path: str, sets: list[str]) -> dict[str, list[dict[str, float]]]:
-        key = json.dumps({"label": label, "sets": {n: [t["id"] for t in held[n][1]] for n in sets}}, sort_keys=True)
+        cap = {} if args.max_new_tokens == 96 else {"max_new_tokens": args.max_new_tokens}
+        key = json.dumps(
+            {"label": label, "sets": {n: [t["id"] for t in held[n][1]] for n in sets}, **cap}, sort_keys=True
+        )
         if key not in stored:
             stored[key] = evaluate_all(worker_for(path, 0.0, env_params), label, sets)
             stored_path.write_text(json.dumps(stored))
@@ -377,7 +395,7 @@ def main() -> None:
         result: dict[str, list[dict[str, float]]] = stored[key]
         return result
 
-    base_eval = evaluated("base", base_path, list(held) if args.base_eval else ["in-domain"])
+    base_eval = {} if args.skip_base else evaluated("base", base_path, list(held) if args.base_eval else ["in-domain"])
 
     # SFT warm-up from the scripted teacher.
     from workers.rl.config_sections import SFTConfig
@@ -413,10 +431,16 @@ def main() -> None:
             "sft_examples",
             "temperature",
         )
+        extra = {  # settings added later: in the key only when not their old value, so old keys still match
+            k: getattr(args, k)
+            for k, old in (("max_new_tokens", 96), ("scale_rewards", None))
+            if getattr(args, k) != old
+        }
         key = json.dumps(
             {
                 "seed": seed,
                 **{k: getattr(args, k) for k in settings},
+                **extra,
                 "sets": {n: len(t) for n, (_, t) in held.items()},
             },
             sort_keys=True,
@@ -482,9 +506,10 @@ def rl_run(
         lora={"rank": 16, "alpha": 32},
         max_tokens_per_pack=4096,
         beta_schedule={"start": 4.0, "end": 2.0, "epochs": 3},
-        sampling={"temperature": args.temperature, "max_new_tokens": 96},
+        sampling={"temperature": args.temperature, "max_new_tokens": args.max_new_tokens},
         loss={"kl_coef": 0.0},
         substeps=args.substeps,
+        **({"scale_rewards": args.scale_rewards} if args.scale_rewards else {}),
         curriculum={"by": "hops"} if args.curriculum else {"by": "off"},
         seed=seed,
     )
@@ -523,6 +548,11 @@ def rl_run(
         # What an analysis of "does RL add anything" needs: the signal each step had to learn from.
         signal = ("reward_std", "dropped_groups", "groups", "advantage_abs_mean", "clip_fraction", "substeps")
         terms = mean_metrics(s.terms for s in result.samples)  # the reward's parts: outcome, penalties
+        answered = [
+            [s.episode_metrics.get("final_answer_found", 0.0) > 0 for s in result.samples if s.group == g]
+            for g in range(len(order))
+        ]
+        truncated = sum(1 for s in result.samples if s.finish_reason == "length")
         history.append(
             {
                 "step": step + 1,
@@ -531,6 +561,10 @@ def rl_run(
                 **{k: metrics[k] for k in signal},
                 **env_means,
                 **{f"term/{k}": v for k, v in terms.items()},
+                # groups where no sample answered: their advantages come from trajectory recall alone
+                "groups_without_answer": sum(1 for g in answered if g and not any(g)),
+                "groups_all_answered": sum(1 for g in answered if g and all(g)),
+                "last_reply_cut_at_cap": truncated,
                 "generation_seconds": round(result.generation_seconds, 1),
                 "train_seconds": round(metrics["train_seconds"], 1),
             }
