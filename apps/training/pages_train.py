@@ -73,6 +73,11 @@ GROUP_SIZE_LABEL = "group size " + _recipe_label(
 ).replace("(the", "(empty: the", 1)
 """The group size field's label: empty takes the environment's recipe value (Environment.default_group_size)."""
 
+TOKEN_CAP_LABEL = "sampling: max new tokens " + _recipe_label(
+    "default", {name: cls.default_max_new_tokens for name, cls in ENVIRONMENTS.items()}, "64 otherwise"
+).replace("(the", "(empty: the", 1)
+"""The per-turn cap's label: empty takes the environment's value (Environment.default_max_new_tokens)."""
+
 
 def recipe_reward_environments() -> list[str]:
     """The environments that bring a recipe reward (Environment.default_reward): a launch on them may name none."""
@@ -143,6 +148,9 @@ def _train_form_fields(values: dict[str, str]) -> list[dict[str, Any]]:
         if path == "group_size":
             # Empty means the environment's (Environment.default_group_size: search's 8), else 4.
             default, label = None, GROUP_SIZE_LABEL
+        if path == "sampling.max_new_tokens":
+            # Empty means the environment's (Environment.default_max_new_tokens: search's 256), else 64.
+            default, label = None, TOKEN_CAP_LABEL
         if leaf == "base_model":
             choices = model_choices()
         if leaf == "environment":
@@ -276,6 +284,13 @@ def train_new(request: HttpRequest) -> HttpResponse:
             "group_sizes": {
                 "fallback": FALLBACK_GROUP_SIZE,
                 **{name: cls.default_group_size for name, cls in ENVIRONMENTS.items() if cls.default_group_size},
+            },
+            # What an empty per-turn cap means per environment, for the same estimate.
+            "token_caps": {
+                "fallback": SamplingConfig.model_fields["max_new_tokens"].default,
+                **{
+                    name: cls.default_max_new_tokens for name, cls in ENVIRONMENTS.items() if cls.default_max_new_tokens
+                },
             },
             "errors": errors,
             "values": values,

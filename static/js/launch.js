@@ -18,7 +18,11 @@
     const env = (document.querySelector('[name="environment"]') || {}).value;
     const typed = (document.querySelector('[name="group_size"]') || {}).value;
     const group = typed ? Number(typed) : (sizes[env] || sizes.fallback || 4);
-    const slots = value("steps") * value("prompts_per_step") * group * value("sampling.max_new_tokens");
+    // An empty per-turn cap is likewise the environment's (search: 256), else the trainer's 64.
+    const caps = JSON.parse((document.getElementById("recipe-token-caps") || {}).textContent || "{}");
+    const typedCap = (document.querySelector('[name="sampling.max_new_tokens"]') || {}).value;
+    const cap = typedCap ? Number(typedCap) : (caps[env] || caps.fallback || 64);
+    const slots = value("steps") * value("prompts_per_step") * group * cap;
     if (!rate || !Number.isFinite(slots) || slots <= 0) {
       out.textContent = rate ? "" : `No run-time estimate for ${model} yet: it appears after its first finished run here.`;
       return;

@@ -128,6 +128,9 @@ class Environment(abc.ABC):
       e.g. 4 for search (Context-1's "4 gradient substeps/step"); None keeps the trainer's own default (1).
     - `default_group_size`: the completions per prompt (`TrainConfig.group_size`) of a run that names none, e.g. 8
       for search (Context-1's "128 queries x 8 envs"); None keeps the trainer's own default (4).
+    - `default_max_new_tokens`: the tokens the policy may sample per turn (`sampling.max_new_tokens`) in a run that
+      names none: room for the environment's own reply format, e.g. 256 for search (up to `max_output_docs` cited
+      documents; the scripted teacher's replies run to about 150 SmolLM2 tokens); None keeps the trainer's 64.
     - `default_reward()`: the recipe's reward spec (JSON) a training launch that names no reward config trains
       with (`apps.training.services.recipe_reward_version` keeps it as a reward config version), e.g. Context-1's
       X2-X5 for search, Kimi K2.5's PARL (K1) for swarm; None (the default): a launch must name one.
@@ -145,6 +148,7 @@ class Environment(abc.ABC):
     default_algorithm: ClassVar[str | None] = None
     default_substeps: ClassVar[int | None] = None
     default_group_size: ClassVar[int | None] = None
+    default_max_new_tokens: ClassVar[int | None] = None
 
     @classmethod
     def default_reward(cls) -> dict[str, Any] | None:

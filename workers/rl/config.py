@@ -41,6 +41,7 @@ from workers.rl.config_sections import (
     UpsampleHardConfig,
     environment_default_algorithm,
     environment_default_group_size,
+    environment_default_max_new_tokens,
     environment_default_substeps,
 )
 from workers.rl.effective import EffectiveSettings, SettingRow, effective_settings, environment_max_turns
@@ -100,6 +101,11 @@ class TrainConfig(StrictModel):
         default=None,
         description="Filled in when the run names no group_size and its environment has a default (search: "
         "Context-1's 8): that environment's name. Not a choice",
+    )
+    max_new_tokens_default_of: str | None = Field(
+        default=None,
+        description="Filled in when the run names no sampling.max_new_tokens and its environment has a default "
+        "(search: 256, swarm: 512): that environment's name. Not a choice",
     )
     loss: dict[str, Any] = Field(
         default_factory=dict,
@@ -273,7 +279,7 @@ class TrainConfig(StrictModel):
             data = {key: value for key, value in data.items() if key not in (field, f"{field}_default_of")}
             if resolved is not None:
                 data.update({field: resolved, f"{field}_default_of": environment})
-        return data
+        return _sampling_cap_default(data, environment)
 
     @field_validator("loss")
     @classmethod
@@ -352,7 +358,7 @@ class TrainConfig(StrictModel):
                 f"mismatch.correction {self.mismatch.correction!r} weights tokens, and gspo's ratio and clip are per "
                 "sequence: use seq_tis or seq_mis with gspo"
             )
-        for field in ("algorithm", "substeps", "group_size"):
+        for field in ("algorithm", "substeps", "group_size", "max_new_tokens"):
             default_of = getattr(self, f"{field}_default_of")
             if default_of is not None and default_of != self.environment:
                 raise ValueError(
@@ -360,6 +366,29 @@ class TrainConfig(StrictModel):
                     f"is filled in when no {field} is named; leave it out"
                 )
         return self
+
+
+def _sampling_cap_default(data: dict[str, Any], environment: Any) -> dict[str, Any]:
+    """`sampling.max_new_tokens` from the environment's `default_max_new_tokens` when the run names none (recorded
+    in `max_new_tokens_default_of`); a named cap is kept, so a stored config round-trips unchanged."""
+    sampling = data.get("sampling")
+    if isinstance(sampling, SamplingConfig):
+        named = "max_new_tokens" in sampling.model_fields_set
+        sampling = sampling.model_dump()
+    elif isinstance(sampling, Mapping):
+        named = sampling.get("max_new_tokens") is not None
+        sampling = {k: v for k, v in sampling.items() if not (k == "max_new_tokens" and v is None)}
+    elif sampling is None:
+        named, sampling = False, {}
+    else:
+        return data  # not a mapping: the field's own validation names the problem
+    if named:
+        return data
+    data = {key: value for key, value in data.items() if key != "max_new_tokens_default_of"}
+    resolved = environment_default_max_new_tokens(environment) if isinstance(environment, str) else None
+    if resolved is not None:
+        data.update({"sampling": {**sampling, "max_new_tokens": resolved}, "max_new_tokens_default_of": environment})
+    return data
 
 
 UPSAMPLE_HARD_SOURCE = (

@@ -299,6 +299,14 @@ def environment_default_group_size(environment: str) -> int | None:
     return _environment_default_int(environment, "default_group_size", GROUP_SIZE_RANGE)
 
 
+def environment_default_max_new_tokens(environment: str) -> int | None:
+    """The per-turn sampling cap of a run on environment `environment` that names none
+    (`Environment.default_max_new_tokens`, e.g. 256 for search); None for an unknown environment or one without a
+    default (`SamplingConfig`'s 64). Raises ValueError when an environment declares a value out of range."""
+    return _environment_default_int(environment, "default_max_new_tokens", MAX_NEW_TOKENS_RANGE)
+
+
+MAX_NEW_TOKENS_RANGE = (1, 4096)
 SUBSTEPS_RANGE = (1, 64)
 FALLBACK_SUBSTEPS = 1
 """The gradient substeps of a run that names none, on an environment without a `default_substeps`."""

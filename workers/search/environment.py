@@ -96,6 +96,10 @@ class SearchEnv(ToolUseEnvironment):
     default_algorithm: ClassVar[str | None] = "cispo"
     default_substeps: ClassVar[int | None] = 4
     default_group_size: ClassVar[int | None] = 8
+    # A final answer cites up to max_output_docs documents with a justification each, and one reply may hold three
+    # quoted searches: the scripted teacher's replies run to 147 SmolLM2 tokens, and at 96 a third of them were cut
+    # (docs/recipe-learning-checks.md, the search check's sixth attempt). The source gives no cap.
+    default_max_new_tokens: ClassVar[int | None] = 256
     # and gold_chunk_ids, or gold_doc_ids for document gold (checked in validate_task_row: one of the two)
     required_task_fields: ClassVar[frozenset[str]] = frozenset({"id", "prompt"})
     produces: ClassVar[frozenset[str]] = frozenset(

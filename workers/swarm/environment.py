@@ -114,6 +114,9 @@ class SwarmEnv(SearchEnv):
     default_algorithm: ClassVar[str | None] = "kimi"
     default_substeps: ClassVar[int | None] = None
     default_group_size: ClassVar[int | None] = None
+    # The orchestrator's reply holds one assign_task call per item of a wide table (bench/swarm_learning_check.py
+    # samples 512 per reply); the source gives no cap.
+    default_max_new_tokens: ClassVar[int | None] = 512
 
     def __init__(
         self,

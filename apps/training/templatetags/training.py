@@ -62,6 +62,11 @@ def run_recipe_defaults(run: Run) -> RecipeDefaults | None:
         environment = config.get(f"{name}_default_of")
         if environment:
             out.taken.append((name, str(config.get(name)), str(environment)))
+    cap_of = config.get("max_new_tokens_default_of")
+    if cap_of:
+        out.taken.append(
+            ("sampling.max_new_tokens", str((config.get("sampling") or {}).get("max_new_tokens")), str(cap_of))
+        )
     reward_of = (run.spec or {}).get("reward_default_of")
     if reward_of and run.reward_version is not None:
         out.taken.append(("reward", str(run.reward_version), str(reward_of)))

@@ -78,8 +78,13 @@ def test_a_search_launch_naming_nothing_trains_with_cispo_4_substeps_and_context
     assert job["reward"] == context1_spec().model_dump(mode="json")
     assert run.reward_version is not None and run.reward_version.config.name == "recipe-search"
     html = _page(users, run)
-    for shown in ("algorithm <code>cispo</code> (search's recipe default)", "substeps <code>4</code>"):
+    for shown in (
+        "algorithm <code>cispo</code> (search's recipe default)",
+        "substeps <code>4</code>",
+        "sampling.max_new_tokens <code>256</code>",
+    ):
         assert shown in html
+    assert (job["config"]["sampling"]["max_new_tokens"], job["config"]["max_new_tokens_default_of"]) == (256, "search")
     again = _run(_launch(client_for, search_world, SEARCH))
     assert again.reward_version == run.reward_version  # one version per recipe, not one per launch
     assert job["config"]["group_size"] == 2  # named: kept
@@ -92,11 +97,12 @@ def test_a_search_launch_naming_nothing_trains_with_cispo_4_substeps_and_context
 
 def test_explicit_choices_override_the_recipe(client_for, search_world, users):  # noqa: F811
     search_world["ready"]()
-    config = {**SEARCH, "algorithm": "grpo", "substeps": 1}
+    config = {**SEARCH, "algorithm": "grpo", "substeps": 1, "sampling": {"max_new_tokens": 32}}
     run = _run(_launch(client_for, search_world, config, reward_version=search_world["reward"].pk))
     job = run.spec["job"]
     assert (job["config"]["algorithm"], job["config"]["algorithm_default_of"]) == ("grpo", None)
     assert (job["config"]["substeps"], job["config"]["substeps_default_of"]) == (1, None)
+    assert (job["config"]["sampling"]["max_new_tokens"], job["config"]["max_new_tokens_default_of"]) == (32, None)
     assert run.reward_version == search_world["reward"] and "reward_default_of" not in run.spec
     html = _page(users, run)
     assert 'id="recipe-defaults"' not in html and 'id="reward-default"' not in html

@@ -16,7 +16,11 @@ from workers.rewards.schema import anneal_horizons, context1_spec, parl_spec, va
 from workers.rewards.score import annealed_weights
 from workers.rewards.term_base import Anneal
 from workers.rl.config import TrainConfig, loss_config_for, settings_for
-from workers.rl.config_sections import environment_default_group_size, environment_default_substeps
+from workers.rl.config_sections import (
+    environment_default_group_size,
+    environment_default_max_new_tokens,
+    environment_default_substeps,
+)
 from workers.search.environment import SearchEnv
 from workers.specs import TrainSpec
 from workers.swarm.environment import SwarmEnv
@@ -52,6 +56,28 @@ def test_a_search_run_that_names_no_group_size_samples_contexts_1s_8_per_query()
     with pytest.raises(ValidationError, match="group_size_default_of='search' names another environment"):
         TrainConfig.model_validate(
             {**stored, "environment": "exact_answer", "algorithm_default_of": None, "substeps_default_of": None}
+        )
+
+
+def test_a_search_or_swarm_run_that_names_no_cap_samples_room_for_its_reply_format() -> None:
+    config = TrainConfig(environment="search")
+    assert (config.sampling.max_new_tokens, config.max_new_tokens_default_of) == (256, "search")
+    assert TrainConfig(environment="swarm").sampling.max_new_tokens == 512
+    assert (TrainConfig().sampling.max_new_tokens, TrainConfig().max_new_tokens_default_of) == (64, None)
+    kept = TrainConfig(environment="search", sampling={"max_new_tokens": 8, "temperature": 0.7})
+    assert (kept.sampling.max_new_tokens, kept.sampling.temperature, kept.max_new_tokens_default_of) == (8, 0.7, None)
+    other = TrainConfig(environment="search", sampling={"temperature": 0.7})  # the cap alone comes from the recipe
+    assert (other.sampling.max_new_tokens, other.sampling.temperature) == (256, 0.7)
+    assert environment_default_max_new_tokens("search") == 256 and environment_default_max_new_tokens("x") is None
+    stored = config.model_dump(mode="json")
+    assert TrainConfig.model_validate(stored) == config
+    with pytest.raises(ValidationError, match="max_new_tokens_default_of='search' names another environment"):
+        TrainConfig.model_validate(
+            {
+                **stored,
+                "environment": "exact_answer",
+                **{f"{k}_default_of": None for k in ("algorithm", "substeps", "group_size")},
+            }
         )
 
 
