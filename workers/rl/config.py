@@ -41,8 +41,8 @@ from workers.rl.config_sections import (
     UpsampleHardConfig,
     environment_default_algorithm,
     environment_default_group_size,
-    environment_default_max_new_tokens,
     environment_default_substeps,
+    sampling_cap_default,
 )
 from workers.rl.effective import EffectiveSettings, SettingRow, effective_settings, environment_max_turns
 from workers.rl.placement import GB, plan_resources
@@ -279,7 +279,7 @@ class TrainConfig(StrictModel):
             data = {key: value for key, value in data.items() if key not in (field, f"{field}_default_of")}
             if resolved is not None:
                 data.update({field: resolved, f"{field}_default_of": environment})
-        return _sampling_cap_default(data, environment)
+        return sampling_cap_default(data, environment)
 
     @field_validator("loss")
     @classmethod
@@ -366,29 +366,6 @@ class TrainConfig(StrictModel):
                     f"is filled in when no {field} is named; leave it out"
                 )
         return self
-
-
-def _sampling_cap_default(data: dict[str, Any], environment: Any) -> dict[str, Any]:
-    """`sampling.max_new_tokens` from the environment's `default_max_new_tokens` when the run names none (recorded
-    in `max_new_tokens_default_of`); a named cap is kept, so a stored config round-trips unchanged."""
-    sampling = data.get("sampling")
-    if isinstance(sampling, SamplingConfig):
-        named = "max_new_tokens" in sampling.model_fields_set
-        sampling = sampling.model_dump()
-    elif isinstance(sampling, Mapping):
-        named = sampling.get("max_new_tokens") is not None
-        sampling = {k: v for k, v in sampling.items() if not (k == "max_new_tokens" and v is None)}
-    elif sampling is None:
-        named, sampling = False, {}
-    else:
-        return data  # not a mapping: the field's own validation names the problem
-    if named:
-        return data
-    data = {key: value for key, value in data.items() if key != "max_new_tokens_default_of"}
-    resolved = environment_default_max_new_tokens(environment) if isinstance(environment, str) else None
-    if resolved is not None:
-        data.update({"sampling": {**sampling, "max_new_tokens": resolved}, "max_new_tokens_default_of": environment})
-    return data
 
 
 UPSAMPLE_HARD_SOURCE = (

@@ -6,6 +6,7 @@ correction, stall limits, and the defaults an environment sets for its runs. Eve
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -306,6 +307,30 @@ def environment_default_max_new_tokens(environment: str) -> int | None:
     return _environment_default_int(environment, "default_max_new_tokens", MAX_NEW_TOKENS_RANGE)
 
 
+def sampling_cap_default(data: dict[str, Any], environment: Any) -> dict[str, Any]:
+    """`sampling.max_new_tokens` from the environment's `default_max_new_tokens` when a training run's or an SFT
+    job's config (`data`, before validation) names none, recorded in `max_new_tokens_default_of`; a named cap is
+    kept, so a stored config round-trips unchanged."""
+    sampling = data.get("sampling")
+    if isinstance(sampling, SamplingConfig):
+        named = "max_new_tokens" in sampling.model_fields_set
+        sampling = sampling.model_dump()
+    elif isinstance(sampling, Mapping):
+        named = sampling.get("max_new_tokens") is not None
+        sampling = {k: v for k, v in sampling.items() if not (k == "max_new_tokens" and v is None)}
+    elif sampling is None:
+        named, sampling = False, {}
+    else:
+        return data  # not a mapping: the field's own validation names the problem
+    if named:
+        return data
+    data = {key: value for key, value in data.items() if key != "max_new_tokens_default_of"}
+    resolved = environment_default_max_new_tokens(environment) if isinstance(environment, str) else None
+    if resolved is not None:
+        data.update({"sampling": {**sampling, "max_new_tokens": resolved}, "max_new_tokens_default_of": environment})
+    return data
+
+
 MAX_NEW_TOKENS_RANGE = (1, 4096)
 SUBSTEPS_RANGE = (1, 64)
 FALLBACK_SUBSTEPS = 1
@@ -384,5 +409,18 @@ class SFTConfig(BaseModel):
     max_tokens_per_pack: int = Field(default=4096, ge=64, le=1_048_576)
     max_grad_norm: float = Field(default=1.0, gt=0)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    max_new_tokens_default_of: str | None = Field(
+        default=None,
+        description="Filled in when the job names no sampling.max_new_tokens and its environment has a default "
+        "(a model teacher's replies on search: 256): that environment's name. Not a choice",
+    )
     threads: int = Field(default=2, ge=1, le=512)
     seed: int = Field(default=0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _environment_cap(cls, data: Any) -> Any:
+        """A model teacher samples as a training run on the same environment would (`sampling_cap_default`)."""
+        if not isinstance(data, dict):
+            return data
+        return sampling_cap_default(data, data.get("environment", cls.model_fields["environment"].default))

@@ -17,6 +17,7 @@ from workers.rewards.score import annealed_weights
 from workers.rewards.term_base import Anneal
 from workers.rl.config import TrainConfig, loss_config_for, settings_for
 from workers.rl.config_sections import (
+    SFTConfig,
     environment_default_group_size,
     environment_default_max_new_tokens,
     environment_default_substeps,
@@ -79,6 +80,13 @@ def test_a_search_or_swarm_run_that_names_no_cap_samples_room_for_its_reply_form
                 **{f"{k}_default_of": None for k in ("algorithm", "substeps", "group_size")},
             }
         )
+
+
+def test_a_model_teacher_samples_with_the_same_cap_as_a_training_run_on_its_environment() -> None:
+    assert (SFTConfig().sampling.max_new_tokens, SFTConfig().max_new_tokens_default_of) == (256, "search")
+    assert SFTConfig(environment="exact_answer").sampling.max_new_tokens == 64
+    assert SFTConfig(sampling={"max_new_tokens": 16}).sampling.max_new_tokens == 16
+    assert SFTConfig.model_validate(SFTConfig().model_dump(mode="json")) == SFTConfig()
 
 
 def test_explicit_choices_win_over_the_recipe() -> None:
