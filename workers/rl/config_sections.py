@@ -424,3 +424,12 @@ class SFTConfig(BaseModel):
         if not isinstance(data, dict):
             return data
         return sampling_cap_default(data, data.get("environment", cls.model_fields["environment"].default))
+
+    @model_validator(mode="after")
+    def _cap_default_names_this_environment(self) -> SFTConfig:
+        if self.max_new_tokens_default_of not in (None, self.environment):
+            raise ValueError(
+                f"max_new_tokens_default_of={self.max_new_tokens_default_of!r} names another environment than "
+                f"{self.environment!r}: it is filled in when no max_new_tokens is named; leave it out"
+            )
+        return self

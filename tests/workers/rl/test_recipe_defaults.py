@@ -87,6 +87,8 @@ def test_a_model_teacher_samples_with_the_same_cap_as_a_training_run_on_its_envi
     assert SFTConfig(environment="exact_answer").sampling.max_new_tokens == 64
     assert SFTConfig(sampling={"max_new_tokens": 16}).sampling.max_new_tokens == 16
     assert SFTConfig.model_validate(SFTConfig().model_dump(mode="json")) == SFTConfig()
+    with pytest.raises(ValidationError, match="max_new_tokens_default_of='search' names another environment"):
+        SFTConfig.model_validate({**SFTConfig().model_dump(mode="json"), "environment": "exact_answer"})
 
 
 def test_explicit_choices_win_over_the_recipe() -> None:
